@@ -1,0 +1,1 @@
+#include "dblp/analytic.h"

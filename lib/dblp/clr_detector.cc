@@ -1,0 +1,1 @@
+#include "dblp/clr_detector.h"

@@ -1,0 +1,1 @@
+#include "dblp/latency_stats.h"

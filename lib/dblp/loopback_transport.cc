@@ -1,0 +1,1 @@
+#include "dblp/loopback_transport.h"

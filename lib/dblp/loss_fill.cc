@@ -1,0 +1,1 @@
+#include "dblp/loss_fill.h"

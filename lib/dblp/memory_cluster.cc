@@ -1,0 +1,1 @@
+#include "dblp/memory_cluster.h"

@@ -1,0 +1,1 @@
+#include "dblp/receiver_round.h"

@@ -1,0 +1,1 @@
+#include "dblp/send_order.h"

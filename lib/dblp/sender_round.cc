@@ -1,0 +1,1 @@
+#include "dblp/sender_round.h"

@@ -1,0 +1,1 @@
+#include "dblp/tolerance.h"

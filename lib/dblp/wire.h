@@ -1,0 +1,93 @@
+// DBLP data-frame header: the bytes that follow the UDP header.
+//
+//   0      2   3   4          8     10    12         16         20
+//   +------+---+---+----------+-----+-----+----------+----------+---------
+//   |magic |ver|typ| session  |rank | len |  round   |   seq    | payload
+//   +------+---+---+----------+-----+-----+----------+----------+---------
+//
+// All fields are big-endian (network order). `len` is the payload length, so
+// the last, short chunk of a round and Ethernet padding are both handled. The
+// payload itself is float32 in the sender's byte order (little-endian on every
+// platform DPDK supports); the header never is.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace dblp {
+
+class ChunkLayout;
+
+inline constexpr uint16_t kDataMagic = 0xDB1Fu;
+inline constexpr uint8_t kWireVersion = 1;
+
+// Direction of a data frame: worker -> server (push) or server -> worker
+// (broadcast of the mean). A receiver accepts only the type it expects.
+enum class FrameType : uint8_t { kPush = 1, kBroadcast = 2 };
+
+// The on-wire layout. Only ever accessed through Encode/Decode below, which
+// copy field by field, so alignment of the underlying buffer never matters.
+struct __attribute__((packed)) DataHeaderWire {
+  uint16_t magic_be;
+  uint8_t version;
+  uint8_t type;
+  uint32_t session_be;
+  uint16_t sender_rank_be;
+  uint16_t payload_len_be;
+  uint32_t round_be;
+  uint32_t seq_be;
+};
+static_assert(sizeof(DataHeaderWire) == 20, "DBLP header must be 20 bytes");
+inline constexpr uint32_t kDataHeaderBytes = sizeof(DataHeaderWire);
+
+// Host-order view of the header.
+struct DataHeader {
+  FrameType type = FrameType::kPush;
+  uint32_t session = 0;
+  uint16_t sender_rank = 0;
+  uint16_t payload_len = 0;
+  uint32_t round = 0;
+  uint32_t seq = 0;
+  bool operator==(const DataHeader&) const = default;
+};
+
+// Every way a frame can be malformed, so each is counted separately.
+enum class DecodeStatus : uint8_t {
+  kOk = 0,
+  kShortBuffer,         // fewer bytes than a header
+  kBadMagic,            // not a DBLP frame
+  kBadVersion,          // a DBLP frame of another protocol version
+  kBadType,             // unknown frame type
+  kLengthBeyondBuffer,  // payload_len says more bytes than arrived
+  kSeqOutOfRange,       // seq >= the round's chunk count
+  kLengthMismatch,      // payload_len differs from the chunk's length
+};
+inline constexpr int kNumDecodeStatus = 8;
+const char* DecodeStatusName(DecodeStatus s);
+
+// Writes kDataHeaderBytes bytes at `out`.
+void EncodeDataHeader(const DataHeader& h, uint8_t* out);
+
+// Structural decode: checks everything that needs no session knowledge.
+// Bytes past header + payload_len (e.g. Ethernet padding) are allowed.
+DecodeStatus DecodeDataHeader(const uint8_t* buf, size_t len, DataHeader* out);
+
+// Checks a structurally valid header against the round's chunk layout.
+DecodeStatus ValidateChunk(const DataHeader& h, const ChunkLayout& layout);
+
+// Both of the above; on kOk `*payload` points at the chunk bytes in `buf`.
+DecodeStatus DecodeDataFrame(const uint8_t* buf, size_t len,
+                             const ChunkLayout& layout, DataHeader* out,
+                             const uint8_t** payload);
+
+// Round counters are u32 and wrap. `RoundDistance(a, b)` is how many rounds
+// `a` is ahead of `b` (negative: behind), correct across the wrap as long as
+// the two are within 2^31 rounds of each other.
+constexpr int32_t RoundDistance(uint32_t a, uint32_t b) {
+  return static_cast<int32_t>(a - b);
+}
+constexpr bool RoundIsOlder(uint32_t a, uint32_t b) {
+  return RoundDistance(a, b) < 0;
+}
+
+}  // namespace dblp
