@@ -1,1 +1,120 @@
+// The receiving side of one round: validates every data frame, records it in
+// the round's bitmap and decides when to STOP the sender.
+//
+// Threading: one owner thread (a datapath lcore) calls Begin/OnFrame/Close.
+// SetTolerance, PollStop, received(), SnapshotBitmap() and the counters may be
+// called from any thread (the control thread answering PROBE and sending STOP).
 #pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+
+#include "dblp/bitmap.h"
+#include "dblp/chunking.h"
+#include "dblp/stop_decision.h"
+#include "dblp/wire.h"
+
+namespace dblp {
+
+enum class Verdict : uint8_t {
+  kAccepted = 0,
+  kDuplicate,     // seq already received this round
+  kStaleRound,    // a frame of an earlier round: must never be accepted
+  kFutureRound,   // a frame of a round not begun yet
+  kLate,          // a frame of the current round after it was closed
+  kWrongSession,  // another job's frame
+  kWrongSender,   // a rank this receiver does not listen to
+  kWrongType,     // push frame at a broadcast receiver or vice versa
+  kOutOfRange,    // seq or length does not fit the session's chunk layout
+  kMalformed,     // failed structural decode (see decode counters)
+  kIdle,          // no round has begun
+};
+inline constexpr int kNumVerdicts = 11;
+const char* VerdictName(Verdict v);
+
+inline constexpr int32_t kAnySender = -1;
+
+struct ReceiverConfig {
+  uint32_t session = 0;
+  FrameType expected_type = FrameType::kPush;
+  int32_t expected_sender = kAnySender;  // or one rank
+  ChunkLayout layout;
+};
+
+class ReceiverRound {
+ public:
+  explicit ReceiverRound(const ReceiverConfig& config);
+
+  // Owner: starts `round` with tolerance `p` (must be in [0, 1)). With a
+  // deadline (absolute ns, 0 = none) the round may also close once
+  // `deadline_min_fraction` of the chunks arrived (LTP early close).
+  void Begin(uint32_t round, double p, uint64_t deadline_ns = 0,
+             double deadline_min_fraction = 0);
+
+  // Any thread: changes the open round's p. The next PollStop uses it.
+  void SetTolerance(double p);
+
+  // Owner: decodes and validates one frame (bytes after the UDP header).
+  // On kAccepted, `*hdr` and `*payload` describe the chunk to consume.
+  Verdict OnFrame(const uint8_t* buf, size_t len, DataHeader* hdr,
+                  const uint8_t** payload);
+
+  // Any thread: the STOP decision with the round's current p. Returns the
+  // trigger exactly once per round (kNone before and after), so the caller
+  // sends exactly one STOP.
+  StopTrigger PollStop(uint64_t now_ns = 0);
+  // Any thread: would the round stop now (without consuming the STOP)?
+  bool StopReached(uint64_t now_ns = 0) const;
+
+  // Owner: ends the round; further frames of it are counted as kLate.
+  void Close() { open_.store(false, std::memory_order_release); }
+
+  uint32_t round() const { return round_.load(std::memory_order_acquire); }
+  bool open() const { return open_.load(std::memory_order_acquire); }
+  double p() const { return p_.load(std::memory_order_acquire); }
+  uint32_t threshold() const {
+    return threshold_.load(std::memory_order_acquire);
+  }
+  uint32_t received() const { return bitmap_.Count(); }
+  uint32_t num_chunks() const { return config_.layout.num_chunks(); }
+  double delivered_fraction() const {
+    return static_cast<double>(received()) / num_chunks();
+  }
+  void SnapshotBitmap(Bitmap& out) const { bitmap_.Snapshot(out); }
+  bool Has(uint32_t seq) const { return bitmap_.Test(seq); }
+  const ReceiverConfig& config() const { return config_; }
+
+  uint64_t verdict_count(Verdict v) const {
+    return verdicts_[static_cast<int>(v)].load(std::memory_order_relaxed);
+  }
+  uint64_t decode_error_count(DecodeStatus s) const {
+    return decode_errors_[static_cast<int>(s)].load(std::memory_order_relaxed);
+  }
+
+ private:
+  Verdict Count(Verdict v) {
+    Bump(verdicts_[static_cast<int>(v)]);
+    return v;
+  }
+  // Single writer (the owner), so no read-modify-write instruction needed.
+  static void Bump(std::atomic<uint64_t>& c) {
+    c.store(c.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  }
+  StopRule Rule() const;
+
+  ReceiverConfig config_;
+  AtomicBitmap bitmap_;                     // owner: wo; control: ro
+  std::atomic<uint32_t> round_{0};          // owner: wo; any: ro
+  std::atomic<bool> open_{false};           // owner: wo; any: ro
+  bool begun_ = false;                      // owner only
+  std::atomic<double> p_{0};                // control or owner: wo; any: ro
+  std::atomic<uint32_t> threshold_{0};      // derived from p_, same writer
+  std::atomic<uint64_t> deadline_ns_{0};    // owner: wo (Begin)
+  std::atomic<uint32_t> deadline_floor_{0}; // owner: wo (Begin)
+  std::atomic<bool> stop_taken_{false};     // exchanged by whoever sends STOP
+  std::array<std::atomic<uint64_t>, kNumVerdicts> verdicts_{};
+  std::array<std::atomic<uint64_t>, kNumDecodeStatus> decode_errors_{};
+};
+
+}  // namespace dblp

@@ -43,6 +43,13 @@ void EncodeDataHeader(const DataHeader& h, uint8_t* out) {
   std::memcpy(out, &w, sizeof(w));
 }
 
+size_t BuildDataFrame(const DataHeader& h, const uint8_t* payload,
+                      uint8_t* out) {
+  EncodeDataHeader(h, out);
+  std::memcpy(out + kDataHeaderBytes, payload, h.payload_len);
+  return kDataHeaderBytes + h.payload_len;
+}
+
 DecodeStatus DecodeDataHeader(const uint8_t* buf, size_t len, DataHeader* out) {
   if (buf == nullptr || len < kDataHeaderBytes) {
     return DecodeStatus::kShortBuffer;

@@ -68,6 +68,11 @@ const char* DecodeStatusName(DecodeStatus s);
 // Writes kDataHeaderBytes bytes at `out`.
 void EncodeDataHeader(const DataHeader& h, uint8_t* out);
 
+// Writes header + `h.payload_len` bytes of `payload` at `out` and returns
+// the frame length. `out` needs kDataHeaderBytes + payload_len bytes.
+size_t BuildDataFrame(const DataHeader& h, const uint8_t* payload,
+                      uint8_t* out);
+
 // Structural decode: checks everything that needs no session knowledge.
 // Bytes past header + payload_len (e.g. Ethernet padding) are allowed.
 DecodeStatus DecodeDataHeader(const uint8_t* buf, size_t len, DataHeader* out);
