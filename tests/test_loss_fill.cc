@@ -1,1 +1,411 @@
 #include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dblp/loss_fill.h"
+#include "dblp/rng.h"
+
+namespace dblp {
+namespace {
+
+std::vector<float> RandomFloats(size_t n, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<float> v(n);
+  // Mixed magnitudes and signs so that rounding differences would show.
+  for (float& x : v) {
+    x = static_cast<float>(
+        (rng.NextDouble() * 2 - 1) *
+        std::ldexp(1.0, static_cast<int>(rng.NextBelow(20)) - 10));
+  }
+  return v;
+}
+
+// Random arrival map with each chunk present with probability `p_arrive`.
+Bitmap RandomBitmap(uint32_t bits, double p_arrive, uint64_t seed) {
+  Rng rng(seed);
+  Bitmap b(bits);
+  for (uint32_t i = 0; i < bits; ++i) {
+    if (rng.Bernoulli(p_arrive)) b.Set(i);
+  }
+  return b;
+}
+
+// Layouts under test: a chunk of 64 floats (cache-line multiple), and the
+// real 1500-MTU-like 1456-byte chunk (364 floats, not a multiple of 16) whose
+// buffer ends in a short chunk.
+std::vector<ChunkLayout> Layouts() {
+  return {ChunkLayout(1000 * 4, 64 * 4),  // 16 chunks, last 40 floats
+          ChunkLayout(10001 * 4, 1456),   // 28 chunks, last 173 floats
+          ChunkLayout(5 * 4, 1456)};      // a single short chunk
+}
+
+size_t FloatsOf(const ChunkLayout& layout) {
+  return layout.total_bytes() / sizeof(float);
+}
+
+// Indices [first, first + n) of chunk seq, in floats.
+size_t FirstFloat(const ChunkLayout& l, uint32_t seq) {
+  return l.Offset(seq) / 4;
+}
+size_t NumFloats(const ChunkLayout& l, uint32_t seq) {
+  return l.Length(seq) / 4;
+}
+
+TEST(FillMode, ParseAndName) {
+  for (const FillMode m :
+       {FillMode::kZero, FillMode::kPrevious, FillMode::kRescale}) {
+    EXPECT_EQ(ParseFillMode(FillModeName(m)), m);
+  }
+  EXPECT_STREQ(FillModeName(FillMode::kPrevious), "prev");
+  for (const char* bad : {"", "Zero", "previous", "rescale ", "none"}) {
+    try {
+      ParseFillMode(bad);
+      ADD_FAILURE() << "accepted \"" << bad << "\"";
+    } catch (const std::invalid_argument& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("zero"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("prev"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("rescale"), std::string::npos) << msg;
+    }
+  }
+}
+
+TEST(FillMissing, ZeroPrevAndRescaleOnRandomBitmaps) {
+  uint64_t seed = 1;
+  for (const ChunkLayout& layout : Layouts()) {
+    for (const FillMode mode :
+         {FillMode::kZero, FillMode::kPrevious, FillMode::kRescale}) {
+      for (int trial = 0; trial < 5; ++trial, ++seed) {
+        const size_t n = FloatsOf(layout);
+        const std::vector<float> received = RandomFloats(n, seed);
+        const std::vector<float> previous = RandomFloats(n, seed + 1000);
+        Bitmap arrived = RandomBitmap(layout.num_chunks(), 0.6, seed);
+        // Trial 0 always exercises the short last chunk being lost.
+        if (trial == 0) {
+          Bitmap without_last(layout.num_chunks());
+          for (uint32_t s = 0; s + 1 < layout.num_chunks(); ++s) {
+            if (arrived.Test(s)) without_last.Set(s);
+          }
+          arrived = without_last;
+        }
+        std::vector<float> buf = received;
+        const uint32_t filled =
+            FillMissing(buf, arrived, layout, mode, previous);
+        EXPECT_EQ(filled, arrived.MissingCount());
+        for (uint32_t s = 0; s < layout.num_chunks(); ++s) {
+          for (size_t i = FirstFloat(layout, s);
+               i < FirstFloat(layout, s) + NumFloats(layout, s); ++i) {
+            const float want = arrived.Test(s)               ? received[i]
+                               : mode == FillMode::kPrevious ? previous[i]
+                                                             : 0.0f;
+            ASSERT_EQ(buf[i], want)
+                << FillModeName(mode) << " chunk " << s << " float " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(FillMissing, AllArrivedTouchesNothing) {
+  const ChunkLayout layout(1000 * 4, 64 * 4);
+  const std::vector<float> received = RandomFloats(1000, 3);
+  Bitmap all(layout.num_chunks());
+  for (uint32_t s = 0; s < layout.num_chunks(); ++s) all.Set(s);
+  std::vector<float> buf = received;
+  EXPECT_EQ(FillMissing(buf, all, layout, FillMode::kZero, {}), 0u);
+  EXPECT_EQ(buf, received);
+}
+
+TEST(FillMissing, RejectsMismatchedSizes) {
+  const ChunkLayout layout(1000 * 4, 64 * 4);
+  std::vector<float> buf(1000);
+  const Bitmap arrived(layout.num_chunks());
+  const std::vector<float> short_prev(999);
+  EXPECT_THROW(
+      FillMissing(buf, arrived, layout, FillMode::kPrevious, short_prev),
+      std::invalid_argument);
+  // Other modes ignore `previous`, even an empty one.
+  EXPECT_EQ(FillMissing(buf, arrived, layout, FillMode::kZero, {}),
+            layout.num_chunks());
+  std::vector<float> short_buf(999);
+  EXPECT_THROW(FillMissing(short_buf, arrived, layout, FillMode::kZero, {}),
+               std::invalid_argument);
+  const Bitmap wrong_bits(layout.num_chunks() + 1);
+  EXPECT_THROW(FillMissing(buf, wrong_bits, layout, FillMode::kZero, {}),
+               std::invalid_argument);
+}
+
+// One push round: worker w's gradient and the chunks of it that arrived.
+struct Round {
+  std::vector<std::vector<float>> grads;
+  std::vector<Bitmap> arrived;
+};
+
+Round MakeRound(const ChunkLayout& layout, uint32_t workers, uint64_t seed) {
+  Round r;
+  for (uint32_t w = 0; w < workers; ++w) {
+    r.grads.push_back(RandomFloats(FloatsOf(layout), seed * 100 + w));
+    r.arrived.push_back(
+        RandomBitmap(layout.num_chunks(), 0.6, seed * 100 + 50 + w));
+  }
+  return r;
+}
+
+// Feeds a round to the reducer from byte buffers shifted by `misalign` bytes,
+// visiting chunks in a seeded random order per worker (arrival order across
+// chunks must not matter; within a chunk the order is worker 0, 1, 2).
+void Feed(MeanReducer& red, const Round& r, size_t misalign, uint64_t seed) {
+  const ChunkLayout& layout = red.layout();
+  Rng rng(seed);
+  for (size_t w = 0; w < r.grads.size(); ++w) {
+    std::vector<uint8_t> bytes(layout.total_bytes() + misalign);
+    std::memcpy(bytes.data() + misalign, r.grads[w].data(),
+                layout.total_bytes());
+    std::vector<uint32_t> order(layout.num_chunks());
+    for (uint32_t s = 0; s < order.size(); ++s) order[s] = s;
+    for (size_t i = order.size(); i > 1; --i) {
+      std::swap(order[i - 1], order[rng.NextBelow(static_cast<uint32_t>(i))]);
+    }
+    for (const uint32_t s : order) {
+      if (r.arrived[w].Test(s)) {
+        red.Accumulate(s, bytes.data() + misalign + layout.Offset(s));
+      }
+    }
+  }
+}
+
+// Reference computed independently, float by float, in the same summation
+// order (worker 0, 1, 2) as the reducer, so kZero and kRescale must match
+// bit for bit.
+std::vector<float> ReferenceMean(const ChunkLayout& layout, const Round& r,
+                                 FillMode mode,
+                                 const std::vector<float>& prev_mean) {
+  const uint32_t workers = static_cast<uint32_t>(r.grads.size());
+  std::vector<float> out(FloatsOf(layout));
+  for (size_t i = 0; i < out.size(); ++i) {
+    const uint32_t seq = layout.ChunkOf(i * 4);
+    float sum = 0;
+    uint32_t k = 0;
+    for (uint32_t w = 0; w < workers; ++w) {
+      if (r.arrived[w].Test(seq)) {
+        sum += r.grads[w][i];
+        ++k;
+      }
+    }
+    switch (mode) {
+      case FillMode::kZero:
+        out[i] = sum / static_cast<float>(workers);
+        break;
+      case FillMode::kRescale:
+        out[i] = k == 0 ? 0.0f : sum / static_cast<float>(k);
+        break;
+      case FillMode::kPrevious:
+        out[i] = (sum + static_cast<float>(workers - k) * prev_mean[i]) /
+                 static_cast<float>(workers);
+        break;
+    }
+  }
+  return out;
+}
+
+void ExpectMeanEq(const std::vector<float>& got, const std::vector<float>& want,
+                  FillMode mode) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (mode == FillMode::kPrevious) {
+      // (sum + m * prev) may be contracted into an FMA on some builds: allow
+      // a couple of ulps, far below any real error (e.g. a wrong m or W).
+      ASSERT_NEAR(got[i], want[i], 4e-7f * (std::abs(want[i]) + 1e-3f))
+          << "float " << i;
+    } else {
+      ASSERT_EQ(got[i], want[i]) << FillModeName(mode) << " float " << i;
+    }
+  }
+}
+
+TEST(MeanReducer, MatchesReferenceForEachMode) {
+  uint64_t seed = 1;
+  for (const ChunkLayout& layout : Layouts()) {
+    for (const FillMode mode :
+         {FillMode::kZero, FillMode::kRescale, FillMode::kPrevious}) {
+      for (int trial = 0; trial < 4; ++trial, ++seed) {
+        MeanReducer red(layout, 3);
+        // kPrevious needs a previous mean: a first round finalised with
+        // kZero, then the round under test.
+        const Round first = MakeRound(layout, 3, seed + 500);
+        Feed(red, first, 0, seed);
+        std::vector<float> prev(FloatsOf(layout));
+        red.Finalize(FillMode::kZero, prev);
+        ExpectMeanEq(prev, ReferenceMean(layout, first, FillMode::kZero, {}),
+                     FillMode::kZero);
+
+        red.BeginRound();
+        const Round r = MakeRound(layout, 3, seed);
+        Feed(red, r, static_cast<size_t>(trial), seed);
+        std::vector<float> mean(FloatsOf(layout));
+        red.Finalize(mode, mean);
+        ExpectMeanEq(mean, ReferenceMean(layout, r, mode, prev), mode);
+      }
+    }
+  }
+}
+
+TEST(MeanReducer, ModesDifferWhereChunksAreMissing) {
+  // Guards against a reducer that ignores the mode: with k < W the three
+  // means must differ (kPrevious against a non-zero previous mean).
+  const ChunkLayout layout(64 * 4, 64 * 4);
+  const std::vector<float> g(64, 3.0f);
+  const std::vector<float> first(64, 6.0f);
+  MeanReducer red(layout, 3);
+  for (int w = 0; w < 3; ++w) {
+    red.Accumulate(0, reinterpret_cast<const uint8_t*>(first.data()));
+  }
+  std::vector<float> m(64);
+  red.Finalize(FillMode::kZero, m);
+  EXPECT_EQ(m[0], 6.0f);
+
+  red.BeginRound();
+  red.Accumulate(0, reinterpret_cast<const uint8_t*>(g.data()));
+  red.Finalize(FillMode::kPrevious, m);
+  EXPECT_EQ(m[63], 5.0f);  // (3 + 2 * 6) / 3, 6 being the last mean
+  red.Finalize(FillMode::kZero, m);
+  EXPECT_EQ(m[63], 1.0f);  // 3 / 3
+  red.Finalize(FillMode::kRescale, m);
+  EXPECT_EQ(m[63], 3.0f);  // 3 / 1
+}
+
+TEST(MeanReducer, ContributionsAndCoveredChunks) {
+  const ChunkLayout layout(10001 * 4, 1456);
+  const Round r = MakeRound(layout, 3, 9);
+  MeanReducer red(layout, 3);
+  EXPECT_EQ(red.num_workers(), 3u);
+  EXPECT_EQ(red.layout(), layout);
+  EXPECT_EQ(red.CoveredChunks(), 0u);
+  Feed(red, r, 0, 9);
+  uint32_t covered = 0;
+  bool saw_none = false, saw_all = false;
+  for (uint32_t s = 0; s < layout.num_chunks(); ++s) {
+    uint32_t k = 0;
+    for (const Bitmap& b : r.arrived) k += b.Test(s);
+    EXPECT_EQ(red.contributions(s), k) << s;
+    covered += k > 0;
+    saw_none |= k == 0;
+    saw_all |= k == 3;
+  }
+  EXPECT_EQ(red.CoveredChunks(), covered);
+  // The seeded round must exercise both extremes, or the reference test
+  // above would not cover k == 0 and k == W.
+  EXPECT_TRUE(saw_none);
+  EXPECT_TRUE(saw_all);
+}
+
+TEST(MeanReducer, BeginRoundResetsSumsAndCounts) {
+  const ChunkLayout layout(1000 * 4, 64 * 4);
+  MeanReducer red(layout, 3);
+  const Round r = MakeRound(layout, 3, 4);
+  Feed(red, r, 0, 4);
+  ASSERT_GT(red.CoveredChunks(), 0u);
+  red.BeginRound();
+  EXPECT_EQ(red.CoveredChunks(), 0u);
+  for (uint32_t s = 0; s < layout.num_chunks(); ++s) {
+    EXPECT_EQ(red.contributions(s), 0u);
+  }
+  // A new round with only worker 1's chunk 2: the old sums must be gone.
+  red.Accumulate(2, reinterpret_cast<const uint8_t*>(r.grads[1].data() +
+                                                     FirstFloat(layout, 2)));
+  std::vector<float> mean(1000);
+  red.Finalize(FillMode::kRescale, mean);
+  for (size_t i = 0; i < mean.size(); ++i) {
+    const bool in_chunk2 = layout.ChunkOf(i * 4) == 2;
+    ASSERT_EQ(mean[i], in_chunk2 ? r.grads[1][i] : 0.0f) << i;
+  }
+}
+
+TEST(MeanReducer, PreviousUsesLastFinalizeAndStartsFromZero) {
+  const ChunkLayout layout(1000 * 4, 64 * 4);
+  MeanReducer red(layout, 3);
+  const Round r1 = MakeRound(layout, 3, 21);
+  Feed(red, r1, 0, 21);
+  // Before any Finalize the previous mean is zero: kPrevious == kZero exactly.
+  std::vector<float> m1(1000);
+  red.Finalize(FillMode::kPrevious, m1);
+  ExpectMeanEq(m1, ReferenceMean(layout, r1, FillMode::kZero, {}),
+               FillMode::kZero);
+
+  red.BeginRound();
+  const Round r2 = MakeRound(layout, 3, 22);
+  Feed(red, r2, 0, 22);
+  std::vector<float> m2(1000);
+  red.Finalize(FillMode::kPrevious, m2);
+  ExpectMeanEq(m2, ReferenceMean(layout, r2, FillMode::kPrevious, m1),
+               FillMode::kPrevious);
+
+  // An empty round under kPrevious carries the last mean forward.
+  red.BeginRound();
+  std::vector<float> m3(1000);
+  red.Finalize(FillMode::kPrevious, m3);
+  for (size_t i = 0; i < m3.size(); ++i) {
+    ASSERT_NEAR(m3[i], m2[i], 4e-7f * std::abs(m2[i])) << i;
+  }
+}
+
+TEST(MeanReducer, UnalignedPayloadsGiveTheSameMean) {
+  const ChunkLayout layout(10001 * 4, 1456);
+  const Round r = MakeRound(layout, 3, 31);
+  std::vector<float> aligned(FloatsOf(layout));
+  {
+    MeanReducer red(layout, 3);
+    Feed(red, r, 0, 31);
+    red.Finalize(FillMode::kZero, aligned);
+  }
+  for (size_t misalign = 1; misalign < 4; ++misalign) {
+    MeanReducer red(layout, 3);
+    Feed(red, r, misalign, 31);
+    std::vector<float> mean(FloatsOf(layout));
+    red.Finalize(FillMode::kZero, mean);
+    EXPECT_EQ(mean, aligned) << "misalign " << misalign;
+  }
+}
+
+TEST(MeanReducer, DisjointChunkOwnersInParallel) {
+  // The server's contract: two RX threads, each owning every other chunk.
+  const ChunkLayout layout(10001 * 4, 1456);
+  const Round r = MakeRound(layout, 3, 41);
+  MeanReducer serial(layout, 3), parallel(layout, 3);
+  Feed(serial, r, 0, 41);
+  auto owner = [&](uint32_t parity) {
+    for (size_t w = 0; w < r.grads.size(); ++w) {
+      const auto* bytes = reinterpret_cast<const uint8_t*>(r.grads[w].data());
+      for (uint32_t s = parity; s < layout.num_chunks(); s += 2) {
+        if (r.arrived[w].Test(s))
+          parallel.Accumulate(s, bytes + layout.Offset(s));
+      }
+    }
+  };
+  std::thread even(owner, 0), odd(owner, 1);
+  even.join();
+  odd.join();
+  std::vector<float> a(FloatsOf(layout)), b(FloatsOf(layout));
+  serial.Finalize(FillMode::kRescale, a);
+  parallel.Finalize(FillMode::kRescale, b);
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(parallel.CoveredChunks(), serial.CoveredChunks());
+}
+
+TEST(MeanReducer, RejectsBadShapes) {
+  EXPECT_THROW(MeanReducer(ChunkLayout(10, 8), 3), std::invalid_argument);
+  EXPECT_THROW(MeanReducer(ChunkLayout(16, 8), 0), std::invalid_argument);
+  MeanReducer red(ChunkLayout(16, 8), 2);
+  std::vector<float> wrong(3);
+  EXPECT_THROW(red.Finalize(FillMode::kZero, wrong), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace dblp

@@ -1,1 +1,217 @@
 #include "dblp/loss_fill.h"
+
+#include <algorithm>
+#include <cassert>
+#include <cstring>
+#include <new>
+#include <stdexcept>
+#include <string>
+
+namespace dblp {
+namespace {
+
+constexpr size_t kCacheLine = 64;
+constexpr size_t kFloatsPerLine = kCacheLine / sizeof(float);
+// Floats handled per block in the hot loops. A fixed-size inner block is
+// vectorised by GCC's -O2 "very cheap" cost model, which refuses loops whose
+// trip count is unknown; the tail (< 8 floats) is scalar.
+constexpr size_t kBlock = 8;
+
+[[noreturn]] void SizeMismatch(const char* what, size_t got, uint64_t want) {
+  throw std::invalid_argument(
+      std::string(what) + " holds " + std::to_string(got) +
+      " floats, the layout needs " + std::to_string(want));
+}
+
+// dst[i] += float at src + 4 * i, for i < n. `src` may be unaligned and may
+// alias anything (it is a byte pointer), so every block is first copied into
+// a local: the compiler then needs no runtime overlap check to vectorise.
+void AddFloats(float* dst, const uint8_t* src, size_t n) {
+  size_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) {
+    float tmp[kBlock];
+    std::memcpy(tmp, src + i * sizeof(float), sizeof(tmp));
+    for (size_t j = 0; j < kBlock; ++j) dst[i + j] += tmp[j];
+  }
+  for (; i < n; ++i) {
+    float v;
+    std::memcpy(&v, src + i * sizeof(float), sizeof(v));
+    dst[i] += v;
+  }
+}
+
+// out[i] = sum[i] / d. Division (not a multiply by 1/d) so the result is the
+// correctly rounded mean, identical to what a reference computes. Blocked
+// like AddFloats; each block is computed into a local before it is stored so
+// that `out` and `sum` need no overlap check.
+void Divide(float* out, const float* sum, size_t n, float d) {
+  size_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) {
+    float tmp[kBlock];
+    for (size_t j = 0; j < kBlock; ++j) tmp[j] = sum[i + j] / d;
+    std::memcpy(out + i, tmp, sizeof(tmp));
+  }
+  for (; i < n; ++i) out[i] = sum[i] / d;
+}
+
+// out[i] = (sum[i] + m * prev[i]) / d.
+void DivideWithPrevious(float* out, const float* sum, const float* prev,
+                        size_t n, float m, float d) {
+  size_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) {
+    float tmp[kBlock];
+    for (size_t j = 0; j < kBlock; ++j) {
+      tmp[j] = (sum[i + j] + m * prev[i + j]) / d;
+    }
+    std::memcpy(out + i, tmp, sizeof(tmp));
+  }
+  for (; i < n; ++i) out[i] = (sum[i] + m * prev[i]) / d;
+}
+
+}  // namespace
+
+FillMode ParseFillMode(std::string_view text) {
+  if (text == "zero") return FillMode::kZero;
+  if (text == "prev") return FillMode::kPrevious;
+  if (text == "rescale") return FillMode::kRescale;
+  throw std::invalid_argument("invalid fill mode \"" + std::string(text) +
+                              "\": expected \"zero\", \"prev\" or \"rescale\"");
+}
+
+const char* FillModeName(FillMode mode) {
+  switch (mode) {
+    case FillMode::kZero:
+      return "zero";
+    case FillMode::kPrevious:
+      return "prev";
+    case FillMode::kRescale:
+      return "rescale";
+  }
+  return "invalid";
+}
+
+uint32_t FillMissing(std::span<float> buffer, const Bitmap& arrived,
+                     const ChunkLayout& layout, FillMode mode,
+                     std::span<const float> previous) {
+  if (static_cast<uint64_t>(buffer.size()) * sizeof(float) !=
+      layout.total_bytes()) {
+    throw std::invalid_argument(
+        "fill buffer holds " + std::to_string(buffer.size() * sizeof(float)) +
+        " bytes, the layout needs " + std::to_string(layout.total_bytes()));
+  }
+  if (arrived.size() != layout.num_chunks()) {
+    throw std::invalid_argument(
+        "arrival bitmap has " + std::to_string(arrived.size()) +
+        " bits, the layout has " + std::to_string(layout.num_chunks()) +
+        " chunks");
+  }
+  if (mode == FillMode::kPrevious && previous.size() != buffer.size()) {
+    SizeMismatch("previous buffer", previous.size(), buffer.size());
+  }
+  uint32_t filled = 0;
+  float* const out = buffer.data();
+  const float* const prev = previous.data();
+  arrived.ForEachMissing([&](uint32_t seq) {
+    // total_bytes is a multiple of 4 (checked above), so is every Length.
+    const size_t first = layout.Offset(seq) / sizeof(float);
+    const size_t n = layout.Length(seq) / sizeof(float);
+    if (mode == FillMode::kPrevious) {
+      std::memcpy(out + first, prev + first, n * sizeof(float));
+    } else {
+      std::fill_n(out + first, n, 0.0f);
+    }
+    ++filled;
+  });
+  return filled;
+}
+
+void MeanReducer::AlignedFree::operator()(float* p) const {
+  ::operator delete[](p, std::align_val_t{kCacheLine});
+}
+
+MeanReducer::MeanReducer(const ChunkLayout& layout, uint32_t num_workers)
+    : layout_(layout),
+      num_workers_(num_workers),
+      stride_floats_(0),
+      counts_(layout.num_chunks()) {
+  if (layout.num_chunks() == 0 || layout.total_bytes() % sizeof(float) != 0) {
+    throw std::invalid_argument(
+        "mean reducer needs a non-empty float32 gradient: " +
+        std::to_string(layout.total_bytes()) +
+        " bytes is not a positive multiple of 4");
+  }
+  if (num_workers == 0) {
+    throw std::invalid_argument("mean reducer needs at least one worker");
+  }
+  const size_t chunk_floats = layout.chunk_payload() / sizeof(float);
+  stride_floats_ =
+      (chunk_floats + kFloatsPerLine - 1) / kFloatsPerLine * kFloatsPerLine;
+  const size_t total = stride_floats_ * layout.num_chunks();
+  sums_.reset(static_cast<float*>(
+      ::operator new[](total * sizeof(float), std::align_val_t{kCacheLine})));
+  std::fill_n(sums_.get(), total, 0.0f);
+  prev_mean_.assign(layout.total_bytes() / sizeof(float), 0.0f);
+}
+
+void MeanReducer::BeginRound() {
+  std::fill_n(sums_.get(), stride_floats_ * layout_.num_chunks(), 0.0f);
+  for (CountSlot& slot : counts_) slot.n.store(0, std::memory_order_relaxed);
+}
+
+void MeanReducer::Accumulate(uint32_t seq, const uint8_t* payload) {
+  assert(seq < layout_.num_chunks());
+  AddFloats(SumOf(seq), payload, layout_.Length(seq) / sizeof(float));
+  // Single writer per slot: load + release store instead of a locked RMW.
+  std::atomic<uint32_t>& n = counts_[seq].n;
+  const uint32_t k = n.load(std::memory_order_relaxed);
+  assert(k < num_workers_ && "more contributions than workers: duplicate?");
+  n.store(k + 1, std::memory_order_release);
+}
+
+void MeanReducer::Finalize(FillMode mode, std::span<float> mean_out) {
+  if (mean_out.size() != prev_mean_.size()) {
+    SizeMismatch("mean output", mean_out.size(), prev_mean_.size());
+  }
+  const float w = static_cast<float>(num_workers_);
+  float* const out = mean_out.data();
+  const float* const prev = prev_mean_.data();
+  for (uint32_t seq = 0; seq < layout_.num_chunks(); ++seq) {
+    const size_t first = layout_.Offset(seq) / sizeof(float);
+    const size_t n = layout_.Length(seq) / sizeof(float);
+    const float* const sum = SumOf(seq);
+    const uint32_t k = counts_[seq].n.load(std::memory_order_acquire);
+    switch (mode) {
+      case FillMode::kZero:
+        Divide(out + first, sum, n, w);
+        break;
+      case FillMode::kRescale:
+        if (k == 0) {
+          std::fill_n(out + first, n, 0.0f);
+        } else {
+          Divide(out + first, sum, n, static_cast<float>(k));
+        }
+        break;
+      case FillMode::kPrevious:
+        if (k >= num_workers_) {
+          // Complete chunk: skip the previous term entirely, so a non-finite
+          // previous mean cannot leak in through 0 * inf.
+          Divide(out + first, sum, n, w);
+        } else {
+          DivideWithPrevious(out + first, sum, prev + first, n,
+                             static_cast<float>(num_workers_ - k), w);
+        }
+        break;
+    }
+  }
+  std::copy(mean_out.begin(), mean_out.end(), prev_mean_.begin());
+}
+
+uint32_t MeanReducer::CoveredChunks() const {
+  uint32_t covered = 0;
+  for (const CountSlot& slot : counts_) {
+    covered += slot.n.load(std::memory_order_acquire) != 0;
+  }
+  return covered;
+}
+
+}  // namespace dblp

@@ -1,1 +1,121 @@
+// What to do with the chunks a bounded-loss round gave up on.
+//
+// DBLP and MLT treat a missing gradient chunk as zero. LTP offers two
+// alternatives we also support: "bubble filling" with the previous value, and
+// unbiased rescaling (divide by the number of contributions actually received
+// instead of the number of workers). Payloads are raw float32 in host byte
+// order; chunk `seq` covers bytes [Offset(seq), Offset(seq) + Length(seq)) of
+// the flattened gradient.
 #pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "dblp/bitmap.h"
+#include "dblp/chunking.h"
+
+namespace dblp {
+
+enum class FillMode : uint8_t { kZero, kPrevious, kRescale };
+
+// "zero" | "prev" | "rescale"; throws std::invalid_argument naming the
+// choices on anything else.
+FillMode ParseFillMode(std::string_view text);
+// The ParseFillMode spelling: "zero", "prev" or "rescale".
+const char* FillModeName(FillMode mode);
+
+// Receiver-side fill of one received buffer (e.g. a worker's copy of the
+// broadcast mean): every chunk whose bit in `arrived` is clear is set to zero
+// (kZero and kRescale - rescaling only means something where contributions
+// are counted, i.e. in MeanReducer) or copied from `previous` (kPrevious).
+// Returns the number of chunks filled.
+//
+// Throws std::invalid_argument if buffer does not hold exactly
+// layout.total_bytes(), if arrived.size() != layout.num_chunks(), or, for
+// kPrevious, if previous.size() != buffer.size(). `previous` is ignored (may
+// be empty) for the other modes.
+uint32_t FillMissing(std::span<float> buffer, const Bitmap& arrived,
+                     const ChunkLayout& layout, FillMode mode,
+                     std::span<const float> previous);
+
+// The server's reduction of one push round from W workers.
+//
+// Threading contract (the DPDK server shards chunks across RX lcores, each
+// lcore owning a disjoint set of seqs):
+//  - Accumulate(seq, ...) for a given seq must always come from the same
+//    thread during a round (the owner of seq). It writes only that chunk's sum
+//    slice and that chunk's count slot. Slices and slots are padded to
+//    64-byte cache lines, so owners of neighbouring chunks neither race nor
+//    false-share.
+//  - contributions(seq) and CoveredChunks() may be called from any thread
+//    while the round runs (acquire loads of the count slots; a count seen by
+//    a reader implies the matching sum slice update happened before it).
+//  - BeginRound() and Finalize() touch every chunk: the caller must make sure
+//    no Accumulate is in flight and establish happens-before with the owners
+//    (e.g. the round-completion hand-off the control thread already does).
+//  - Accumulate must be called at most once per (worker, seq) per round; the
+//    caller dedups with the worker's arrival bitmap (Bitmap::Set's return
+//    value). A duplicate would be summed twice.
+class MeanReducer {
+ public:
+  // Throws std::invalid_argument if total_bytes is not a multiple of 4 or
+  // num_workers is 0. Starts with a clean round (BeginRound not required).
+  MeanReducer(const ChunkLayout& layout, uint32_t num_workers);
+
+  // Zeroes the sums and counts. Keeps the previous Finalize output.
+  void BeginRound();
+
+  // Adds chunk seq's Length(seq) / 4 floats from `payload` into the sum and
+  // counts one contribution. `payload` need not be aligned. Precondition:
+  // seq < layout().num_chunks().
+  void Accumulate(uint32_t seq, const uint8_t* payload);
+
+  // Writes the round's mean into mean_out (layout().total_bytes() / 4
+  // floats, else std::invalid_argument). For chunk c with k contributions:
+  //  kZero:     sum / W              (missing counted as zero: MLT, DBLP)
+  //  kRescale:  sum / k, 0 if k == 0 (unbiased rescaling: LTP)
+  //  kPrevious: (sum + (W - k) * prev_mean) / W, prev_mean being the previous
+  //             Finalize's output, zeros before the first (LTP's bubble
+  //             filling applied to the mean).
+  // The output is remembered as prev_mean for the next Finalize whatever the
+  // mode, so a job can switch modes between rounds.
+  void Finalize(FillMode mode, std::span<float> mean_out);
+
+  uint32_t contributions(uint32_t seq) const {
+    return counts_[seq].n.load(std::memory_order_acquire);
+  }
+  uint32_t num_workers() const { return num_workers_; }
+  const ChunkLayout& layout() const { return layout_; }
+  // Chunks with at least one contribution this round.
+  uint32_t CoveredChunks() const;
+
+ private:
+  struct alignas(64) CountSlot {
+    std::atomic<uint32_t> n{0};  // writer: owner lcore of the seq; readers: any
+  };
+  struct AlignedFree {
+    void operator()(float* p) const;
+  };
+
+  float* SumOf(uint32_t seq) {
+    return sums_.get() + static_cast<size_t>(seq) * stride_floats_;
+  }
+  const float* SumOf(uint32_t seq) const {
+    return sums_.get() + static_cast<size_t>(seq) * stride_floats_;
+  }
+
+  ChunkLayout layout_;
+  uint32_t num_workers_;
+  // Floats between the starts of consecutive chunks' sum slices: the chunk's
+  // float count rounded up to a cache line, so slices never share a line.
+  size_t stride_floats_;
+  std::unique_ptr<float[], AlignedFree> sums_;  // writer: owner of each slice
+  std::vector<CountSlot> counts_;               // one padded slot per chunk
+  std::vector<float> prev_mean_;                // control thread only
+};
+
+}  // namespace dblp
