@@ -1,1 +1,370 @@
+// CLR detector schedule and the tolerance policies built on it.
 #include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "dblp/clr_detector.h"
+#include "dblp/tolerance.h"
+
+namespace dblp {
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// Feeds norms[i] as iteration first + i and returns, for each iteration,
+// whether it ran critical: element 0 is the state before the first call,
+// element i+1 what Observe() of iteration first + i returned.
+std::vector<bool> Feed(ClrDetector& d, const std::vector<double>& norms,
+                       uint64_t first = 0) {
+  std::vector<bool> critical{d.critical()};
+  for (size_t i = 0; i < norms.size(); ++i) {
+    critical.push_back(d.Observe(first + i, norms[i]));
+  }
+  return critical;
+}
+
+// Expects exactly the iterations in [lo, hi) of `critical` to be critical.
+void ExpectCriticalExactly(const std::vector<bool>& critical, size_t lo,
+                           size_t hi) {
+  for (size_t i = 0; i < critical.size(); ++i) {
+    EXPECT_EQ(critical[i], i >= lo && i < hi) << "iteration " << i;
+  }
+}
+
+template <class F>
+std::string ThrowMessage(F&& f) {
+  try {
+    f();
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "<no std::invalid_argument thrown>";
+}
+
+TEST(ClrDetector, StartsCritical) {
+  ClrDetector d(ClrParams{});
+  EXPECT_TRUE(d.critical());
+  EXPECT_EQ(d.checks(), 0u);
+  EXPECT_EQ(d.switches(), 0u);
+  EXPECT_TRUE(std::isnan(d.last_relative_change()));
+}
+
+TEST(ClrDetector, ConstantNormIsCriticalForTheFirstTwoWindowsOnly) {
+  ClrDetector d(ClrParams{.freq = 10, .eta = 0.5});
+  const auto critical = Feed(d, std::vector<double>(40, 3.0));
+  // Window 0 (0..9) starts critical; the check at 9 has no reference, so
+  // window 1 (10..19) is critical too; the check at 19 sees no change.
+  ExpectCriticalExactly(critical, 0, 20);
+  EXPECT_EQ(d.checks(), 4u);  // iterations 9, 19, 29, 39
+  EXPECT_EQ(d.switches(), 1u);
+  EXPECT_DOUBLE_EQ(d.last_relative_change(), 0.0);
+}
+
+TEST(ClrDetector, JumpAtACheckIsCriticalForExactlyOneWindow) {
+  ClrDetector d(ClrParams{.freq = 10, .eta = 0.5});
+  std::vector<double> norms(70, 1.0);
+  // Norms between checks do not count, however wild.
+  for (size_t i = 0; i < norms.size(); ++i) {
+    if (i % 10 != 9) norms[i] = 100.0 + static_cast<double>(i);
+  }
+  norms[39] = 2.0;  // +100% at the check closing window 3 -> 40..49 critical
+  norms[49] = 2.0;  // no change -> back to non-critical from 50 on
+  norms[59] = 2.0;
+  norms[69] = 2.0;
+  const auto critical = Feed(d, norms);
+  for (size_t i = 20; i <= 70; ++i) {
+    EXPECT_EQ(critical[i], i >= 40 && i < 50) << "iteration " << i;
+  }
+  EXPECT_DOUBLE_EQ(d.last_relative_change(), 0.0);
+  EXPECT_EQ(d.switches(), 3u);  // ->non-critical at 20, ->critical at 40, back
+}
+
+TEST(ClrDetector, RelativeChangeExactlyAtEtaIsCritical) {
+  // freq = 1: every iteration is a check, so the schedule is easy to read.
+  ClrDetector d(ClrParams{.freq = 1, .eta = 0.5});
+  d.Observe(0, 2.0);               // first check: reference only
+  EXPECT_TRUE(d.Observe(1, 1.0));  // |2 - 1| / 2 = 0.5 >= eta
+  EXPECT_DOUBLE_EQ(d.last_relative_change(), 0.5);
+  EXPECT_FALSE(d.Observe(2, 1.0));  // 0
+  EXPECT_TRUE(d.Observe(3, 1.5));   // +0.5 exactly, increase counts too
+}
+
+TEST(ClrDetector, RelativeChangeJustBelowAndAboveEta) {
+  ClrDetector d(ClrParams{.freq = 1, .eta = 0.5});
+  d.Observe(0, 1.0);
+  EXPECT_FALSE(d.Observe(1, 0.5 + 1e-9));  // drop of 0.5 - 1e-9
+  EXPECT_LT(d.last_relative_change(), 0.5);
+  // Reference is now 0.5 + 1e-9; a fall to half of it minus a hair.
+  EXPECT_TRUE(d.Observe(2, (0.5 + 1e-9) * 0.5 - 1e-9));
+  EXPECT_GT(d.last_relative_change(), 0.5);
+}
+
+TEST(ClrDetector, EtaIsConfigurable) {
+  ClrDetector d(ClrParams{.freq = 1, .eta = 0.1});
+  d.Observe(0, 1.0);
+  EXPECT_TRUE(d.Observe(1, 1.2));    // 0.2 >= 0.1
+  EXPECT_FALSE(d.Observe(2, 1.25));  // ~0.04
+}
+
+TEST(ClrDetector, PreviousNormZero) {
+  ClrDetector d(ClrParams{.freq = 1, .eta = 0.5});
+  d.Observe(0, 0.0);
+  EXPECT_FALSE(d.Observe(1, 0.0));  // 0 -> 0: no change
+  EXPECT_DOUBLE_EQ(d.last_relative_change(), 0.0);
+  EXPECT_TRUE(d.Observe(2, 1e-12));  // 0 -> anything: infinitely large change
+  EXPECT_EQ(d.last_relative_change(), kInf);
+  EXPECT_TRUE(d.Observe(3, 0.0));  // 1e-12 -> 0 is -100%
+}
+
+TEST(ClrDetector, InvalidNormBetweenChecksIsCriticalUntilTheNextCheck) {
+  ClrDetector d(ClrParams{.freq = 10, .eta = 0.5});
+  std::vector<double> norms(40, 1.0);
+  norms[33] = kNaN;
+  const auto critical = Feed(d, norms);
+  // 0..19 as usual, then non-critical, then NaN at 33 -> 34..39 critical;
+  // the check at 39 compares 1.0 with the last valid reference (29) -> calm.
+  for (size_t i = 0; i <= 40; ++i) {
+    EXPECT_EQ(critical[i], i < 20 || (i >= 34 && i < 40)) << "iteration " << i;
+  }
+  EXPECT_EQ(d.nonfinite(), 1u);
+  EXPECT_DOUBLE_EQ(d.last_relative_change(), 0.0);
+}
+
+TEST(ClrDetector, InvalidNormAtACheckKeepsTheLastValidReference) {
+  ClrDetector d(ClrParams{.freq = 1, .eta = 0.5});
+  d.Observe(0, 4.0);
+  EXPECT_FALSE(d.Observe(1, 4.0));
+  EXPECT_TRUE(d.Observe(2, kInf));
+  EXPECT_TRUE(std::isnan(d.last_relative_change()));
+  EXPECT_TRUE(d.Observe(3, -1.0));  // negative: no L2 norm, also invalid
+  EXPECT_TRUE(d.Observe(4, -kInf));
+  // Reference is still 4.0 from iteration 1, not the garbage.
+  EXPECT_FALSE(d.Observe(5, 4.0));
+  EXPECT_EQ(d.nonfinite(), 3u);
+  EXPECT_EQ(d.checks(), 6u);
+}
+
+TEST(ClrDetector, InvalidFirstCheckLeavesNoReference) {
+  ClrDetector d(ClrParams{.freq = 1, .eta = 0.5});
+  EXPECT_TRUE(d.Observe(0, kNaN));
+  EXPECT_TRUE(d.Observe(1, 5.0));  // behaves as the first check
+  EXPECT_FALSE(d.Observe(2, 5.0));
+}
+
+TEST(ClrDetector, FreqOneChecksEveryIteration) {
+  ClrDetector d(ClrParams{.freq = 1, .eta = 0.5});
+  const auto critical = Feed(d, {1, 1, 1, 3, 3, 3});
+  // 0 and 1 critical (start, first check without reference), 2..3 calm,
+  // the jump observed at 3 makes only iteration 4 critical.
+  EXPECT_EQ(critical,
+            (std::vector<bool>{true, true, false, false, true, false, false}));
+  EXPECT_EQ(d.checks(), 6u);
+  EXPECT_EQ(d.switches(), 3u);
+}
+
+TEST(ClrDetector, CheckPositionsFollowTheIterationNumber) {
+  ClrDetector d(ClrParams{.freq = 10, .eta = 0.5});
+  // A run resumed at iteration 505: the first check is at 509, not 514.
+  Feed(d, std::vector<double>(5, 1.0), 505);
+  EXPECT_EQ(d.checks(), 1u);
+  Feed(d, std::vector<double>(10, 1.0), 510);
+  EXPECT_EQ(d.checks(), 2u);
+  EXPECT_FALSE(d.critical());
+}
+
+TEST(ClrDetector, ValidationNamesTheFlag) {
+  EXPECT_NO_THROW(ValidateClrParams(ClrParams{}));
+  EXPECT_NE(ThrowMessage([] {
+              ValidateClrParams({.freq = 0, .eta = 0.5});
+            }).find("--clr_freq"),
+            std::string::npos);
+  for (double eta : {0.0, -0.5, kNaN, kInf}) {
+    EXPECT_NE(ThrowMessage([&] {
+                ValidateClrParams({.freq = 10, .eta = eta});
+              }).find("--clr_eta"),
+              std::string::npos)
+        << eta;
+  }
+  EXPECT_THROW(ClrDetector(ClrParams{.freq = 0, .eta = 0.5}),
+               std::invalid_argument);
+}
+
+// ---------------------------------------------------------------- policies
+
+std::unique_ptr<TolerancePolicy> Make(PolicyKind kind, PolicyConfig c = {}) {
+  c.kind = kind;
+  return TolerancePolicy::Create(c);
+}
+
+TEST(TolerancePolicy, ReliableNeedsEveryChunk) {
+  auto pol = Make(PolicyKind::kReliable);
+  for (uint64_t it = 0; it < 30; ++it) {
+    const RoundTolerance t = pol->Current();
+    EXPECT_EQ(t.p, 0.0);
+    EXPECT_EQ(t.deadline_ns, 0u);
+    EXPECT_FALSE(t.critical);
+    pol->OnIterationEnd(it, it % 2 ? 1.0 : 100.0, 1000);
+  }
+  EXPECT_EQ(pol->kind(), PolicyKind::kReliable);
+  EXPECT_EQ(pol->Describe(), "reliable");
+}
+
+TEST(TolerancePolicy, FixedKeepsItsP) {
+  PolicyConfig c;
+  c.p_fixed = 0.024;
+  auto pol = Make(PolicyKind::kFixed, c);
+  for (uint64_t it = 0; it < 30; ++it) {
+    EXPECT_EQ(pol->Current().p, 0.024);
+    EXPECT_EQ(pol->Current().deadline_ns, 0u);
+    pol->OnIterationEnd(it, it % 2 ? 1.0 : 100.0, 1000);
+  }
+  EXPECT_EQ(pol->kind(), PolicyKind::kFixed);
+  EXPECT_EQ(pol->Describe(), "fixed(p=0.024)");
+}
+
+TEST(TolerancePolicy, DblpFollowsTheDetector) {
+  PolicyConfig c;
+  c.clr = {.freq = 5, .eta = 0.5};
+  auto pol = Make(PolicyKind::kDblp, c);
+  EXPECT_EQ(pol->Describe(), "dblp(p_low=0.008,p_high=0.408,freq=5,eta=0.5)");
+  // Checks at 4, 9, 14, 19, 24, 29; the norm halves at 19 (-> 20..24
+  // critical) and the trace is NaN at 27 (-> 28..29 critical).
+  std::vector<double> norms(30, 8.0);
+  for (size_t i = 19; i < norms.size(); ++i) norms[i] = 4.0;
+  norms[27] = kNaN;
+  std::vector<bool> expect_critical(30, false);
+  for (size_t i = 0; i < 10; ++i) expect_critical[i] = true;
+  for (size_t i = 20; i < 25; ++i) expect_critical[i] = true;
+  expect_critical[28] = expect_critical[29] = true;
+  for (uint64_t it = 0; it < norms.size(); ++it) {
+    const RoundTolerance t = pol->Current();
+    EXPECT_EQ(t.critical, expect_critical[it]) << "iteration " << it;
+    EXPECT_EQ(t.p, expect_critical[it] ? 0.008 : 0.408) << "iteration " << it;
+    EXPECT_EQ(t.deadline_ns, 0u);
+    pol->OnIterationEnd(it, norms[it], 1000);
+  }
+  EXPECT_EQ(pol->kind(), PolicyKind::kDblp);
+}
+
+TEST(TolerancePolicy, LtpDeadlineIsFactorTimesMedianOfTheWindow) {
+  PolicyConfig c;
+  c.ltp_window = 4;
+  c.ltp_deadline_factor = 2.0;
+  c.ltp_min_fraction = 0.75;
+  auto pol = Make(PolicyKind::kLtp, c);
+  EXPECT_EQ(pol->Current().deadline_ns, 0u);  // no history, no initial
+  EXPECT_EQ(pol->Current().p, 0.0);
+  EXPECT_EQ(pol->Current().min_fraction, 0.75);
+
+  pol->OnIterationEnd(0, 1.0, 300);
+  EXPECT_EQ(pol->Current().deadline_ns, 600u);
+  pol->OnIterationEnd(1, 1.0, 100);
+  EXPECT_EQ(pol->Current().deadline_ns, 400u);  // median of {100,300} = 200
+  pol->OnIterationEnd(2, 1.0, 10000);           // a burst: the median holds
+  EXPECT_EQ(pol->Current().deadline_ns, 600u);
+  pol->OnIterationEnd(3, 1.0, 0);  // not measured: ignored
+  EXPECT_EQ(pol->Current().deadline_ns, 600u);
+  pol->OnIterationEnd(4, 1.0, 200);  // {300,100,10000,200} -> 250
+  EXPECT_EQ(pol->Current().deadline_ns, 500u);
+  pol->OnIterationEnd(5, 1.0, 50);  // 300 leaves: {100,10000,200,50} -> 150
+  EXPECT_EQ(pol->Current().deadline_ns, 300u);
+  pol->OnIterationEnd(6, 1.0, 60);  // 100 leaves: {10000,200,50,60} -> 130
+  EXPECT_EQ(pol->Current().deadline_ns, 260u);
+  EXPECT_EQ(pol->kind(), PolicyKind::kLtp);
+  EXPECT_FALSE(pol->Current().critical);
+  EXPECT_EQ(pol->Describe(),
+            "ltp(deadline_factor=2,window=4,initial_deadline_ns=0,"
+            "min_fraction=0.75)");
+}
+
+TEST(TolerancePolicy, LtpInitialDeadlineUntilTheFirstRound) {
+  PolicyConfig c;
+  c.ltp_initial_deadline_ns = 5'000'000;
+  auto pol = Make(PolicyKind::kLtp, c);
+  EXPECT_EQ(pol->Current().deadline_ns, 5'000'000u);
+  pol->OnIterationEnd(0, 1.0, 1'000'000);
+  EXPECT_EQ(pol->Current().deadline_ns, 1'500'000u);  // default factor 1.5
+}
+
+TEST(TolerancePolicy, EveryValidationErrorNamesItsFlag) {
+  struct Case {
+    const char* flag;
+    void (*mutate)(PolicyConfig&);
+  };
+  const Case cases[] = {
+      {"--p_fixed", [](PolicyConfig& c) { c.p_fixed = 1.0; }},
+      {"--p_fixed", [](PolicyConfig& c) { c.p_fixed = -0.01; }},
+      {"--p_fixed", [](PolicyConfig& c) { c.p_fixed = kNaN; }},
+      {"--p_low", [](PolicyConfig& c) { c.p_low = kInf; }},
+      {"--p_high", [](PolicyConfig& c) { c.p_high = 1.5; }},
+      {"--p_high", [](PolicyConfig& c) { c.p_low = 0.5, c.p_high = 0.1; }},
+      {"--clr_freq", [](PolicyConfig& c) { c.clr.freq = 0; }},
+      {"--clr_eta", [](PolicyConfig& c) { c.clr.eta = 0; }},
+      {"--ltp_deadline_factor",
+       [](PolicyConfig& c) { c.ltp_deadline_factor = 0.9; }},
+      {"--ltp_deadline_factor",
+       [](PolicyConfig& c) { c.ltp_deadline_factor = kInf; }},
+      {"--ltp_window", [](PolicyConfig& c) { c.ltp_window = 0; }},
+      {"--ltp_min_fraction", [](PolicyConfig& c) { c.ltp_min_fraction = 0; }},
+      {"--ltp_min_fraction",
+       [](PolicyConfig& c) { c.ltp_min_fraction = 1.01; }},
+      {"--policy",
+       [](PolicyConfig& c) { c.kind = static_cast<PolicyKind>(7); }},
+  };
+  for (const Case& tc : cases) {
+    PolicyConfig c;
+    tc.mutate(c);
+    const std::string msg = ThrowMessage([&] { ValidatePolicyConfig(c); });
+    EXPECT_NE(msg.find(tc.flag), std::string::npos) << msg;
+    EXPECT_THROW(TolerancePolicy::Create(c), std::invalid_argument) << msg;
+  }
+  // Edges that are valid.
+  PolicyConfig ok;
+  ok.p_low = ok.p_high = 0.0;
+  ok.ltp_deadline_factor = 1.0;
+  ok.ltp_min_fraction = 1.0;
+  EXPECT_NO_THROW(ValidatePolicyConfig(ok));
+  for (PolicyKind k : {PolicyKind::kReliable, PolicyKind::kFixed,
+                       PolicyKind::kDblp, PolicyKind::kLtp}) {
+    EXPECT_NO_THROW(Make(k));
+  }
+}
+
+TEST(TolerancePolicy, ParseNames) {
+  for (PolicyKind k : {PolicyKind::kReliable, PolicyKind::kFixed,
+                       PolicyKind::kDblp, PolicyKind::kLtp}) {
+    EXPECT_EQ(ParsePolicyKind(PolicyKindName(k)), k);
+  }
+  EXPECT_EQ(ParsePolicyKind("DBLP"), PolicyKind::kDblp);
+  EXPECT_STREQ(PolicyKindName(PolicyKind::kLtp), "ltp");
+  EXPECT_STREQ(PolicyKindName(static_cast<PolicyKind>(9)), "unknown");
+  for (const char* bad : {"", "mlt", "dblp ", "reliab"}) {
+    const std::string msg = ThrowMessage([&] { ParsePolicyKind(bad); });
+    for (const char* choice : {"reliable", "fixed", "dblp", "ltp"}) {
+      EXPECT_NE(msg.find(choice), std::string::npos) << msg;
+    }
+  }
+}
+
+TEST(ChunksToStop, IsCeilOfOneMinusPTimesN) {
+  EXPECT_EQ(ChunksToStop(1000, 0.008), 992u);
+  EXPECT_EQ(ChunksToStop(1000, 0.408), 592u);
+  EXPECT_EQ(ChunksToStop(100, 0.07), 93u);  // 0.07*100 = 7.000000000000001
+  EXPECT_EQ(ChunksToStop(100, 0.29), 71u);  // 0.29*100 = 28.999999999999996
+  EXPECT_EQ(ChunksToStop(3, 0.5), 2u);      // ceil(1.5)
+  EXPECT_EQ(ChunksToStop(10, 0.0), 10u);
+  EXPECT_EQ(ChunksToStop(1, 0.99), 1u);  // never zero for a real round
+  EXPECT_EQ(ChunksToStop(0, 0.5), 0u);
+  EXPECT_EQ(ChunksToStop(4'000'000'000u, 0.25), 3'000'000'000u);
+  EXPECT_THROW(ChunksToStop(10, 1.0), std::invalid_argument);
+  EXPECT_THROW(ChunksToStop(10, kNaN), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace dblp
