@@ -138,7 +138,7 @@ TEST(SimulatePasses, DeterministicPerSeedAndStopsAtTheThreshold) {
   // Loss-free: exactly the threshold, one pass, cut short by STOP.
   const PassEstimate clean = SimulatePasses(1000, 0.0, 0.408, 7);
   EXPECT_EQ(clean.passes, 1u);
-  EXPECT_EQ(clean.packets, ChunksToStop(1000, 0.408));
+  EXPECT_EQ(clean.packets, StopThreshold(1000, 0.408));
   EXPECT_DOUBLE_EQ(clean.packets_over_n, 0.592);
   EXPECT_EQ(SimulatePasses(0, 0.5, 0.1, 1).passes, 0u);
 }

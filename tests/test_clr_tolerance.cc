@@ -352,18 +352,18 @@ TEST(TolerancePolicy, ParseNames) {
   }
 }
 
-TEST(ChunksToStop, IsCeilOfOneMinusPTimesN) {
-  EXPECT_EQ(ChunksToStop(1000, 0.008), 992u);
-  EXPECT_EQ(ChunksToStop(1000, 0.408), 592u);
-  EXPECT_EQ(ChunksToStop(100, 0.07), 93u);  // 0.07*100 = 7.000000000000001
-  EXPECT_EQ(ChunksToStop(100, 0.29), 71u);  // 0.29*100 = 28.999999999999996
-  EXPECT_EQ(ChunksToStop(3, 0.5), 2u);      // ceil(1.5)
-  EXPECT_EQ(ChunksToStop(10, 0.0), 10u);
-  EXPECT_EQ(ChunksToStop(1, 0.99), 1u);  // never zero for a real round
-  EXPECT_EQ(ChunksToStop(0, 0.5), 0u);
-  EXPECT_EQ(ChunksToStop(4'000'000'000u, 0.25), 3'000'000'000u);
-  EXPECT_THROW(ChunksToStop(10, 1.0), std::invalid_argument);
-  EXPECT_THROW(ChunksToStop(10, kNaN), std::invalid_argument);
+TEST(StopThreshold, IsCeilOfOneMinusPTimesN) {
+  EXPECT_EQ(StopThreshold(1000, 0.008), 992u);
+  EXPECT_EQ(StopThreshold(1000, 0.408), 592u);
+  EXPECT_EQ(StopThreshold(100, 0.07), 93u);  // 0.07*100 = 7.000000000000001
+  EXPECT_EQ(StopThreshold(100, 0.29), 71u);  // 0.29*100 = 28.999999999999996
+  EXPECT_EQ(StopThreshold(3, 0.5), 2u);      // ceil(1.5)
+  EXPECT_EQ(StopThreshold(10, 0.0), 10u);
+  EXPECT_EQ(StopThreshold(1, 0.99), 1u);  // never zero for a real round
+  EXPECT_EQ(StopThreshold(0, 0.5), 0u);
+  EXPECT_EQ(StopThreshold(4'000'000'000u, 0.25), 3'000'000'000u);
+  EXPECT_THROW(StopThreshold(10, 1.0), std::invalid_argument);
+  EXPECT_THROW(StopThreshold(10, kNaN), std::invalid_argument);
 }
 
 }  // namespace

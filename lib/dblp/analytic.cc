@@ -49,7 +49,7 @@ PassEstimate ExpectedPasses(uint32_t n, double loss, double p) {
   CheckRate("p", p);
   PassEstimate e;
   if (n == 0) return e;
-  const uint32_t need = ChunksToStop(n, p);
+  const uint32_t need = StopThreshold(n, p);
   const double allowed = static_cast<double>(n - need);
   const double nd = static_cast<double>(n);
   if (allowed >= 1) {
@@ -84,7 +84,7 @@ PassEstimate SimulatePasses(uint32_t n, double loss, double p, uint64_t seed) {
   CheckRate("p", p);
   PassEstimate e;
   if (n == 0) return e;
-  const uint32_t allowed = n - ChunksToStop(n, p);
+  const uint32_t allowed = n - StopThreshold(n, p);
   Rng rng(seed);
   uint32_t missing = n;
   uint64_t packets = 0;

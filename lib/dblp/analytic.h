@@ -1,8 +1,8 @@
 // Analytic model of one round, printed as "expected" next to measured round
 // times, plus a Monte-Carlo simulation of the same round to validate it.
 //
-// Model. The receiver STOPs once it holds ChunksToStop(n, p) chunks, i.e. it
-// tolerates a = n - ChunksToStop(n, p) missing chunks (a = floor(p n); the
+// Model. The receiver STOPs once it holds StopThreshold(n, p) chunks, i.e. it
+// tolerates a = n - StopThreshold(n, p) missing chunks (a = floor(p n); the
 // integer is used, not p n, so the model matches what the receiver does).
 // Every data packet is lost independently with probability L (the loss
 // rate). Pass k sends the M_k = L^(k-1) n chunks still missing before it.
@@ -36,7 +36,7 @@ struct PassEstimate {
 
 // Expected passes and packets for one round of `n` chunks at loss rate
 // `loss` with tolerance `p`. n == 0: all zeros. loss == 0: one pass of
-// ChunksToStop(n, p) packets. Throws std::invalid_argument unless loss and p
+// StopThreshold(n, p) packets. Throws std::invalid_argument unless loss and p
 // are finite in [0, 1), or if the round would need more than 2^32 - 1
 // passes (loss extremely close to 1).
 PassEstimate ExpectedPasses(uint32_t n, double loss, double p);
@@ -56,7 +56,7 @@ double ExpectedRoundTimeNs(const PassEstimate& estimate, double per_packet_ns,
 // One simulated round: each send is lost with probability `loss` (dblp::Rng
 // seeded with `seed`, so a seed reproduces the round); pass k re-sends every
 // chunk still missing at its start; the receiver STOPs the moment it holds
-// ChunksToStop(n, p) chunks, even mid-pass, and the STOPping packet is the
+// StopThreshold(n, p) chunks, even mid-pass, and the STOPping packet is the
 // last one counted. Same argument checks as ExpectedPasses.
 PassEstimate SimulatePasses(uint32_t n, double loss, double p, uint64_t seed);
 

@@ -41,9 +41,7 @@ void ReceiverRound::Begin(uint32_t round, double p, uint64_t deadline_ns,
   bitmap_.Reset(n);
   p_.store(p, std::memory_order_relaxed);
   threshold_.store(threshold, std::memory_order_relaxed);
-  deadline_ns_.store(deadline_ns, std::memory_order_relaxed);
-  deadline_floor_.store(FractionFloor(n, deadline_min_fraction),
-                        std::memory_order_relaxed);
+  SetDeadline(deadline_ns, deadline_min_fraction);
   stop_taken_.store(false, std::memory_order_relaxed);
   round_.store(round, std::memory_order_relaxed);
   begun_ = true;
@@ -54,6 +52,12 @@ void ReceiverRound::SetTolerance(double p) {
   const uint32_t threshold = StopThreshold(config_.layout.num_chunks(), p);
   p_.store(p, std::memory_order_release);
   threshold_.store(threshold, std::memory_order_release);
+}
+
+void ReceiverRound::SetDeadline(uint64_t deadline_ns, double min_fraction) {
+  deadline_floor_.store(FractionFloor(config_.layout.num_chunks(), min_fraction),
+                        std::memory_order_release);
+  deadline_ns_.store(deadline_ns, std::memory_order_release);
 }
 
 Verdict ReceiverRound::OnFrame(const uint8_t* buf, size_t len, DataHeader* hdr,

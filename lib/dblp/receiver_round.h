@@ -54,6 +54,8 @@ class ReceiverRound {
 
   // Any thread: changes the open round's p. The next PollStop uses it.
   void SetTolerance(double p);
+  // Any thread: changes the open round's deadline (absolute ns, 0 = none).
+  void SetDeadline(uint64_t deadline_ns, double min_fraction);
 
   // Owner: decodes and validates one frame (bytes after the UDP header).
   // On kAccepted, `*hdr` and `*payload` describe the chunk to consume.

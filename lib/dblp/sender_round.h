@@ -44,6 +44,10 @@ class SenderRound {
   void RequestStop() { stop_.store(true, std::memory_order_release); }
   bool stop_requested() const { return stop_.load(std::memory_order_acquire); }
 
+  // Nothing more to send this round: STOP seen or nothing missing.
+  bool finished() const {
+    return state_ == State::kStopped || stop_requested();
+  }
   State state() const { return state_; }
   uint32_t round() const { return round_; }
   uint32_t num_chunks() const { return static_cast<uint32_t>(order_.size()); }

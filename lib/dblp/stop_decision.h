@@ -13,18 +13,22 @@
 
 namespace dblp {
 
-// Fewest chunks out of `n` that satisfy tolerance `p`: ceil((1 - p) * n).
-// Computed as n - floor(p * n) with a small epsilon so that e.g. p = 0.008,
-// n = 1000 gives 992 (not 993 from (1 - 0.008) * 1000 = 992.0000000000001).
+// Fewest chunks out of `n` that satisfy tolerance `p`: ceil((1 - p) * n),
+// i.e. n minus the floor(p * n) chunks the round may lose. The relative nudge
+// absorbs the rounding of decimal p values (0.29 * 100 = 28.999999999999996,
+// 0.008 * 1000 must allow 8) and is far below any step a real n can express.
+// A non-empty round always needs at least one chunk. Throws
+// std::invalid_argument unless p is in [0, 1).
 inline uint32_t StopThreshold(uint32_t n, double p) {
   if (!(p >= 0.0 && p < 1.0)) {
     throw std::invalid_argument("loss tolerance p=" + std::to_string(p) +
                                 " must be in [0, 1)");
   }
-  const double allowed = std::floor(p * static_cast<double>(n) + 1e-9);
-  const uint32_t missing_allowed = static_cast<uint32_t>(allowed);
-  const uint32_t t = n - (missing_allowed < n ? missing_allowed : n);
-  return t == 0 && n > 0 ? 1 : t;  // a round always needs one chunk
+  if (n == 0) return 0;
+  const double allowed = std::floor(p * n * (1 + 1e-12));
+  const uint32_t missing_ok =
+      allowed >= n ? n - 1 : static_cast<uint32_t>(allowed);
+  return n - missing_ok;
 }
 
 // Fewest chunks out of `n` that make a `fraction` of them: ceil(fraction*n),

@@ -209,18 +209,6 @@ void ValidatePolicyConfig(const PolicyConfig& c) {
   }
 }
 
-uint32_t ChunksToStop(uint32_t n, double p) {
-  CheckProbability("p", p, "bounded-loss tolerance");
-  if (n == 0) return 0;
-  // Allowed missing chunks = floor(p * n). The relative nudge absorbs the
-  // rounding of decimal p values (0.29 * 100 = 28.999999999999996) and is
-  // far below any tolerance step a real n can express.
-  const double allowed = std::floor(p * n * (1 + 1e-12));
-  const uint32_t missing_ok =
-      allowed >= n ? n - 1 : static_cast<uint32_t>(allowed);
-  return n - missing_ok;
-}
-
 std::unique_ptr<TolerancePolicy> TolerancePolicy::Create(
     const PolicyConfig& config) {
   ValidatePolicyConfig(config);

@@ -20,6 +20,7 @@
 #include <string_view>
 
 #include "dblp/clr_detector.h"
+#include "dblp/stop_decision.h"
 
 namespace dblp {
 
@@ -58,18 +59,9 @@ const char* PolicyKindName(PolicyKind kind);
 // --ltp_deadline_factor, --ltp_window, --ltp_min_fraction.
 void ValidatePolicyConfig(const PolicyConfig& config);
 
-// Chunks a receiver must hold before it sends STOP: ceil((1 - p) * n),
-// computed so that decimal p values land on the intended integer (0.29 * 100
-// is 28.999999999999996 in binary, which must still allow 29 missing chunks).
-// Receivers should use this rather than their own ceil() so the analytic
-// model and the protocol agree on the threshold.
-// At least 1 when n >= 1 (p < 1); 0 when n == 0. Throws std::invalid_argument
-// unless p is finite in [0, 1).
-uint32_t ChunksToStop(uint32_t n, double p);
-
 // What a receiver needs for one round's STOP decision.
 struct RoundTolerance {
-  double p = 0;               // STOP once ChunksToStop(n, p) chunks arrived
+  double p = 0;               // STOP once StopThreshold(n, p) chunks arrived
   uint64_t deadline_ns = 0;   // early close after this long; 0 = none
   double min_fraction = 1.0;  // ...but only with >= this fraction of chunks
   bool critical = false;      // dblp: inside a CLR; false for other kinds
