@@ -32,6 +32,10 @@ bool SenderRound::OnBitmap(const Bitmap& received) {
   if (state_ != State::kAwaitingBitmap || received.size() != order_.size()) {
     return false;
   }
+  if (stop_requested()) {  // a BITMAP overtaken by STOP starts no pass
+    state_ = State::kStopped;
+    return false;
+  }
   pass_.clear();
   for (uint32_t seq : order_) {
     if (!received.Test(seq)) pass_.push_back(seq);
@@ -41,7 +45,7 @@ bool SenderRound::OnBitmap(const Bitmap& received) {
     state_ = State::kStopped;
   } else {
     ++passes_;
-    state_ = stop_requested() ? State::kStopped : State::kSending;
+    state_ = State::kSending;
   }
   return true;
 }

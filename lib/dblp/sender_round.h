@@ -36,8 +36,8 @@ class SenderRound {
 
   // Owner: the receiver's BITMAP for this round. The next pass is every seq
   // the bitmap lacks, in first-pass order. Returns false (and ignores it) if
-  // no probe is outstanding or the bitmap's size is wrong. A bitmap with no
-  // missing seq ends the round (kStopped).
+  // no probe is outstanding, the bitmap's size is wrong, or STOP already
+  // arrived. A bitmap with no missing seq ends the round (kStopped).
   bool OnBitmap(const Bitmap& received);
 
   // Any thread: the receiver said STOP.

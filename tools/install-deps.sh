@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs the Debian packages DBLP needs to build and test, if missing.
+# Idempotent: does nothing (and needs no network) when all are present.
+set -euo pipefail
+
+PKGS=(meson ninja-build pkg-config g++ libgtest-dev libgflags-dev
+      libgoogle-glog-dev libnuma-dev dpdk dpdk-dev libdpdk-dev)
+PKGS+=("$@")
+
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" \
+    || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null || {
+    echo "install-deps: need root to install: ${missing[*]} (run as root or install sudo)" >&2
+    exit 1
+  }
+  SUDO=sudo
+fi
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

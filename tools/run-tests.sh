@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The test command of README.md: installs what is missing, configures,
+# builds and runs every meson test suite. Exit code 0 only if all pass.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+BUILD=${BUILD_DIR:-build}
+tools/install-deps.sh
+if [ ! -f "$BUILD/build.ninja" ]; then
+  meson setup "$BUILD" --buildtype=debugoptimized
+fi
+ninja -C "$BUILD"
+
+rc=0
+meson test -C "$BUILD" --print-errorlogs --num-processes 2 "$@" || rc=$?
+
+# One closing line with googletest case counts (meson counts suites only).
+log="$BUILD/meson-logs/testlog.txt"
+if [ -f "$log" ]; then
+  passed=$(grep -Eo '\[  PASSED  \] [0-9]+ test' "$log" | awk '{s+=$4} END {print s+0}')
+  failed=$(grep -Eo '\[  FAILED  \] [0-9]+ test' "$log" | awk '{s+=$4} END {print s+0}')
+  echo "googletest: ${passed} passed, ${failed} failed"
+fi
+exit $rc
