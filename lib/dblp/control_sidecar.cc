@@ -1,0 +1,1 @@
+#include "dblp/control_sidecar.h"

@@ -1,0 +1,1 @@
+#include "eal_app.h"

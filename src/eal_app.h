@@ -1,0 +1,49 @@
+// EAL start-up and the error conventions of the DPDK apps.
+//
+// Apps are launched like dpdk-testpmd: `app [EAL options] -- [app options]`.
+// Errors follow rte_exit style and always name the fix.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dblp {
+
+// Logs the full argv, initialises the EAL with everything before "--" and
+// returns the index of the first app argument (argv is rearranged like
+// rte_eal_init does: argv[ret] is the program name for the app parser).
+// On failure exits with a message that names the usual causes (hugepages,
+// --no-huge -m, --file-prefix clashes, missing vdev drivers).
+int InitEalOrDie(int argc, char** argv);
+
+// rte_exit with a formatted "what failed: why. Try: fix" message.
+[[noreturn]] void Die(const std::string& what, const std::string& fix);
+
+// Parses "a.b.c.d" into a host-order IPv4 address; false on junk.
+bool ParseIpv4(const std::string& text, uint32_t* out);
+std::string FormatIpv4(uint32_t host_order);
+// Parses "aa:bb:cc:dd:ee:ff"; false on junk.
+bool ParseMac(const std::string& text, uint8_t out[6]);
+std::string FormatMac(const uint8_t mac[6]);
+
+// Idle back-off for poll loops sharing few cores: after `spin_polls` empty
+// polls it pauses, then sleeps with a growing interval up to `max_sleep_us`.
+// Any work resets it. max_sleep_us = 0 disables sleeping (pure poll mode).
+class IdleBackoff {
+ public:
+  IdleBackoff(uint32_t spin_polls, uint32_t max_sleep_us)
+      : spin_polls_(spin_polls), max_sleep_us_(max_sleep_us) {}
+  void Work() { empty_ = 0; sleep_us_ = 1; }
+  void Idle();
+  uint64_t sleeps() const { return sleeps_; }
+
+ private:
+  uint32_t spin_polls_;
+  uint32_t max_sleep_us_;
+  uint32_t empty_ = 0;
+  uint32_t sleep_us_ = 1;
+  uint64_t sleeps_ = 0;
+};
+
+}  // namespace dblp

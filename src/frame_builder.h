@@ -1,0 +1,79 @@
+// The frame builder: Ethernet / IPv4 / UDP / DBLP header / payload, written
+// straight into an mbuf from a per-peer template precomputed at setup and
+// patched per packet (lengths, IP id, checksums).
+//
+// RX side: ParseFrame validates the L2-L4 headers of a received mbuf and
+// returns where the DBLP bytes are, or why the frame is dropped.
+#pragma once
+
+#include <rte_ether.h>
+#include <rte_ip.h>
+#include <rte_mbuf.h>
+#include <rte_udp.h>
+
+#include <cstdint>
+
+#include "dblp/wire.h"
+#include "port.h"
+
+namespace dblp {
+
+struct Endpoint {
+  rte_ether_addr mac{};
+  uint32_t ipv4 = 0;  // host order
+  uint16_t udp_port = 0;
+};
+
+inline constexpr uint32_t kL2L3L4Bytes =
+    sizeof(rte_ether_hdr) + sizeof(rte_ipv4_hdr) + sizeof(rte_udp_hdr);
+static_assert(kL2L3L4Bytes == 42, "Ethernet + IPv4 + UDP headers");
+
+class FrameTemplate {
+ public:
+  FrameTemplate() = default;
+  FrameTemplate(const Endpoint& src, const Endpoint& dst, const PortCaps& caps);
+
+  // Appends a complete frame for chunk `h` (payload `h.payload_len` bytes
+  // from `payload`) to an empty mbuf. Returns false if the mbuf lacks room.
+  bool Build(rte_mbuf* m, const DataHeader& h, const uint8_t* payload);
+
+  const Endpoint& src() const { return src_; }
+  const Endpoint& dst() const { return dst_; }
+
+ private:
+  alignas(64) uint8_t hdr_[kL2L3L4Bytes]{};  // template, network order
+  Endpoint src_, dst_;
+  uint16_t ip_id_ = 0;
+  bool ip_offload_ = false, udp_offload_ = false, udp_zero_ = false;
+};
+
+enum class FrameStatus : uint8_t {
+  kOk = 0,
+  kTooShort,        // shorter than Ethernet + IPv4 + UDP
+  kNotIpv4,         // other ethertype (ARP, IPv6, VLAN...)
+  kBadIpHeader,     // version/IHL/total length inconsistent
+  kFragment,        // IPv4 fragment: DBLP frames are never fragmented
+  kNotUdp,
+  kBadUdpLength,
+  kBadIpChecksum,
+  kBadUdpChecksum,
+  kWrongPort,       // UDP destination is not ours
+};
+inline constexpr int kNumFrameStatus = 10;
+const char* FrameStatusName(FrameStatus s);
+
+struct ParsedFrame {
+  const uint8_t* dblp = nullptr;  // bytes after the UDP header
+  uint16_t dblp_len = 0;
+  Endpoint src;                   // sender's MAC, IP and UDP port
+  uint16_t dst_port = 0;
+};
+
+// Validates a received frame. Checksums are verified in software unless the
+// device already flagged them good (or bad) in ol_flags; a UDP checksum of 0
+// means "none" and is accepted. `port_lo..port_hi` is the UDP destination
+// range we own.
+FrameStatus ParseFrame(const rte_mbuf* m, uint16_t port_lo, uint16_t port_hi,
+                       ParsedFrame* out);
+
+}  // namespace dblp

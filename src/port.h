@@ -1,0 +1,56 @@
+// Port and mempool setup that asks the device what it can do.
+#pragma once
+
+#include <rte_ethdev.h>
+#include <rte_mempool.h>
+
+#include <cstdint>
+#include <string>
+
+namespace dblp {
+
+struct PortOptions {
+  uint16_t port_id = 0;
+  uint16_t nb_queues = 1;      // one RX and one TX queue per datapath lcore
+  uint16_t nb_rxd = 1024;
+  uint16_t nb_txd = 1024;
+  uint32_t mtu = 1500;         // IP MTU; validated against the device
+  bool promiscuous = true;     // vdevs and shared L2 segments need it
+  // Checksum offload policy: "auto" uses the device's IPv4/UDP TX checksum
+  // offloads when offered and software otherwise; "sw" always computes in
+  // software; "none" sends UDP checksum 0 (legal for IPv4).
+  std::string checksum = "auto";
+};
+
+// What the port ended up with after negotiation.
+struct PortCaps {
+  bool tx_ipv4_cksum_offload = false;
+  bool tx_udp_cksum_offload = false;
+  bool udp_cksum_zero = false;  // checksum=none
+  bool rx_cksum_offload = false;  // device validates and flags RX checksums
+  uint32_t mtu = 1500;
+  rte_ether_addr mac{};
+  std::string driver;
+};
+
+// Creates a pktmbuf pool of `n_mbufs` mbufs big enough for `mtu`-sized
+// frames on `socket`. Dies with the memory it needed and the fix (-m,
+// --socket-mem, fewer --mbufs) if it cannot.
+rte_mempool* CreatePoolOrDie(const std::string& name, uint32_t n_mbufs,
+                             uint32_t mtu, int socket);
+
+// Configures and starts a port. Dies naming the fix if the port does not
+// exist (list of available ports, -a/--vdev hint), the MTU or queue count
+// exceeds what the device offers, or setup fails.
+PortCaps SetupPortOrDie(const PortOptions& opts, rte_mempool* pool);
+
+// Mbufs a port needs: RX rings + TX rings + per-lcore caches + in flight.
+uint32_t MbufsNeeded(const PortOptions& opts, uint32_t burst, uint32_t extra);
+
+// Device drops (imissed + rx_nombuf + oerrors) for the summary.
+struct PortDrops {
+  uint64_t imissed = 0, ierrors = 0, rx_nombuf = 0, oerrors = 0;
+};
+PortDrops ReadPortDrops(uint16_t port_id);
+
+}  // namespace dblp
