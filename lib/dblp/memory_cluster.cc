@@ -62,7 +62,6 @@ struct MemoryCluster::Impl {
     double push_done_ns = 0;
     bool bcast_done = false;
     double bcast_done_ns = 0;
-    double known_p = 0;  // last p the server announced
     std::vector<float> average, previous_average;
     std::vector<Packet> replay;  // frames kept to replay as stale later
     Bitmap bcast_arrived;
@@ -161,7 +160,6 @@ struct MemoryCluster::Impl {
   void WorkerHandles(uint32_t w, const ControlMessage& m) {
     Worker& wk = *workers[w];
     if (const auto* rb = std::get_if<RoundBeginMsg>(&m)) {
-      wk.known_p = rb->p;
       if (rb->direction == Direction::kBroadcast &&
           rb->round == wk.bcast_rx.round()) {
         // The p that counts is the one announced now, not the one the
@@ -401,9 +399,12 @@ struct MemoryCluster::Impl {
       wk.probe_outstanding = false;
       wk.push_done = false;
       wk.bcast_done = false;
-      // Open the broadcast receiver now with the last p we were told, so no
-      // early broadcast frame is lost; ROUND_BEGIN updates p when it lands.
-      wk.bcast_rx.Begin(out.bcast_round, wk.known_p);
+      // Open the broadcast receiver now, so no early broadcast frame is lost.
+      // Its p is unknown until the broadcast's ROUND_BEGIN lands (the policy
+      // may switch after this push), so until then it may only STOP on a
+      // complete buffer (p = 0), which satisfies any p. Opening it with the
+      // previous round's p let a worker STOP by a stale, higher p.
+      wk.bcast_rx.Begin(out.bcast_round, 0.0);
     }
     InjectStale();
 
