@@ -280,6 +280,7 @@ std::vector<IterationRecord> SampleRows() {
   a.critical = true;
   a.grad_norm = 1e-300;
   a.burst = false;
+  a.control_rtt_us = 41.25;
   IterationRecord b;
   b.iteration = 1;
   b.send_latency_us = 5e20;
@@ -296,11 +297,11 @@ TEST(Writers, CsvParsesBackExactly) {
   std::string line;
   ASSERT_TRUE(std::getline(in, line));
   EXPECT_EQ(line, kIterationCsvHeader);
-  EXPECT_EQ(Split(line, ',').size(), 13u);
+  EXPECT_EQ(Split(line, ',').size(), 14u);
   for (const IterationRecord& r : rows) {
     ASSERT_TRUE(std::getline(in, line));
     const auto f = Split(line, ',');
-    ASSERT_EQ(f.size(), 13u) << line;
+    ASSERT_EQ(f.size(), 14u) << line;
     const auto u = [&](int i) {
       return std::strtoull(f[i].c_str(), nullptr, 10);
     };
@@ -318,6 +319,7 @@ TEST(Writers, CsvParsesBackExactly) {
     EXPECT_EQ(f[10], r.critical ? "1" : "0");
     EXPECT_EQ(d(11), r.grad_norm);
     EXPECT_EQ(f[12], r.burst ? "1" : "0");
+    EXPECT_EQ(std::strtod(f[13].c_str(), nullptr), r.control_rtt_us);
   }
   EXPECT_FALSE(std::getline(in, line));
   // Shortest form, not %.17g noise.

@@ -189,7 +189,9 @@ void WriteCsv(std::ostream& os, std::span<const IterationRecord> rows) {
     WriteCsvDouble(os, r.p);
     os << ',' << (r.critical ? '1' : '0') << ',';
     WriteCsvDouble(os, r.grad_norm);
-    os << ',' << (r.burst ? '1' : '0') << '\n';
+    os << ',' << (r.burst ? '1' : '0') << ',';
+    WriteCsvDouble(os, r.control_rtt_us);
+    os << '\n';
   }
 }
 
@@ -213,6 +215,7 @@ void WriteJsonl(std::ostream& os, std::span<const IterationRecord> rows) {
         .Key("critical").Bool(r.critical)
         .Key("grad_norm").Double(r.grad_norm)
         .Key("burst").Bool(r.burst)
+        .Key("control_rtt_us").Double(r.control_rtt_us)
         .EndObject();
     // clang-format on
     os << '\n';

@@ -143,6 +143,7 @@ struct IterationRecord {
   bool critical = false;
   double grad_norm = 0;
   bool burst = false;
+  double control_rtt_us = 0;  // mean PROBE -> BITMAP time seen by the sender
 };
 
 // Column order of WriteCsv (and key order of WriteJsonl). Booleans are
@@ -150,7 +151,7 @@ struct IterationRecord {
 inline constexpr std::string_view kIterationCsvHeader =
     "iteration,rank,send_latency_us,bcast_latency_us,passes,bcast_passes,"
     "packets_sent,packets_resent,delivered_fraction,p,critical,grad_norm,"
-    "burst";
+    "burst,control_rtt_us";
 
 // Header line + one line per row, '\n' line endings. Non-finite doubles are
 // written as nan/inf/-inf (pandas and strtod read them back).

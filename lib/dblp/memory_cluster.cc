@@ -172,7 +172,7 @@ struct MemoryCluster::Impl {
     } else if (const auto* st = std::get_if<StopMsg>(&m)) {
       if (st->direction == Direction::kPush &&
           st->round == wk.push_tx.round() && !wk.push_done) {
-        wk.push_tx.RequestStop();
+        wk.push_tx.RequestStop(st->round);
         wk.push_done = true;
         wk.push_done_ns = now;
       }
@@ -208,7 +208,7 @@ struct MemoryCluster::Impl {
     } else if (const auto* st = std::get_if<StopMsg>(&m)) {
       if (st->direction == Direction::kBroadcast &&
           st->round == ln.bcast_tx.round()) {
-        ln.bcast_tx.RequestStop();
+        ln.bcast_tx.RequestStop(st->round);
       }
     } else if (const auto* bm = std::get_if<BitmapMsg>(&m)) {
       if (bm->direction == Direction::kBroadcast &&

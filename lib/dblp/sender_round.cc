@@ -12,7 +12,7 @@ void SenderRound::Begin(uint32_t round, std::span<const uint32_t> order) {
   passes_ = 1;
   sent_ = 0;
   resent_ = 0;
-  stop_.store(false, std::memory_order_release);
+  stop_.store(0, std::memory_order_release);
   state_ = order_.empty() ? State::kStopped : State::kSending;
 }
 

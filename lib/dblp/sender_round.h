@@ -40,9 +40,17 @@ class SenderRound {
   // arrived. A bitmap with no missing seq ends the round (kStopped).
   bool OnBitmap(const Bitmap& received);
 
-  // Any thread: the receiver said STOP.
-  void RequestStop() { stop_.store(true, std::memory_order_release); }
-  bool stop_requested() const { return stop_.load(std::memory_order_acquire); }
+  // Any thread: the receiver said STOP for `round`. A STOP of another round
+  // (a late one, or one racing with Begin of the next round) stops nothing:
+  // the flag holds the round it was meant for.
+  void RequestStop(uint32_t round) {
+    stop_.store(StopWord(round), std::memory_order_release);
+  }
+  // Owner thread (or tests): STOP the current round.
+  void RequestStop() { RequestStop(round_); }
+  bool stop_requested() const {
+    return stop_.load(std::memory_order_acquire) == StopWord(round_);
+  }
 
   // Nothing more to send this round: STOP seen or nothing missing.
   bool finished() const {
@@ -70,7 +78,10 @@ class SenderRound {
   uint64_t sent_ = 0;
   uint64_t resent_ = 0;
   State state_ = State::kIdle;
-  std::atomic<bool> stop_{false};  // control: wo; owner: ro
+  static constexpr uint64_t StopWord(uint32_t round) {
+    return (static_cast<uint64_t>(round) << 1) | 1;
+  }
+  std::atomic<uint64_t> stop_{0};  // control: wo (and Begin); owner: ro
 };
 
 }  // namespace dblp

@@ -1,0 +1,43 @@
+// Where a worker's gradients come from: a real model (the training source,
+// added with libtorch), or synthetic ones for runs without a model.
+// Called once per iteration, never per packet, so a virtual interface.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "dblp/control.h"
+#include "dblp/synthetic_gradient.h"
+
+namespace dblp {
+
+class GradientSource {
+ public:
+  virtual ~GradientSource() = default;
+  // Metadata sent in JOIN: layers in flattening order, total floats.
+  virtual std::vector<LayerInfo> Layers() const = 0;
+  virtual uint64_t floats() const = 0;
+  // Called once the server assigned the rank (before the first Compute).
+  virtual void Bind(uint32_t rank, uint32_t num_workers) = 0;
+  // Writes iteration `it`'s flattened gradient.
+  virtual void Compute(uint64_t it, std::span<float> grad) = 0;
+  // Consumes the averaged gradient (an optimizer step for a real model).
+  virtual void Apply(uint64_t it, std::span<const float> average) = 0;
+  virtual std::string Describe() const = 0;
+};
+
+// Gradients whose averaged norm follows `trace` (see synthetic_gradient.h).
+std::unique_ptr<GradientSource> MakeSyntheticSource(uint64_t floats,
+                                                    uint64_t seed,
+                                                    NormTrace trace);
+
+// Small integers, so sums over a few workers are exact in float32 and a
+// test can recompute the server's mean bit for bit:
+//   g[j] = ((j * 7 + it * 3 + rank * 5) % 17) - 8
+std::unique_ptr<GradientSource> MakeIntegerSource(uint64_t floats);
+float IntegerGradientValue(uint64_t j, uint64_t it, uint32_t rank);
+
+}  // namespace dblp

@@ -1,0 +1,107 @@
+// Pieces shared by the server's and the worker's datapath lcore: counters,
+// the control bridge (rings between the datapath and the control sidecar),
+// the clock, and the chunk transmitter.
+#pragma once
+
+#include <rte_common.h>
+#include <rte_cycles.h>
+#include <rte_mbuf.h>
+#include <rte_ring.h>
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "dblp/chunking.h"
+#include "dblp/loss_model.h"
+#include "dblp/sender_round.h"
+#include "dblp/wire.h"
+#include "frame_builder.h"
+
+namespace dblp {
+
+inline uint64_t NowNs() {
+  static const double ns_per_cycle = 1e9 / static_cast<double>(rte_get_tsc_hz());
+  return static_cast<uint64_t>(static_cast<double>(rte_get_tsc_cycles()) *
+                               ns_per_cycle);
+}
+
+// Per-lcore datapath counters. Writer: the owning datapath lcore (plain
+// increments through a relaxed atomic store, no locked instruction).
+// Readers: the sidecar's stats line and the final summary (relaxed loads).
+struct alignas(RTE_CACHE_LINE_SIZE) DatapathCounters {
+  using Counter = std::atomic<uint64_t>;
+  Counter rx_frames{0};
+  Counter tx_frames{0};
+  Counter tx_full_drops{0};    // TX ring stayed full after the retries
+  Counter injected_drops{0};   // the software loss injector
+  Counter mbuf_alloc_failures{0};
+  std::array<Counter, kNumFrameStatus> frame_drops{};  // L2-L4 validation
+
+  static void Add(Counter& c, uint64_t n = 1) {
+    c.store(c.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+  }
+};
+
+// A message between the sidecar and the datapath, passed by value through
+// an SPSC rte_ring (one ring per direction).
+struct CtlEvent {
+  enum Kind : uint8_t {
+    // sidecar -> datapath
+    kRoundBegin = 1,  // round, direction, value = p as double bits
+    kBitmap,          // a BITMAP for sender `peer` is in its slot
+    kStopSeen,        // STOP arrived for sender `peer` at value = ns
+    kPeerGone,        // the control connection of `peer` closed
+    kFatal,           // the control plane failed; stop
+    // datapath -> sidecar
+    kSendProbe,       // PROBE for `round` of `peer`, value = pass
+    kSendStop,        // STOP for `round` of `peer`, value = received
+    kSendRoundBegin,  // ROUND_BEGIN to every peer (server)
+    kIterationDone,   // a worker finished its last iteration: send BYE
+  };
+  uint8_t kind = 0;
+  uint8_t direction = 0;  // Direction
+  uint16_t peer = 0;
+  uint32_t round = 0;
+  uint64_t value = 0;
+  uint64_t value2 = 0;
+};
+static_assert(sizeof(CtlEvent) == 24 && sizeof(CtlEvent) % 4 == 0);
+
+// One SPSC ring of CtlEvents, created at setup.
+class EventRing {
+ public:
+  EventRing(const std::string& name, unsigned size);
+  ~EventRing();
+  EventRing(const EventRing&) = delete;
+  EventRing& operator=(const EventRing&) = delete;
+  bool Push(const CtlEvent& e) {
+    return rte_ring_enqueue_elem(ring_, &e, sizeof(CtlEvent)) == 0;
+  }
+  bool Pop(CtlEvent* e) {
+    return rte_ring_dequeue_elem(ring_, e, sizeof(CtlEvent)) == 0;
+  }
+
+ private:
+  rte_ring* ring_ = nullptr;
+};
+
+// Sends the chunks a SenderRound hands out, built straight into mbufs.
+struct ChunkTransmitter {
+  uint16_t port = 0;
+  uint16_t queue = 0;
+  rte_mempool* pool = nullptr;
+  LossInjector* loss = nullptr;  // may be null
+  DatapathCounters* counters = nullptr;
+  uint32_t tx_retries = 64;     // bounded retry when the TX ring is full
+
+  // Builds and transmits `n` chunks `seqs` of `buffer` as frames of `proto`
+  // (type, session, rank, round; seq and length are filled per chunk).
+  // Frames the loss injector drops are never built. Returns frames handed
+  // to the device.
+  uint32_t Send(FrameTemplate& tmpl, DataHeader proto, const uint32_t* seqs,
+                uint32_t n, const uint8_t* buffer, const ChunkLayout& layout);
+};
+
+}  // namespace dblp

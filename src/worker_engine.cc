@@ -1,0 +1,584 @@
+#include "worker_engine.h"
+
+#include <rte_ethdev.h>
+#include <rte_lcore.h>
+#include <rte_mbuf.h>
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <thread>
+#include <vector>
+
+#include "datapath.h"
+#include "dblp/control_sidecar.h"
+#include "dblp/receiver_round.h"
+#include "dblp/sender_round.h"
+#include "eal_app.h"
+#include "frame_builder.h"
+#include "run_report.h"
+
+namespace dblp {
+namespace {
+
+std::atomic<bool> g_quit{false};
+void OnSignal(int) { g_quit.store(true); }
+
+constexpr uint32_t PushRound(uint64_t it) { return static_cast<uint32_t>(2 * it); }
+
+// State the sidecar thread and the datapath lcore share. Each field names
+// its writer and reader.
+struct WorkerShared {
+  // sidecar: wo (once); datapath: ro after `welcomed`.
+  WelcomeMsg welcome;
+  std::atomic<bool> welcomed{false};
+  // datapath: wo (once, after WELCOME); sidecar: ro.
+  std::atomic<bool> rounds_ready{false};
+  SenderRound push_tx;                       // sidecar: RequestStop only
+  std::unique_ptr<ReceiverRound> bcast_rx;   // sidecar: any-thread calls only
+  // sidecar: writes the slot, then sets busy; datapath: reads, clears busy.
+  Bitmap bitmap_slot;
+  std::atomic<bool> slot_busy{false};
+  std::atomic<uint64_t> bitmaps_dropped{0};  // sidecar: wo
+  std::atomic<bool> server_gone{false};      // sidecar: wo
+  std::string failure;                       // sidecar: wo before server_gone
+  std::atomic<uint64_t> stops_sent{0};       // sidecar: wo
+  std::atomic<uint64_t> iteration{0};        // datapath: wo; stats: ro
+};
+
+void DumpBinary(const std::string& path, const void* data, size_t n) {
+  std::ofstream f(path, std::ios::binary);
+  f.write(static_cast<const char*>(data), static_cast<std::streamsize>(n));
+}
+
+}  // namespace
+
+int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
+  std::signal(SIGINT, OnSignal);
+  std::signal(SIGTERM, OnSignal);
+  if (rte_eth_dev_count_avail() == 0) {
+    Die("no Ethernet port", "give the worker a port: -a <PCI address> for a "
+        "NIC, or --vdev=net_memif0,role=client,socket=/tmp/dblp-w0.sock");
+  }
+  PortOptions popts = o.port;
+  const uint32_t mbufs =
+      o.mbufs ? o.mbufs : MbufsNeeded(popts, o.burst, 2048);
+  rte_mempool* pool = CreatePoolOrDie("dblp_worker_pool", mbufs, popts.mtu,
+                                      static_cast<int>(rte_socket_id()));
+  const PortCaps caps = SetupPortOrDie(popts, pool);
+
+  WorkerShared sh;
+  EventRing events("dblp_w_ev", 1024);    // sidecar -> datapath
+  EventRing requests("dblp_w_req", 1024); // datapath -> sidecar
+  DatapathCounters ctr;
+  ConnId server_conn = 0;
+  ControlSidecar* sidecar_ptr = nullptr;
+
+  ControlSidecar::Callbacks cb;
+  cb.on_message = [&](ConnId, const ControlMessage& m) {
+    ControlSidecar& sc = *sidecar_ptr;
+    if (const auto* w = std::get_if<WelcomeMsg>(&m)) {
+      if (!sh.welcomed.load()) {
+        sh.welcome = *w;
+        sh.welcomed.store(true, std::memory_order_release);
+      }
+      return;
+    }
+    if (const auto* e = std::get_if<ErrorMsg>(&m)) {
+      sh.failure = "server refused: " + e->text;
+      sh.server_gone.store(true, std::memory_order_release);
+      return;
+    }
+    if (std::holds_alternative<ByeMsg>(m)) {
+      sh.failure = "server said BYE";
+      sh.server_gone.store(true, std::memory_order_release);
+      return;
+    }
+    if (!sh.rounds_ready.load(std::memory_order_acquire)) {
+      // Before our rounds exist only ROUND_BEGIN matters; keep it.
+      if (const auto* rb = std::get_if<RoundBeginMsg>(&m)) {
+        CtlEvent ev{CtlEvent::kRoundBegin,
+                    static_cast<uint8_t>(rb->direction), 0, rb->round, 0, 0};
+        std::memcpy(&ev.value, &rb->p, sizeof(double));
+        events.Push(ev);
+      }
+      return;
+    }
+    ReceiverRound& bcast = *sh.bcast_rx;
+    if (const auto* rb = std::get_if<RoundBeginMsg>(&m)) {
+      if (rb->direction == Direction::kBroadcast &&
+          rb->round == bcast.round()) {
+        // The p that decides our STOP is the one announced now.
+        bcast.SetTolerance(rb->p);
+        bcast.SetDeadline(rb->deadline_ns ? NowNs() + rb->deadline_ns : 0,
+                          rb->min_fraction);
+        const StopTrigger t = bcast.PollStop(NowNs());
+        if (t != StopTrigger::kNone) {
+          sc.Send(server_conn,
+                  StopMsg{bcast.round(), Direction::kBroadcast,
+                          bcast.received(), StopReason::kThreshold});
+          sh.stops_sent.fetch_add(1);
+        }
+      }
+      CtlEvent ev{CtlEvent::kRoundBegin, static_cast<uint8_t>(rb->direction),
+                  0, rb->round, 0, 0};
+      std::memcpy(&ev.value, &rb->p, sizeof(double));
+      events.Push(ev);
+    } else if (const auto* st = std::get_if<StopMsg>(&m)) {
+      if (st->direction == Direction::kPush) {
+        sh.push_tx.RequestStop(st->round);  // the datapath sees it next burst
+        events.Push(CtlEvent{CtlEvent::kStopSeen, 0, 0, st->round, NowNs(), 0});
+      }
+    } else if (const auto* bm = std::get_if<BitmapMsg>(&m)) {
+      if (bm->direction != Direction::kPush) return;
+      if (sh.slot_busy.load(std::memory_order_acquire)) {
+        sh.bitmaps_dropped.fetch_add(1);
+        return;
+      }
+      sh.bitmap_slot.Resize(bm->num_bits);
+      if (!sh.bitmap_slot.AssignWords(bm->words)) {
+        sh.bitmaps_dropped.fetch_add(1);
+        return;
+      }
+      sh.slot_busy.store(true, std::memory_order_release);
+      events.Push(CtlEvent{CtlEvent::kBitmap, 0, 0, bm->round, NowNs(), 0});
+    } else if (const auto* pr = std::get_if<ProbeMsg>(&m)) {
+      if (pr->direction == Direction::kBroadcast &&
+          pr->round == bcast.round()) {
+        Bitmap snap;
+        bcast.SnapshotBitmap(snap);
+        sc.Send(server_conn,
+                BitmapMsg{pr->round, Direction::kBroadcast, snap.size(),
+                          {snap.words().begin(), snap.words().end()}});
+      }
+    }
+  };
+  cb.on_close = [&](ConnId, const std::string& reason) {
+    if (sh.failure.empty()) sh.failure = "control connection closed: " + reason;
+    sh.server_gone.store(true, std::memory_order_release);
+  };
+  cb.on_wakeup = [&] {
+    CtlEvent e;
+    while (requests.Pop(&e)) {
+      switch (e.kind) {
+        case CtlEvent::kSendProbe:
+          sidecar_ptr->Send(server_conn,
+                            ProbeMsg{e.round, Direction::kPush,
+                                     static_cast<uint32_t>(e.value)});
+          break;
+        case CtlEvent::kSendStop:
+          sidecar_ptr->Send(server_conn,
+                            StopMsg{e.round, Direction::kBroadcast,
+                                    static_cast<uint32_t>(e.value),
+                                    StopReason::kThreshold});
+          sh.stops_sent.fetch_add(1);
+          break;
+        case CtlEvent::kIterationDone:
+          sidecar_ptr->Send(server_conn, ByeMsg{"done"});
+          break;
+        default:
+          break;
+      }
+    }
+  };
+  uint64_t last_tx = 0, last_rx = 0;
+  if (o.stats_period_s > 0) {
+    cb.tick_ms = static_cast<uint32_t>(o.stats_period_s * 1000);
+    cb.on_tick = [&] {
+      const uint64_t tx = ctr.tx_frames.load(std::memory_order_relaxed);
+      const uint64_t rx = ctr.rx_frames.load(std::memory_order_relaxed);
+      std::printf("[worker %u] iter %llu  tx %.0f pps  rx %.0f pps  "
+                  "injected drops %llu\n",
+                  sh.welcome.rank,
+                  static_cast<unsigned long long>(sh.iteration.load()),
+                  (tx - last_tx) / o.stats_period_s,
+                  (rx - last_rx) / o.stats_period_s,
+                  static_cast<unsigned long long>(
+                      ctr.injected_drops.load(std::memory_order_relaxed)));
+      std::fflush(stdout);
+      last_tx = tx;
+      last_rx = rx;
+    };
+  }
+  ControlSidecar sidecar(cb);
+  sidecar_ptr = &sidecar;
+  std::string err;
+  if (!sidecar.Connect(o.server, o.join_timeout_ms, &server_conn, &err)) {
+    Die("cannot reach dblp-server at " + o.server + ": " + err,
+        "start dblp-server first and check --server=IP:PORT");
+  }
+  JoinMsg join;
+  join.worker_name = o.name;
+  join.total_bytes = source->floats() * sizeof(float);
+  join.mtu = caps.mtu;
+  join.layers = source->Layers();
+  sidecar.Send(server_conn, join);
+  std::thread sidecar_thread([&] { sidecar.Run(); });
+  auto shutdown = [&] {
+    sidecar.RequestStop();
+    sidecar_thread.join();
+  };
+
+  // ---- wait for WELCOME ----------------------------------------------------
+  const auto join_deadline = std::chrono::steady_clock::now() +
+                             std::chrono::milliseconds(o.join_timeout_ms);
+  while (!sh.welcomed.load(std::memory_order_acquire)) {
+    if (sh.server_gone.load() || g_quit.load() ||
+        std::chrono::steady_clock::now() > join_deadline) {
+      shutdown();
+      Die("no WELCOME from dblp-server at " + o.server +
+              (sh.failure.empty() ? "" : " (" + sh.failure + ")"),
+          "check that the server expects this many workers (--workers) and "
+          "that every worker sends the same gradient size (--floats)");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  const WelcomeMsg& wel = sh.welcome;
+  const ChunkLayout layout(wel.total_bytes, wel.chunk_payload);
+  if (layout.num_chunks() != wel.num_chunks) {
+    shutdown();
+    Die("WELCOME is inconsistent (chunk count)", "update both apps");
+  }
+  source->Bind(wel.rank, wel.num_workers);
+
+  Endpoint local, server;
+  local.mac = caps.mac;
+  const std::string ip = o.local_ip.empty()
+                             ? "10.0.0." + std::to_string(2 + wel.rank)
+                             : o.local_ip;
+  if (!ParseIpv4(ip, &local.ipv4)) {
+    shutdown();
+    Die("bad --local_ip " + ip, "use a dotted IPv4 address, e.g. 10.0.0.2");
+  }
+  local.udp_port = static_cast<uint16_t>(wel.udp_base_port + 1 + wel.rank);
+  server.ipv4 = wel.server_ipv4;
+  server.udp_port = wel.udp_base_port;
+  std::memcpy(server.mac.addr_bytes, wel.server_mac.data(), 6);
+  if (!o.eth_peer.empty() && !ParseMac(o.eth_peer, server.mac.addr_bytes)) {
+    shutdown();
+    Die("bad --eth_peer " + o.eth_peer, "use aa:bb:cc:dd:ee:ff");
+  }
+  FrameTemplate to_server(local, server, caps);
+
+  ReceiverConfig rc{wel.session, FrameType::kBroadcast, 0xFFFF, layout};
+  sh.bcast_rx = std::make_unique<ReceiverRound>(rc);
+  ReceiverRound& bcast = *sh.bcast_rx;
+  SenderRound& push = sh.push_tx;
+  SendOrder order(o.send_order, wel.rank, wel.num_workers, o.order_seed);
+  std::vector<uint32_t> order_buf;
+  sh.rounds_ready.store(true, std::memory_order_release);
+
+  LossInjector loss(o.loss, o.bursts, HashMix(o.loss_seed, wel.rank + 1));
+  ChunkTransmitter tx{0, 0, pool, &loss, &ctr, 64};
+  ChunkTransmitter clean_tx{0, 0, pool, nullptr, &ctr, 64};  // hostile frames
+  IdleBackoff backoff(o.idle_spin, o.idle_sleep_us);
+  std::vector<float> grad(source->floats()), avg(source->floats()),
+      prev_avg(source->floats(), 0.0f);
+  auto* avg_bytes = reinterpret_cast<uint8_t*>(avg.data());
+  const auto* grad_bytes = reinterpret_cast<const uint8_t*>(grad.data());
+
+  std::printf("dblp-worker: rank %u of %u, session %08x, %s, %u chunks of %u "
+              "B, port %s (%s), server %s:%u\n",
+              wel.rank, wel.num_workers, wel.session, source->Describe().c_str(),
+              layout.num_chunks(), layout.chunk_payload(), caps.driver.c_str(),
+              FormatMac(caps.mac.addr_bytes).c_str(),
+              FormatIpv4(server.ipv4).c_str(), server.udp_port);
+  std::fflush(stdout);
+
+  RunReport report;
+  report.role = "worker";
+  report.rank = wel.rank;
+  report.policy = wel.policy;
+  report.burst_iterations = o.bursts.iterations;
+  uint32_t go_round = UINT32_MAX;  // latest push ROUND_BEGIN seen
+  double announced_p = 0;
+  bool have_go = false;
+  rte_mbuf* rx_pkts[64];
+  std::vector<uint32_t> seqs(o.burst);
+  int exit_code = 0;
+  const uint64_t round_timeout_ns = uint64_t{o.round_timeout_ms} * 1000000;
+
+  // Frames of the previous push kept for the hostile replay test hook.
+  std::vector<uint32_t> replay_seqs;
+
+  auto handle_event = [&](const CtlEvent& e, uint64_t* t_stop,
+                          uint64_t* t_probe, double* rtt_sum, int* rtt_n,
+                          bool* probe_out) {
+    switch (e.kind) {
+      case CtlEvent::kRoundBegin:
+        if (e.direction == static_cast<uint8_t>(Direction::kPush)) {
+          go_round = e.round;
+          have_go = true;
+          std::memcpy(&announced_p, &e.value, sizeof(double));
+        }
+        break;
+      case CtlEvent::kStopSeen:
+        if (e.round == push.round() && *t_stop == 0) *t_stop = e.value;
+        break;
+      case CtlEvent::kBitmap:
+        if (e.round == push.round() && push.OnBitmap(sh.bitmap_slot)) {
+          *probe_out = false;
+          if (*t_probe != 0) {
+            *rtt_sum += static_cast<double>(e.value - *t_probe) / 1e3;
+            ++*rtt_n;
+          }
+        }
+        sh.slot_busy.store(false, std::memory_order_release);
+        break;
+      default:
+        break;
+    }
+  };
+
+  for (uint64_t it = 0; it < o.iterations && exit_code == 0; ++it) {
+    sh.iteration.store(it, std::memory_order_relaxed);
+    source->Compute(it, grad);
+    loss.SetIteration(it);
+    const uint32_t push_round = PushRound(it);
+    // Open the broadcast receiver with p = 0 until ROUND_BEGIN announces the
+    // broadcast's p: a complete buffer satisfies any p, so an early frame
+    // can never trigger a STOP under a stale tolerance.
+    bcast.Begin(push_round + 1, 0.0);
+    uint64_t t_stop = 0, t_probe = 0;
+    double rtt_sum = 0;
+    int rtt_n = 0;
+    bool probe_out = false;
+
+    // Wait for the server to open our push round.
+    uint64_t wait_start = NowNs();
+    while (!(have_go && go_round == push_round)) {
+      CtlEvent e;
+      bool any = false;
+      while (events.Pop(&e)) {
+        handle_event(e, &t_stop, &t_probe, &rtt_sum, &rtt_n, &probe_out);
+        any = true;
+      }
+      if (g_quit.load() || sh.server_gone.load()) break;
+      if (NowNs() - wait_start > round_timeout_ns) {
+        sh.failure = "server never opened push round " +
+                     std::to_string(push_round);
+        break;
+      }
+      any ? backoff.Work() : backoff.Idle();
+    }
+    if (!(have_go && go_round == push_round)) {
+      exit_code = 1;
+      break;
+    }
+    order.Fill(push_round, layout.num_chunks(), order_buf);
+    push.Begin(push_round, order_buf);
+
+    if (o.hostile_per_round > 0 && it > 0) {
+      // Stale replays of the previous round, then malformed frames.
+      DataHeader stale{FrameType::kPush, wel.session,
+                       static_cast<uint16_t>(wel.rank), 0, push_round - 2, 0};
+      clean_tx.Send(to_server, stale, replay_seqs.data(),
+                    static_cast<uint32_t>(std::min<size_t>(
+                        replay_seqs.size(), o.hostile_per_round)),
+                    grad_bytes, layout);
+      DataHeader wrong_session = stale;
+      wrong_session.round = push_round;
+      wrong_session.session = wel.session ^ 0x5A5A5A5Au;
+      uint32_t zero = 0;
+      clean_tx.Send(to_server, wrong_session, &zero, 1, grad_bytes, layout);
+      DataHeader future = stale;
+      future.round = push_round + 4;
+      clean_tx.Send(to_server, future, &zero, 1, grad_bytes, layout);
+      // Bad magic and a truncated header: raw frames through the template.
+      rte_mbuf* m = rte_pktmbuf_alloc(pool);
+      if (m != nullptr) {
+        DataHeader h = wrong_session;
+        h.session = wel.session;
+        h.payload_len = 8;  // shorter than the chunk: out of range
+        uint8_t junk[8] = {0xDE, 0xAD, 0xBE, 0xEF, 0, 0, 0, 0};
+        to_server.Build(m, h, junk);
+        if (rte_eth_tx_burst(0, 0, &m, 1) != 1) rte_pktmbuf_free(m);
+      }
+    }
+    replay_seqs.assign(order_buf.begin(),
+                       order_buf.begin() +
+                           std::min<size_t>(order_buf.size(),
+                                            o.hostile_per_round));
+
+    const uint64_t t0 = NowNs();
+    uint64_t t_push_done = 0, t_bcast_done = 0, last_progress = t0;
+    bool push_done = false, bcast_done = false;
+    DataHeader proto{FrameType::kPush, wel.session,
+                     static_cast<uint16_t>(wel.rank), 0, push_round, 0};
+    while (!(push_done && bcast_done)) {
+      bool work = false;
+      // RX first: the broadcast of the mean.
+      const uint16_t n = rte_eth_rx_burst(0, 0, rx_pkts, 64);
+      if (n > 0) {
+        work = true;
+        DatapathCounters::Add(ctr.rx_frames, n);
+        for (uint16_t i = 0; i < n; ++i) {
+          ParsedFrame pf;
+          const FrameStatus fs =
+              ParseFrame(rx_pkts[i], local.udp_port, local.udp_port, &pf);
+          if (fs != FrameStatus::kOk) {
+            DatapathCounters::Add(ctr.frame_drops[static_cast<int>(fs)]);
+            continue;
+          }
+          DataHeader h;
+          const uint8_t* payload = nullptr;
+          if (bcast.OnFrame(pf.dblp, pf.dblp_len, &h, &payload) ==
+              Verdict::kAccepted) {
+            std::memcpy(avg_bytes + layout.Offset(h.seq), payload,
+                        h.payload_len);
+          }
+        }
+        rte_pktmbuf_free_bulk(rx_pkts, n);
+        const StopTrigger t = bcast.PollStop(NowNs());
+        if (t != StopTrigger::kNone) {
+          requests.Push(CtlEvent{CtlEvent::kSendStop,
+                                 static_cast<uint8_t>(Direction::kBroadcast),
+                                 0, bcast.round(), bcast.received(), 0});
+          sidecar.Wakeup();
+        }
+      }
+      if (!bcast_done && !bcast.open()) {
+        // Not begun can't happen here; guard for clarity.
+      }
+      if (!bcast_done && bcast.stop_taken()) {
+        bcast_done = true;
+        t_bcast_done = NowNs();
+        bcast.Close();
+      }
+      // Control events.
+      CtlEvent e;
+      while (events.Pop(&e)) {
+        handle_event(e, &t_stop, &t_probe, &rtt_sum, &rtt_n, &probe_out);
+        work = true;
+      }
+      // TX: our push, until STOP.
+      if (!push_done) {
+        if (push.finished()) {
+          push_done = true;
+          t_push_done = t_stop ? t_stop : NowNs();
+        } else {
+          const uint32_t k = push.NextBurst(seqs.data(), o.burst);
+          if (k > 0) {
+            tx.Send(to_server, proto, seqs.data(), k, grad_bytes, layout);
+            work = true;
+          }
+          if (push.state() == SenderRound::State::kAwaitingBitmap &&
+              !probe_out) {
+            probe_out = true;
+            t_probe = NowNs();
+            requests.Push(CtlEvent{CtlEvent::kSendProbe, 0, 0, push_round,
+                                   push.passes(), 0});
+            sidecar.Wakeup();
+          }
+          if (push.finished()) {
+            push_done = true;
+            t_push_done = t_stop ? t_stop : NowNs();
+          }
+        }
+      }
+      const uint64_t now = NowNs();
+      if (work) {
+        backoff.Work();
+        last_progress = now;
+      } else {
+        if (g_quit.load() || sh.server_gone.load()) break;
+        if (now - last_progress > round_timeout_ns) {
+          sh.failure = "iteration " + std::to_string(it) +
+                       ": no progress for " +
+                       std::to_string(o.round_timeout_ms) + " ms (push " +
+                       (push_done ? "done" : "pending") + ", broadcast " +
+                       std::to_string(bcast.received()) + "/" +
+                       std::to_string(layout.num_chunks()) + ")";
+          break;
+        }
+        backoff.Idle();
+      }
+    }
+    if (!(push_done && bcast_done)) {
+      exit_code = 1;
+      break;
+    }
+    Bitmap arrived;
+    bcast.SnapshotBitmap(arrived);
+    FillMissing(avg, arrived, layout, o.bcast_fill, prev_avg);
+    source->Apply(it, avg);
+    if (!o.dump_dir.empty() && it < o.dump_iterations) {
+      const std::string base =
+          o.dump_dir + "/w" + std::to_string(wel.rank) + "_it" +
+          std::to_string(it);
+      DumpBinary(base + "_avg.f32", avg.data(), avg.size() * sizeof(float));
+      DumpBinary(base + "_bcast.bits", arrived.words().data(),
+                 arrived.words().size() * sizeof(uint64_t));
+    }
+    prev_avg = avg;
+
+    IterationRecord r;
+    r.iteration = it;
+    r.rank = wel.rank;
+    r.send_latency_us = static_cast<double>(t_push_done - t0) / 1e3;
+    r.bcast_latency_us = static_cast<double>(t_bcast_done - t_push_done) / 1e3;
+    r.passes = push.passes();
+    r.packets_sent = push.packets_sent();
+    r.packets_resent = push.packets_resent();
+    r.delivered_fraction = bcast.delivered_fraction();
+    r.p = announced_p;
+    r.burst = loss.InBurst();
+    r.control_rtt_us = rtt_n > 0 ? rtt_sum / rtt_n : 0;
+    report.rows.push_back(r);
+  }
+
+  requests.Push(CtlEvent{CtlEvent::kIterationDone, 0, 0, 0, 0, 0});
+  sidecar.Wakeup();
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // flush BYE
+  shutdown();
+
+  const PortDrops drops = ReadPortDrops(0);
+  report.counters = {
+      {"tx_frames", ctr.tx_frames.load()},
+      {"rx_frames", ctr.rx_frames.load()},
+      {"injected_drops", loss.dropped()},
+      {"injected_drops_in_burst", loss.dropped_in_burst()},
+      {"tx_full_drops", ctr.tx_full_drops.load()},
+      {"mbuf_alloc_failures", ctr.mbuf_alloc_failures.load()},
+      {"bcast_accepted", bcast.verdict_count(Verdict::kAccepted)},
+      {"bcast_duplicate", bcast.verdict_count(Verdict::kDuplicate)},
+      {"bcast_stale", bcast.verdict_count(Verdict::kStaleRound)},
+      {"bcast_late", bcast.verdict_count(Verdict::kLate)},
+      {"bcast_malformed", bcast.verdict_count(Verdict::kMalformed)},
+      {"bitmaps_dropped", sh.bitmaps_dropped.load()},
+      {"stops_sent", sh.stops_sent.load()},
+      {"control_messages_in", sidecar.messages_in()},
+      {"control_messages_out", sidecar.messages_out()},
+      {"device_imissed", drops.imissed},
+      {"device_rx_nombuf", drops.rx_nombuf},
+      {"device_oerrors", drops.oerrors},
+  };
+  for (int s = 1; s < kNumFrameStatus; ++s) {
+    report.counters.emplace_back(
+        std::string("frame_") + FrameStatusName(static_cast<FrameStatus>(s)),
+        ctr.frame_drops[s].load());
+  }
+  report.info = {{"source", source->Describe()},
+                 {"loss", FormatLossSpec(o.loss)},
+                 {"driver", caps.driver}};
+  std::fputs(FormatRunSummary(report).c_str(), stdout);
+  if (!o.out_dir.empty()) {
+    std::string werr;
+    if (!WriteRunReport(o.out_dir, report, &werr)) {
+      std::fprintf(stderr, "dblp-worker: %s\n", werr.c_str());
+      exit_code = exit_code ? exit_code : 1;
+    }
+  }
+  if (exit_code != 0) {
+    std::fprintf(stderr, "dblp-worker %u: %s\n", wel.rank,
+                 sh.failure.empty() ? "interrupted" : sh.failure.c_str());
+  }
+  rte_eth_dev_stop(0);
+  rte_eth_dev_close(0);
+  return exit_code;
+}
+
+}  // namespace dblp
