@@ -41,7 +41,9 @@ bool SenderRound::OnBitmap(const Bitmap& received) {
     if (!received.Test(seq)) pass_.push_back(seq);
   }
   cursor_ = 0;
-  if (pass_.empty()) {
+  if (pass_.empty() || stop_requested()) {
+    // Nothing missing, or STOP already seen: no further pass starts (and
+    // none is counted in passes()).
     state_ = State::kStopped;
   } else {
     ++passes_;
