@@ -9,6 +9,7 @@
 #include <rte_ring.h>
 
 #include <array>
+#include <cstring>
 #include <atomic>
 #include <cstdint>
 #include <string>
@@ -66,8 +67,20 @@ struct CtlEvent {
   uint32_t round = 0;
   uint64_t value = 0;
   uint64_t value2 = 0;
+  uint64_t value3 = 0;
 };
-static_assert(sizeof(CtlEvent) == 24 && sizeof(CtlEvent) % 4 == 0);
+static_assert(sizeof(CtlEvent) == 32, "CtlEvent is passed by value in rings");
+
+inline uint64_t DoubleBits(double d) {
+  uint64_t u;
+  std::memcpy(&u, &d, sizeof(u));
+  return u;
+}
+inline double BitsDouble(uint64_t u) {
+  double d;
+  std::memcpy(&d, &u, sizeof(d));
+  return d;
+}
 
 // One SPSC ring of CtlEvents, created at setup.
 class EventRing {
@@ -76,7 +89,7 @@ class EventRing {
   ~EventRing();
   EventRing(const EventRing&) = delete;
   EventRing& operator=(const EventRing&) = delete;
-  bool Push(const CtlEvent& e) {
+  bool Push(CtlEvent e) {  // by value: the ring API takes a non-const ptr
     return rte_ring_enqueue_elem(ring_, &e, sizeof(CtlEvent)) == 0;
   }
   bool Pop(CtlEvent* e) {

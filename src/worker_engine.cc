@@ -440,9 +440,6 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
           sidecar.Wakeup();
         }
       }
-      if (!bcast_done && !bcast.open()) {
-        // Not begun can't happen here; guard for clarity.
-      }
       if (!bcast_done && bcast.stop_taken()) {
         bcast_done = true;
         t_bcast_done = NowNs();

@@ -214,4 +214,9 @@ uint32_t MeanReducer::CoveredChunks() const {
   return covered;
 }
 
+void MeanReducer::set_num_workers(uint32_t w) {
+  if (w == 0) throw std::invalid_argument("MeanReducer needs >= 1 worker");
+  num_workers_ = w;
+}
+
 }  // namespace dblp

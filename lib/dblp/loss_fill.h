@@ -89,6 +89,9 @@ class MeanReducer {
     return counts_[seq].n.load(std::memory_order_acquire);
   }
   uint32_t num_workers() const { return num_workers_; }
+  // Between rounds: the number of workers the mean divides by (a job that
+  // continues after losing a worker). Throws std::invalid_argument on 0.
+  void set_num_workers(uint32_t w);
   const ChunkLayout& layout() const { return layout_; }
   // Chunks with at least one contribution this round.
   uint32_t CoveredChunks() const;

@@ -66,6 +66,10 @@ class ReceiverRound {
   // trigger exactly once per round (kNone before and after), so the caller
   // sends exactly one STOP.
   StopTrigger PollStop(uint64_t now_ns = 0);
+  // Any thread: has PollStop already handed out this round's STOP?
+  bool stop_taken() const {
+    return stop_taken_.load(std::memory_order_acquire);
+  }
   // Any thread: would the round stop now (without consuming the STOP)?
   bool StopReached(uint64_t now_ns = 0) const;
 

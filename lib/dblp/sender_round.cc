@@ -41,9 +41,7 @@ bool SenderRound::OnBitmap(const Bitmap& received) {
     if (!received.Test(seq)) pass_.push_back(seq);
   }
   cursor_ = 0;
-  if (pass_.empty() || stop_requested()) {
-    // Nothing missing, or STOP already seen: no further pass starts (and
-    // none is counted in passes()).
+  if (pass_.empty()) {  // nothing missing: the round is complete
     state_ = State::kStopped;
   } else {
     ++passes_;

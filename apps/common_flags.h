@@ -1,0 +1,123 @@
+// Flags both apps share, defined once per executable (each app includes
+// this from its single translation unit), and their translation into the
+// engines' option structs. Every bad value ends with a message naming the
+// flag and an accepted value.
+#pragma once
+
+#include <gflags/gflags.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+
+#include "dblp/loss_model.h"
+#include "dblp/send_order.h"
+#include "dblp/synthetic_gradient.h"
+#include "port.h"
+
+DEFINE_uint32(mtu, 1500, "IP MTU of the data frames (576..9216; jumbo "
+              "needs a device that supports it)");
+DEFINE_string(checksum, "auto", "auto (device offload when offered, else "
+              "software) | sw | none (UDP checksum 0)");
+DEFINE_uint32(burst, 32, "frames per TX burst");
+DEFINE_uint32(rxd, 1024, "RX descriptors per queue");
+DEFINE_uint32(txd, 1024, "TX descriptors per queue");
+DEFINE_uint32(mbufs, 0, "mbufs in the pool (0 = sized from the ports)");
+DEFINE_uint32(idle_sleep_us, 20, "idle back-off: longest sleep of an idle "
+              "poll loop in us (0 = pure busy polling)");
+DEFINE_uint32(idle_spin, 512, "idle back-off: empty polls before sleeping");
+DEFINE_double(stats_period, 1.0, "seconds between stats lines (0 = none)");
+DEFINE_string(out_dir, "", "write iterations.jsonl/.csv and summary.json "
+              "here");
+DEFINE_string(loss, "none", "software loss on this app's data TX outside "
+              "bursts: none | bernoulli:P | ge:P_GB,P_BG,LOSS_GOOD,LOSS_BAD");
+DEFINE_string(burst_iters, "", "iterations with a one-iteration microburst, "
+              "e.g. 279,651");
+DEFINE_uint32(burst_random, 0, "place this many bursts at random iterations "
+              "in --burst_range (same --burst_seed on every app)");
+DEFINE_string(burst_range, "10,1000", "FIRST,LAST iterations for "
+              "--burst_random");
+DEFINE_uint64(burst_seed, 7, "seed of --burst_random");
+DEFINE_string(burst_window_ms, "", "START,END ms after the first iteration: "
+              "a time-window burst");
+DEFINE_double(burst_loss, 0.7, "loss rate inside a burst");
+DEFINE_uint64(seed, 1, "seed of the loss injector and the send order");
+DEFINE_string(send_order, "permuted", "sequential | rotating | permuted");
+DEFINE_uint32(round_timeout_ms, 30000, "fail with a clear error when a round "
+              "makes no progress for this long");
+
+namespace dblp {
+
+[[noreturn]] inline void FlagError(const std::string& msg) {
+  std::fprintf(stderr, "error: %s\n", msg.c_str());
+  std::exit(2);
+}
+
+inline std::pair<uint64_t, uint64_t> ParsePair(const std::string& text,
+                                               const char* flag) {
+  const auto v = ParseIterationList(text);
+  if (v.size() != 2 || v[0] > v[1]) {
+    FlagError(std::string("--") + flag + "=" + text +
+              ": expected FIRST,LAST with FIRST <= LAST, e.g. 10,1000");
+  }
+  return {v[0], v[1]};
+}
+
+inline PortOptions PortOptionsFromFlags() {
+  PortOptions p;
+  p.mtu = FLAGS_mtu;
+  p.checksum = FLAGS_checksum;
+  p.nb_rxd = static_cast<uint16_t>(FLAGS_rxd);
+  p.nb_txd = static_cast<uint16_t>(FLAGS_txd);
+  if (FLAGS_checksum != "auto" && FLAGS_checksum != "sw" &&
+      FLAGS_checksum != "none") {
+    FlagError("--checksum=" + FLAGS_checksum + ": use auto, sw or none");
+  }
+  if (FLAGS_burst == 0 || FLAGS_burst > 64) {
+    FlagError("--burst must be in 1..64");
+  }
+  return p;
+}
+
+inline LossSpec LossFromFlags() {
+  try {
+    return ParseLossSpec(FLAGS_loss);
+  } catch (const std::invalid_argument& e) {
+    FlagError(std::string("--loss: ") + e.what());
+  }
+}
+
+inline BurstSchedule BurstsFromFlags() {
+  try {
+    BurstSchedule b;
+    if (FLAGS_burst_random > 0) {
+      const auto [first, last] = ParsePair(FLAGS_burst_range, "burst_range");
+      b = RandomBurstIterations(FLAGS_burst_random, first, last,
+                                FLAGS_burst_seed, FLAGS_burst_loss);
+      if (!FLAGS_burst_iters.empty()) {
+        FlagError("use either --burst_iters or --burst_random, not both");
+      }
+    } else {
+      b = ParseBurstIterations(FLAGS_burst_iters, FLAGS_burst_loss);
+    }
+    if (!FLAGS_burst_window_ms.empty()) {
+      const auto [a, z] = ParsePair(FLAGS_burst_window_ms, "burst_window_ms");
+      b.window_start_ns = a * 1000000;
+      b.window_end_ns = z * 1000000;
+    }
+    return b;
+  } catch (const std::invalid_argument& e) {
+    FlagError(std::string("burst flags: ") + e.what());
+  }
+}
+
+inline SendOrderKind SendOrderFromFlags() {
+  try {
+    return ParseSendOrder(FLAGS_send_order);
+  } catch (const std::invalid_argument& e) {
+    FlagError(std::string("--send_order: ") + e.what());
+  }
+}
+
+}  // namespace dblp

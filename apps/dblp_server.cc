@@ -1,0 +1,105 @@
+// dblp-server [EAL options] -- [options]: the parameter server. Receives
+// every worker's push under the current loss tolerance, reduces, runs the
+// tolerance policy and broadcasts the mean back.
+#include <gflags/gflags.h>
+
+#include "common_flags.h"
+#include "eal_app.h"
+#include "server_engine.h"
+
+DEFINE_string(listen, "127.0.0.1:9100", "TCP control address to listen on");
+DEFINE_uint32(workers, 3, "number of workers in the job");
+DEFINE_string(local_ip, "10.0.0.1", "the server's IPv4 on the data ports");
+DEFINE_uint32(udp_port, 47000, "UDP port of pushes (worker r receives the "
+              "broadcast on udp_port + 1 + r)");
+DEFINE_string(policy, "dblp", "reliable | fixed | dblp | ltp");
+DEFINE_double(p_fixed, 0.008, "fixed (MLT) tolerance");
+DEFINE_double(p_low, 0.008, "dblp: tolerance inside a critical regime");
+DEFINE_double(p_high, 0.408, "dblp: tolerance outside critical regimes");
+DEFINE_uint32(clr_freq, 10, "dblp: check the gradient norm every N "
+              "iterations; a detected regime lasts N iterations");
+DEFINE_double(clr_eta, 0.5, "dblp: relative norm change that means a "
+              "critical regime");
+DEFINE_double(ltp_deadline_factor, 1.5, "ltp: deadline = factor x median "
+              "round time");
+DEFINE_uint32(ltp_window, 16, "ltp: rounds in the median");
+DEFINE_double(ltp_min_fraction, 0.5, "ltp: fraction needed before a "
+              "deadline may close a round");
+DEFINE_string(push_fill, "zero", "server mean of missing chunks: zero | "
+              "prev | rescale");
+DEFINE_string(bcast_tolerance, "same", "broadcast with the same p "
+              "(same) or every chunk (reliable)");
+DEFINE_string(on_worker_loss, "abort", "abort | continue (without the "
+              "lost worker)");
+DEFINE_uint32(session, 0, "session id (0 = random)");
+DEFINE_uint32(join_timeout_ms, 60000, "give up waiting for workers after "
+              "this long");
+DEFINE_string(dump_dir, "", "test hook: dump means and push bitmaps");
+DEFINE_uint32(dump_iterations, 0, "test hook: iterations to dump");
+
+int main(int argc, char** argv) {
+  const int eal_args = dblp::InitEalOrDie(argc, argv);
+  argc -= eal_args;
+  argv += eal_args;
+  gflags::SetUsageMessage(
+      "dblp-server [EAL options] -- [options]\n"
+      "  e.g. dblp-server -l 0 --no-huge -m 512 --no-pci --file-prefix=srv "
+      "--vdev=net_memif0,role=server,socket=/tmp/dblp-w0.sock -- "
+      "--workers=1 --policy=dblp");
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  if (argc > 1) dblp::FlagError(std::string("unexpected argument ") + argv[1]);
+
+  dblp::ServerOptions o;
+  o.listen = FLAGS_listen;
+  o.workers = FLAGS_workers;
+  o.local_ip = FLAGS_local_ip;
+  if (FLAGS_udp_port == 0 || FLAGS_udp_port + 1 + FLAGS_workers > 65535) {
+    dblp::FlagError("--udp_port must leave room for one port per worker");
+  }
+  o.udp_port = static_cast<uint16_t>(FLAGS_udp_port);
+  o.port = dblp::PortOptionsFromFlags();
+  o.mbufs = FLAGS_mbufs;
+  o.burst = FLAGS_burst;
+  try {
+    o.policy.kind = dblp::ParsePolicyKind(FLAGS_policy);
+    o.policy.p_fixed = FLAGS_p_fixed;
+    o.policy.p_low = FLAGS_p_low;
+    o.policy.p_high = FLAGS_p_high;
+    o.policy.clr.freq = FLAGS_clr_freq;
+    o.policy.clr.eta = FLAGS_clr_eta;
+    o.policy.ltp_deadline_factor = FLAGS_ltp_deadline_factor;
+    o.policy.ltp_window = FLAGS_ltp_window;
+    o.policy.ltp_min_fraction = FLAGS_ltp_min_fraction;
+    dblp::ValidatePolicyConfig(o.policy);
+    o.push_fill = dblp::ParseFillMode(FLAGS_push_fill);
+  } catch (const std::invalid_argument& e) {
+    dblp::FlagError(e.what());
+  }
+  if (FLAGS_bcast_tolerance != "same" && FLAGS_bcast_tolerance != "reliable") {
+    dblp::FlagError("--bcast_tolerance=" + FLAGS_bcast_tolerance +
+                    ": use same or reliable");
+  }
+  o.reliable_broadcast = FLAGS_bcast_tolerance == "reliable";
+  if (FLAGS_on_worker_loss != "abort" && FLAGS_on_worker_loss != "continue") {
+    dblp::FlagError("--on_worker_loss=" + FLAGS_on_worker_loss +
+                    ": use abort or continue");
+  }
+  o.continue_on_worker_loss = FLAGS_on_worker_loss == "continue";
+  o.loss = dblp::LossFromFlags();
+  o.bursts = dblp::BurstsFromFlags();
+  o.loss_seed = FLAGS_seed;
+  o.order_seed = FLAGS_seed;
+  o.send_order = dblp::SendOrderFromFlags();
+  o.session = FLAGS_session;
+  o.idle_spin = FLAGS_idle_spin;
+  o.idle_sleep_us = FLAGS_idle_sleep_us;
+  o.stats_period_s = FLAGS_stats_period;
+  o.join_timeout_ms = FLAGS_join_timeout_ms;
+  o.round_timeout_ms = FLAGS_round_timeout_ms;
+  o.out_dir = FLAGS_out_dir;
+  o.dump_dir = FLAGS_dump_dir;
+  o.dump_iterations = FLAGS_dump_iterations;
+  const int rc = dblp::RunServer(o);
+  rte_eal_cleanup();
+  return rc;
+}

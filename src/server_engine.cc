@@ -1,0 +1,731 @@
+#include "server_engine.h"
+
+#include <rte_ethdev.h>
+#include <rte_lcore.h>
+#include <rte_mbuf.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "datapath.h"
+#include "dblp/control_sidecar.h"
+#include "dblp/memory_cluster.h"  // kServerRank, L2Norm
+#include "dblp/receiver_round.h"
+#include "dblp/sender_round.h"
+#include "eal_app.h"
+#include "frame_builder.h"
+#include "run_report.h"
+
+namespace dblp {
+namespace {
+
+std::atomic<bool> g_quit{false};
+void OnSignal(int) { g_quit.store(true); }
+
+constexpr uint32_t PushRound(uint64_t it) { return static_cast<uint32_t>(2 * it); }
+
+// The server's state for one worker. Writer/reader per field.
+struct WorkerLink {
+  // sidecar: wo during join; datapath: ro after `joined`.
+  ConnId conn = 0;
+  std::string name;
+  // datapath: wo (Begin/OnFrame); sidecar: any-thread calls (PROBE).
+  std::unique_ptr<ReceiverRound> push_rx;
+  // datapath: owner; sidecar: RequestStop(round) only.
+  SenderRound bcast_tx;
+  std::unique_ptr<SendOrder> order;
+  std::vector<uint32_t> order_buf;      // datapath only
+  // sidecar: writes the slot then sets busy; datapath: reads, clears busy.
+  Bitmap bitmap_slot;
+  std::atomic<bool> slot_busy{false};
+  // Learned from the first accepted push frame (datapath only).
+  bool learned = false;
+  uint16_t port = 0;
+  FrameTemplate tmpl;
+  // datapath only.
+  bool alive = true;
+  bool said_bye = false;
+  bool probe_out = false;
+  uint64_t t_probe = 0, t_push_stop = 0, t_bcast_stop = 0;
+  double rtt_sum = 0;
+  int rtt_n = 0;
+};
+
+struct ServerShared {
+  std::mutex join_mu;  // sidecar-only during join; datapath waits on flag
+  std::vector<std::unique_ptr<WorkerLink>> links;
+  std::atomic<bool> joined{false};          // sidecar: wo; datapath: ro
+  std::atomic<bool> rounds_ready{false};    // datapath: wo; sidecar: ro
+  std::atomic<bool> failed{false};          // sidecar: wo
+  std::string failure;                      // sidecar: wo before `failed`
+  JoinMsg first_join;                       // sidecar: wo during join
+  std::atomic<uint64_t> iteration{0};       // datapath: wo; stats: ro
+  std::atomic<uint64_t> bitmaps_dropped{0}; // sidecar: wo
+};
+
+void DumpBinary(const std::string& path, const void* data, size_t n) {
+  std::ofstream f(path, std::ios::binary);
+  f.write(static_cast<const char*>(data), static_cast<std::streamsize>(n));
+}
+
+}  // namespace
+
+int RunServer(const ServerOptions& o) {
+  std::signal(SIGINT, OnSignal);
+  std::signal(SIGTERM, OnSignal);
+  if (o.workers == 0 || o.workers >= kServerRank) {
+    Die("--workers=" + std::to_string(o.workers) + " is out of range",
+        "use 1.." + std::to_string(kServerRank - 1));
+  }
+  const uint16_t nb_ports = rte_eth_dev_count_avail();
+  if (nb_ports == 0) {
+    Die("no Ethernet port", "give the server a port: -a <PCI address> for a "
+        "NIC, or one --vdev=net_memifN,role=server,socket=/tmp/dblp-wN.sock "
+        "per worker");
+  }
+  PortOptions popts = o.port;
+  const uint32_t mbufs =
+      o.mbufs ? o.mbufs
+              : nb_ports * MbufsNeeded(popts, o.burst, 1024) + 2048;
+  rte_mempool* pool = CreatePoolOrDie("dblp_server_pool", mbufs, popts.mtu,
+                                      static_cast<int>(rte_socket_id()));
+  std::vector<PortCaps> caps(nb_ports);
+  for (uint16_t p = 0; p < nb_ports; ++p) {
+    popts.port_id = p;
+    caps[p] = SetupPortOrDie(popts, pool);
+  }
+  uint32_t local_ip = 0;
+  if (!ParseIpv4(o.local_ip, &local_ip)) {
+    Die("bad --local_ip " + o.local_ip, "use a dotted IPv4, e.g. 10.0.0.1");
+  }
+  const uint32_t session =
+      o.session ? o.session
+                : static_cast<uint32_t>(HashMix(NowNs(), 0x5E55)) | 1u;
+  std::unique_ptr<TolerancePolicy> policy = TolerancePolicy::Create(o.policy);
+
+  ServerShared sh;
+  EventRing events("dblp_s_ev", 4096);    // sidecar -> datapath
+  EventRing requests("dblp_s_req", 4096); // datapath -> sidecar
+  DatapathCounters ctr;
+  ControlSidecar* sc_ptr = nullptr;
+  std::vector<ConnId> pending;            // sidecar only: joined, not welcomed
+
+  auto rank_of = [&](ConnId c) -> int {
+    for (size_t w = 0; w < sh.links.size(); ++w) {
+      if (sh.links[w]->conn == c) return static_cast<int>(w);
+    }
+    return -1;
+  };
+  auto fail_join = [&](ConnId c, const std::string& why) {
+    sc_ptr->Send(c, ErrorMsg{1, why});
+    sc_ptr->Close(c, why);
+  };
+  auto send_requests = [&] {
+    CtlEvent e;
+    while (requests.Pop(&e)) {
+      switch (e.kind) {
+        case CtlEvent::kSendStop:
+          sc_ptr->Send(sh.links[e.peer]->conn,
+                       StopMsg{e.round, Direction::kPush,
+                               static_cast<uint32_t>(e.value),
+                               e.value2 ? StopReason::kDeadline
+                                        : StopReason::kThreshold});
+          break;
+        case CtlEvent::kSendProbe:
+          sc_ptr->Send(sh.links[e.peer]->conn,
+                       ProbeMsg{e.round, Direction::kBroadcast,
+                                static_cast<uint32_t>(e.value)});
+          break;
+        case CtlEvent::kSendRoundBegin: {
+          RoundBeginMsg rb{e.round, static_cast<uint32_t>(e.round / 2),
+                           static_cast<Direction>(e.direction),
+                           BitsDouble(e.value), e.value2,
+                           BitsDouble(e.value3)};
+          for (auto& l : sh.links) {
+            if (l->alive) sc_ptr->Send(l->conn, rb);
+          }
+          break;
+        }
+        default:
+          break;
+      }
+    }
+  };
+
+  ControlSidecar::Callbacks cb;
+  cb.on_message = [&](ConnId c, const ControlMessage& m) {
+    if (const auto* j = std::get_if<JoinMsg>(&m)) {
+      std::lock_guard<std::mutex> lock(sh.join_mu);
+      if (sh.joined.load()) return fail_join(c, "job already has all workers");
+      if (j->protocol_version != kControlVersion) {
+        return fail_join(c, "control protocol version " +
+                                std::to_string(j->protocol_version) +
+                                " != server's " +
+                                std::to_string(kControlVersion) +
+                                ": run the same DBLP build everywhere");
+      }
+      if (j->total_bytes == 0 || j->total_bytes % 4 != 0) {
+        return fail_join(c, "gradient size must be a positive multiple of 4");
+      }
+      if (j->mtu != caps[0].mtu) {
+        return fail_join(c, "worker MTU " + std::to_string(j->mtu) +
+                                " != server MTU " +
+                                std::to_string(caps[0].mtu) +
+                                ": pass the same --mtu to every app");
+      }
+      if (sh.links.empty()) {
+        sh.first_join = *j;
+      } else if (j->total_bytes != sh.first_join.total_bytes ||
+                 j->layers != sh.first_join.layers) {
+        return fail_join(c, "gradient layout differs from the first "
+                            "worker's: every worker must run the same model "
+                            "(--floats / --model)");
+      }
+      auto link = std::make_unique<WorkerLink>();
+      link->conn = c;
+      link->name = j->worker_name;
+      sh.links.push_back(std::move(link));
+      if (sh.links.size() == o.workers) {
+        const uint32_t payload = ChunkPayloadForMtu(caps[0].mtu);
+        const ChunkLayout layout(sh.first_join.total_bytes, payload);
+        for (uint32_t w = 0; w < o.workers; ++w) {
+          WelcomeMsg wm;
+          wm.session = session;
+          wm.rank = static_cast<uint16_t>(w);
+          wm.num_workers = static_cast<uint16_t>(o.workers);
+          wm.mtu = caps[0].mtu;
+          wm.chunk_payload = payload;
+          wm.num_chunks = layout.num_chunks();
+          wm.total_bytes = layout.total_bytes();
+          wm.udp_base_port = o.udp_port;
+          wm.num_shards = 1;
+          wm.server_ipv4 = local_ip;
+          std::memcpy(wm.server_mac.data(), caps[0].mac.addr_bytes, 6);
+          wm.policy = policy->Describe();
+          wm.layers = sh.first_join.layers;
+          sc_ptr->Send(sh.links[w]->conn, wm);
+        }
+        sh.joined.store(true, std::memory_order_release);
+      }
+      return;
+    }
+    if (!sh.rounds_ready.load(std::memory_order_acquire)) return;
+    const int w = rank_of(c);
+    if (w < 0) return;
+    WorkerLink& l = *sh.links[w];
+    if (const auto* pr = std::get_if<ProbeMsg>(&m)) {
+      // Send any STOP the datapath queued first, so a STOP never trails a
+      // BITMAP of the same round on the wire.
+      send_requests();
+      if (pr->direction == Direction::kPush &&
+          pr->round == l.push_rx->round()) {
+        Bitmap snap;
+        l.push_rx->SnapshotBitmap(snap);
+        sc_ptr->Send(c, BitmapMsg{pr->round, Direction::kPush, snap.size(),
+                                  {snap.words().begin(), snap.words().end()}});
+      }
+    } else if (const auto* st = std::get_if<StopMsg>(&m)) {
+      if (st->direction == Direction::kBroadcast) {
+        l.bcast_tx.RequestStop(st->round);
+        events.Push(CtlEvent{CtlEvent::kStopSeen, 1, static_cast<uint16_t>(w),
+                             st->round, NowNs(), 0, 0});
+      }
+    } else if (const auto* bm = std::get_if<BitmapMsg>(&m)) {
+      if (bm->direction != Direction::kBroadcast) return;
+      if (l.slot_busy.load(std::memory_order_acquire)) {
+        sh.bitmaps_dropped.fetch_add(1);
+        return;
+      }
+      l.bitmap_slot.Resize(bm->num_bits);
+      if (!l.bitmap_slot.AssignWords(bm->words)) {
+        sh.bitmaps_dropped.fetch_add(1);
+        return;
+      }
+      l.slot_busy.store(true, std::memory_order_release);
+      events.Push(CtlEvent{CtlEvent::kBitmap, 1, static_cast<uint16_t>(w),
+                           bm->round, NowNs(), 0, 0});
+    } else if (std::holds_alternative<ByeMsg>(m)) {
+      events.Push(CtlEvent{CtlEvent::kIterationDone, 0,
+                           static_cast<uint16_t>(w), 0, 0, 0, 0});
+    }
+  };
+  cb.on_close = [&](ConnId c, const std::string& reason) {
+    std::lock_guard<std::mutex> lock(sh.join_mu);
+    const int w = rank_of(c);
+    if (w < 0) return;
+    if (!sh.joined.load()) {
+      // A worker that left during the join: free its slot.
+      sh.links.erase(sh.links.begin() + w);
+      std::fprintf(stderr, "dblp-server: a worker left before the job "
+                           "started (%s)\n", reason.c_str());
+      return;
+    }
+    CtlEvent e{CtlEvent::kPeerGone, 0, static_cast<uint16_t>(w), 0, 0, 0, 0};
+    events.Push(e);
+    std::fprintf(stderr, "dblp-server: control connection of worker %d "
+                         "closed: %s\n", w, reason.c_str());
+  };
+  cb.on_wakeup = send_requests;
+  uint64_t last_rx = 0, last_tx = 0;
+  if (o.stats_period_s > 0) {
+    cb.tick_ms = static_cast<uint32_t>(o.stats_period_s * 1000);
+    cb.on_tick = [&] {
+      if (!sh.rounds_ready.load()) return;
+      const uint64_t rx = ctr.rx_frames.load(std::memory_order_relaxed);
+      const uint64_t tx = ctr.tx_frames.load(std::memory_order_relaxed);
+      const RoundTolerance t = policy->Current();
+      std::printf("[server] iter %llu  rx %.0f pps  tx %.0f pps  p=%.3f%s\n",
+                  static_cast<unsigned long long>(sh.iteration.load()),
+                  (rx - last_rx) / o.stats_period_s,
+                  (tx - last_tx) / o.stats_period_s, t.p,
+                  t.critical ? " (critical)" : "");
+      std::fflush(stdout);
+      last_rx = rx;
+      last_tx = tx;
+    };
+  }
+  ControlSidecar sidecar(cb);
+  sc_ptr = &sidecar;
+  std::string err;
+  if (!sidecar.Listen(o.listen, &err)) {
+    Die("cannot listen on " + o.listen + ": " + err,
+        "pick a free --listen=IP:PORT");
+  }
+  std::printf("dblp-server: %u port(s), waiting for %u workers on %s "
+              "(session %08x, policy %s)\n",
+              nb_ports, o.workers, o.listen.c_str(), session,
+              policy->Describe().c_str());
+  std::fflush(stdout);
+  std::thread sidecar_thread([&] { sidecar.Run(); });
+  auto shutdown = [&] {
+    sidecar.RequestStop();
+    sidecar_thread.join();
+  };
+
+  const auto join_deadline = std::chrono::steady_clock::now() +
+                             std::chrono::milliseconds(o.join_timeout_ms);
+  while (!sh.joined.load(std::memory_order_acquire)) {
+    if (g_quit.load() || std::chrono::steady_clock::now() > join_deadline) {
+      size_t have;
+      {
+        std::lock_guard<std::mutex> lock(sh.join_mu);
+        have = sh.links.size();
+      }
+      shutdown();
+      Die("only " + std::to_string(have) + " of " +
+              std::to_string(o.workers) + " workers joined",
+          "start all workers with --server=" + o.listen +
+              " or lower --workers");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+
+  // ---- the job -------------------------------------------------------------
+  const uint32_t W = o.workers;
+  const ChunkLayout layout(sh.first_join.total_bytes,
+                           ChunkPayloadForMtu(caps[0].mtu));
+  const uint32_t N = layout.num_chunks();
+  for (uint32_t w = 0; w < W; ++w) {
+    WorkerLink& l = *sh.links[w];
+    ReceiverConfig rc{session, FrameType::kPush, static_cast<int32_t>(w),
+                      layout};
+    l.push_rx = std::make_unique<ReceiverRound>(rc);
+    l.order = std::make_unique<SendOrder>(o.send_order, w, W,
+                                          HashMix(o.order_seed, 0xBC));
+  }
+  MeanReducer reducer(layout, W);
+  std::vector<float> mean(layout.total_bytes() / sizeof(float), 0.0f);
+  const auto* mean_bytes = reinterpret_cast<const uint8_t*>(mean.data());
+  LossInjector loss(o.loss, o.bursts, HashMix(o.loss_seed, 0xB0));
+  IdleBackoff backoff(o.idle_spin, o.idle_sleep_us);
+  rte_mbuf* rx_pkts[64];
+  std::vector<uint32_t> seqs(o.burst);
+  RunReport report;
+  report.role = "server";
+  report.policy = policy->Describe();
+  report.burst_iterations = o.bursts.iterations;
+  int exit_code = 0;
+  std::string failure;
+  const uint64_t round_timeout_ns = uint64_t{o.round_timeout_ms} * 1000000;
+
+  auto request = [&](const CtlEvent& e) {
+    requests.Push(e);
+    sidecar.Wakeup();
+  };
+  RoundTolerance push_tol = policy->Current();
+  uint64_t push_open_ns = 0;
+  auto open_push = [&](uint64_t it, const RoundTolerance& tol) {
+    reducer.BeginRound();
+    push_open_ns = NowNs();
+    const uint64_t deadline = tol.deadline_ns ? push_open_ns + tol.deadline_ns : 0;
+    for (auto& l : sh.links) {
+      l->push_rx->Begin(PushRound(it), tol.p, deadline,
+                        tol.deadline_ns ? tol.min_fraction : 0);
+      l->t_push_stop = 0;
+    }
+    request(CtlEvent{CtlEvent::kSendRoundBegin,
+                     static_cast<uint8_t>(Direction::kPush), 0, PushRound(it),
+                     DoubleBits(tol.p), tol.deadline_ns,
+                     DoubleBits(tol.deadline_ns ? tol.min_fraction : 0)});
+  };
+  auto live_count = [&] {
+    uint32_t n = 0;
+    for (auto& l : sh.links) n += l->alive ? 1 : 0;
+    return n;
+  };
+
+  // RX: every port; frames demuxed by the DBLP sender rank, each worker's
+  // receiver checks the rest. Returns frames received.
+  auto poll_rx = [&]() -> uint32_t {
+    uint32_t total = 0;
+    for (uint16_t p = 0; p < nb_ports; ++p) {
+      const uint16_t n = rte_eth_rx_burst(p, 0, rx_pkts, 64);
+      if (n == 0) continue;
+      total += n;
+      DatapathCounters::Add(ctr.rx_frames, n);
+      for (uint16_t i = 0; i < n; ++i) {
+        ParsedFrame pf;
+        const FrameStatus fs = ParseFrame(rx_pkts[i], o.udp_port, o.udp_port, &pf);
+        if (fs != FrameStatus::kOk) {
+          DatapathCounters::Add(ctr.frame_drops[static_cast<int>(fs)]);
+          continue;
+        }
+        DataHeader peek;
+        uint16_t rank = 0;
+        if (DecodeDataHeader(pf.dblp, pf.dblp_len, &peek) == DecodeStatus::kOk) {
+          rank = peek.sender_rank;
+        }
+        // Unknown ranks go to worker 0's receiver, which counts them as
+        // wrong-sender (or malformed) without accepting anything.
+        WorkerLink& l = *sh.links[rank < W ? rank : 0];
+        DataHeader h;
+        const uint8_t* payload = nullptr;
+        if (l.push_rx->OnFrame(pf.dblp, pf.dblp_len, &h, &payload) ==
+            Verdict::kAccepted) {
+          reducer.Accumulate(h.seq, payload);
+          if (!l.learned) {
+            l.learned = true;
+            l.port = p;
+            Endpoint local{caps[p].mac, local_ip,
+                           static_cast<uint16_t>(o.udp_port + 1 + rank)};
+            Endpoint peer = pf.src;
+            peer.udp_port = static_cast<uint16_t>(o.udp_port + 1 + rank);
+            l.tmpl = FrameTemplate(local, peer, caps[p]);
+          }
+        }
+      }
+      rte_pktmbuf_free_bulk(rx_pkts, n);
+    }
+    if (total > 0 || push_tol.deadline_ns) {
+      const uint64_t now = NowNs();
+      for (uint32_t w = 0; w < W; ++w) {
+        WorkerLink& l = *sh.links[w];
+        const StopTrigger t = l.push_rx->PollStop(now);
+        if (t != StopTrigger::kNone) {
+          l.t_push_stop = now;
+          request(CtlEvent{CtlEvent::kSendStop, 0, static_cast<uint16_t>(w),
+                           l.push_rx->round(), l.push_rx->received(),
+                           t == StopTrigger::kDeadline ? 1u : 0u, 0});
+        }
+      }
+    }
+    return total;
+  };
+
+  // Control events; returns false if the job must end.
+  auto drain_events = [&](bool* work) -> bool {
+    CtlEvent e;
+    while (events.Pop(&e)) {
+      *work = true;
+      WorkerLink& l = *sh.links[e.peer];
+      switch (e.kind) {
+        case CtlEvent::kBitmap:
+          if (e.round == l.bcast_tx.round() && l.bcast_tx.OnBitmap(l.bitmap_slot)) {
+            l.probe_out = false;
+            l.rtt_sum += static_cast<double>(e.value - l.t_probe) / 1e3;
+            ++l.rtt_n;
+          }
+          l.slot_busy.store(false, std::memory_order_release);
+          break;
+        case CtlEvent::kStopSeen:
+          if (e.round == l.bcast_tx.round() && l.t_bcast_stop == 0) {
+            l.t_bcast_stop = e.value;
+          }
+          break;
+        case CtlEvent::kIterationDone:
+          l.said_bye = true;
+          break;
+        case CtlEvent::kPeerGone:
+          if (l.said_bye) break;
+          if (!o.continue_on_worker_loss) {
+            failure = "worker " + std::to_string(e.peer) + " (" + l.name +
+                      ") disconnected in iteration " +
+                      std::to_string(sh.iteration.load()) +
+                      "; restart the job, or run the server with "
+                      "--on_worker_loss=continue to carry on without it";
+            return false;
+          }
+          std::fprintf(stderr, "dblp-server: continuing without worker %u\n",
+                       e.peer);
+          l.alive = false;
+          if (live_count() == 0) {
+            failure = "every worker is gone";
+            return false;
+          }
+          reducer.set_num_workers(live_count());
+          break;
+        default:
+          break;
+      }
+    }
+    return true;
+  };
+
+  sh.rounds_ready.store(true, std::memory_order_release);
+  open_push(0, push_tol);
+  std::printf("dblp-server: %u workers joined; %u chunks of %u B per round\n",
+              W, N, layout.chunk_payload());
+  std::fflush(stdout);
+
+  for (uint64_t it = 0; exit_code == 0; ++it) {
+    sh.iteration.store(it, std::memory_order_relaxed);
+    loss.SetIteration(it);
+    const uint32_t push_round = PushRound(it);
+    // ---- push: wait until every live worker's receiver reached STOP ----
+    uint64_t last_progress = NowNs();
+    bool all_bye = false;
+    for (;;) {
+      bool work = poll_rx() > 0;
+      if (!drain_events(&work)) {
+        exit_code = 1;
+        break;
+      }
+      bool done = true;
+      all_bye = true;
+      for (auto& l : sh.links) {
+        if (!l->alive) continue;
+        if (!l->said_bye) all_bye = false;
+        if (!l->push_rx->stop_taken()) done = false;
+      }
+      if (done || all_bye) break;
+      const uint64_t now = NowNs();
+      if (work) {
+        backoff.Work();
+        last_progress = now;
+      } else {
+        if (g_quit.load()) {
+          failure = "interrupted";
+          exit_code = 1;
+          break;
+        }
+        if (now - last_progress > round_timeout_ns) {
+          failure = "push round " + std::to_string(push_round) +
+                    " made no progress for " +
+                    std::to_string(o.round_timeout_ms) + " ms:";
+          for (uint32_t w = 0; w < W; ++w) {
+            failure += " w" + std::to_string(w) + "=" +
+                       std::to_string(sh.links[w]->push_rx->received()) +
+                       "/" + std::to_string(N);
+          }
+          exit_code = 1;
+          break;
+        }
+        backoff.Idle();
+      }
+    }
+    if (exit_code != 0 || all_bye) break;
+
+    // ---- reduce, detect the phase, open the next push ----
+    for (auto& l : sh.links) l->push_rx->Close();
+    reducer.Finalize(o.push_fill, mean);
+    const double norm = L2Norm(mean);
+    const uint64_t push_ns = NowNs() - push_open_ns;
+    const bool in_burst = loss.InBurst();
+    for (uint32_t w = 0; w < W; ++w) {
+      WorkerLink& l = *sh.links[w];
+      IterationRecord r;
+      r.iteration = it;
+      r.rank = w;
+      r.send_latency_us =
+          l.t_push_stop ? static_cast<double>(l.t_push_stop - push_open_ns) / 1e3 : 0;
+      r.delivered_fraction = l.push_rx->delivered_fraction();
+      r.p = push_tol.p;
+      r.critical = push_tol.critical;
+      r.grad_norm = norm;
+      r.burst = in_burst;
+      report.rows.push_back(r);
+      if (!o.dump_dir.empty() && it < o.dump_iterations) {
+        Bitmap b;
+        l.push_rx->SnapshotBitmap(b);
+        DumpBinary(o.dump_dir + "/w" + std::to_string(w) + "_it" +
+                       std::to_string(it) + "_push.bits",
+                   b.words().data(), b.words().size() * sizeof(uint64_t));
+      }
+    }
+    if (!o.dump_dir.empty() && it < o.dump_iterations) {
+      DumpBinary(o.dump_dir + "/mean_it" + std::to_string(it) + ".f32",
+                 mean.data(), mean.size() * sizeof(float));
+    }
+    policy->OnIterationEnd(it, norm, push_ns);
+    const RoundTolerance next_tol = policy->Current();
+    const RoundTolerance bcast_tol =
+        o.reliable_broadcast ? RoundTolerance{} : next_tol;
+    request(CtlEvent{CtlEvent::kSendRoundBegin,
+                     static_cast<uint8_t>(Direction::kBroadcast), 0,
+                     push_round + 1, DoubleBits(bcast_tol.p),
+                     bcast_tol.deadline_ns,
+                     DoubleBits(bcast_tol.deadline_ns ? bcast_tol.min_fraction : 0)});
+    push_tol = next_tol;
+    open_push(it + 1, push_tol);
+
+    // ---- broadcast the mean to every live worker ----
+    const uint64_t bcast_start = NowNs();
+    for (uint32_t w = 0; w < W; ++w) {
+      WorkerLink& l = *sh.links[w];
+      l.order->Fill(push_round + 1, N, l.order_buf);
+      l.bcast_tx.Begin(push_round + 1, l.order_buf);
+      l.probe_out = false;
+      l.t_bcast_stop = 0;
+      l.rtt_sum = 0;
+      l.rtt_n = 0;
+    }
+    last_progress = NowNs();
+    uint32_t rr = 0;
+    for (;;) {
+      bool work = poll_rx() > 0;  // early pushes of the next iteration
+      if (!drain_events(&work)) {
+        exit_code = 1;
+        break;
+      }
+      bool done = true;
+      for (uint32_t i = 0; i < W; ++i) {
+        const uint32_t w = (rr + i) % W;
+        WorkerLink& l = *sh.links[w];
+        if (!l.alive || l.bcast_tx.finished()) continue;
+        done = false;
+        const uint32_t k = l.bcast_tx.NextBurst(seqs.data(), o.burst);
+        if (k > 0) {
+          ChunkTransmitter tx{l.port, 0, pool, &loss, &ctr, 64};
+          tx.Send(l.tmpl,
+                  DataHeader{FrameType::kBroadcast, session, kServerRank, 0,
+                             push_round + 1, 0},
+                  seqs.data(), k, mean_bytes, layout);
+          work = true;
+        }
+        if (l.bcast_tx.state() == SenderRound::State::kAwaitingBitmap &&
+            !l.probe_out) {
+          l.probe_out = true;
+          l.t_probe = NowNs();
+          request(CtlEvent{CtlEvent::kSendProbe, 1, static_cast<uint16_t>(w),
+                           push_round + 1, l.bcast_tx.passes(), 0, 0});
+        }
+      }
+      rr = (rr + 1) % W;
+      if (done) break;
+      const uint64_t now = NowNs();
+      if (work) {
+        backoff.Work();
+        last_progress = now;
+      } else {
+        if (g_quit.load()) {
+          failure = "interrupted";
+          exit_code = 1;
+          break;
+        }
+        if (now - last_progress > round_timeout_ns) {
+          failure = "broadcast round " + std::to_string(push_round + 1) +
+                    " made no progress for " +
+                    std::to_string(o.round_timeout_ms) + " ms";
+          exit_code = 1;
+          break;
+        }
+        backoff.Idle();
+      }
+    }
+    // Complete the rows of this iteration with the broadcast side.
+    for (uint32_t w = 0; w < W; ++w) {
+      WorkerLink& l = *sh.links[w];
+      IterationRecord& r = report.rows[report.rows.size() - W + w];
+      r.bcast_latency_us =
+          l.t_bcast_stop ? static_cast<double>(l.t_bcast_stop - bcast_start) / 1e3 : 0;
+      r.bcast_passes = l.bcast_tx.passes();
+      r.packets_sent = l.bcast_tx.packets_sent();
+      r.packets_resent = l.bcast_tx.packets_resent();
+      r.control_rtt_us = l.rtt_n ? l.rtt_sum / l.rtt_n : 0;
+    }
+  }
+  shutdown();
+
+  report.counters = {
+      {"rx_frames", ctr.rx_frames.load()},
+      {"tx_frames", ctr.tx_frames.load()},
+      {"injected_drops", loss.dropped()},
+      {"injected_drops_in_burst", loss.dropped_in_burst()},
+      {"tx_full_drops", ctr.tx_full_drops.load()},
+      {"mbuf_alloc_failures", ctr.mbuf_alloc_failures.load()},
+      {"bitmaps_dropped", sh.bitmaps_dropped.load()},
+      {"control_messages_in", sidecar.messages_in()},
+      {"control_messages_out", sidecar.messages_out()},
+      {"control_protocol_errors", sidecar.protocol_errors()},
+  };
+  for (int v = 0; v < kNumVerdicts; ++v) {
+    uint64_t sum = 0;
+    for (auto& l : sh.links) sum += l->push_rx->verdict_count(static_cast<Verdict>(v));
+    report.counters.emplace_back(
+        std::string("push_") + VerdictName(static_cast<Verdict>(v)), sum);
+  }
+  for (int s = 1; s < kNumDecodeStatus; ++s) {
+    uint64_t sum = 0;
+    for (auto& l : sh.links) {
+      sum += l->push_rx->decode_error_count(static_cast<DecodeStatus>(s));
+    }
+    report.counters.emplace_back(
+        std::string("decode_") + DecodeStatusName(static_cast<DecodeStatus>(s)),
+        sum);
+  }
+  for (int s = 1; s < kNumFrameStatus; ++s) {
+    report.counters.emplace_back(
+        std::string("frame_") + FrameStatusName(static_cast<FrameStatus>(s)),
+        ctr.frame_drops[s].load());
+  }
+  PortDrops total{};
+  for (uint16_t p = 0; p < nb_ports; ++p) {
+    const PortDrops d = ReadPortDrops(p);
+    total.imissed += d.imissed;
+    total.rx_nombuf += d.rx_nombuf;
+    total.oerrors += d.oerrors;
+  }
+  report.counters.emplace_back("device_imissed", total.imissed);
+  report.counters.emplace_back("device_rx_nombuf", total.rx_nombuf);
+  report.counters.emplace_back("device_oerrors", total.oerrors);
+  report.info = {{"loss", FormatLossSpec(o.loss)},
+                 {"push_fill", FillModeName(o.push_fill)},
+                 {"broadcast", o.reliable_broadcast ? "reliable" : "same_p"}};
+  std::fputs(FormatRunSummary(report).c_str(), stdout);
+  if (!o.out_dir.empty()) {
+    std::string werr;
+    if (!WriteRunReport(o.out_dir, report, &werr)) {
+      std::fprintf(stderr, "dblp-server: %s\n", werr.c_str());
+      exit_code = exit_code ? exit_code : 1;
+    }
+  }
+  if (exit_code != 0) {
+    std::fprintf(stderr, "dblp-server: %s\n", failure.c_str());
+  }
+  for (uint16_t p = 0; p < nb_ports; ++p) {
+    rte_eth_dev_stop(p);
+    rte_eth_dev_close(p);
+  }
+  return exit_code;
+}
+
+}  // namespace dblp
