@@ -14,7 +14,7 @@
 #include "dblp/loss_model.h"
 #include "dblp/send_order.h"
 #include "dblp/synthetic_gradient.h"
-#include "port.h"
+#include "app_options.h"
 
 DEFINE_uint32(mtu, 1500, "IP MTU of the data frames (576..9216; jumbo "
               "needs a device that supports it)");
@@ -46,6 +46,8 @@ DEFINE_uint64(seed, 1, "seed of the loss injector and the send order");
 DEFINE_string(send_order, "permuted", "sequential | rotating | permuted");
 DEFINE_uint32(round_timeout_ms, 30000, "fail with a clear error when a round "
               "makes no progress for this long");
+DEFINE_string(dump_dir, "", "test hook: dump what arrived (means, bitmaps)");
+DEFINE_uint32(dump_iterations, 0, "test hook: iterations to dump");
 
 namespace dblp {
 
@@ -62,6 +64,31 @@ inline std::pair<uint64_t, uint64_t> ParsePair(const std::string& text,
               ": expected FIRST,LAST with FIRST <= LAST, e.g. 10,1000");
   }
   return {v[0], v[1]};
+}
+
+inline PortOptions PortOptionsFromFlags();
+inline LossSpec LossFromFlags();
+inline BurstSchedule BurstsFromFlags();
+inline SendOrderKind SendOrderFromFlags();
+
+// Everything DatapathOptions holds, from the shared flags.
+inline DatapathOptions DatapathOptionsFromFlags() {
+  DatapathOptions d;
+  d.port = PortOptionsFromFlags();
+  d.mbufs = FLAGS_mbufs;
+  d.burst = FLAGS_burst;
+  d.loss = LossFromFlags();
+  d.bursts = BurstsFromFlags();
+  d.seed = FLAGS_seed;
+  d.send_order = SendOrderFromFlags();
+  d.idle_spin = FLAGS_idle_spin;
+  d.idle_sleep_us = FLAGS_idle_sleep_us;
+  d.stats_period_s = FLAGS_stats_period;
+  d.round_timeout_ms = FLAGS_round_timeout_ms;
+  d.out_dir = FLAGS_out_dir;
+  d.dump_dir = FLAGS_dump_dir;
+  d.dump_iterations = FLAGS_dump_iterations;
+  return d;
 }
 
 inline PortOptions PortOptionsFromFlags() {

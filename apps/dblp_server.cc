@@ -34,8 +34,6 @@ DEFINE_string(on_worker_loss, "abort", "abort | continue (without the "
 DEFINE_uint32(session, 0, "session id (0 = random)");
 DEFINE_uint32(join_timeout_ms, 60000, "give up waiting for workers after "
               "this long");
-DEFINE_string(dump_dir, "", "test hook: dump means and push bitmaps");
-DEFINE_uint32(dump_iterations, 0, "test hook: iterations to dump");
 
 int main(int argc, char** argv) {
   const int eal_args = dblp::InitEalOrDie(argc, argv);
@@ -57,9 +55,7 @@ int main(int argc, char** argv) {
     dblp::FlagError("--udp_port must leave room for one port per worker");
   }
   o.udp_port = static_cast<uint16_t>(FLAGS_udp_port);
-  o.port = dblp::PortOptionsFromFlags();
-  o.mbufs = FLAGS_mbufs;
-  o.burst = FLAGS_burst;
+  o.dp = dblp::DatapathOptionsFromFlags();
   try {
     o.policy.kind = dblp::ParsePolicyKind(FLAGS_policy);
     o.policy.p_fixed = FLAGS_p_fixed;
@@ -85,20 +81,8 @@ int main(int argc, char** argv) {
                     ": use abort or continue");
   }
   o.continue_on_worker_loss = FLAGS_on_worker_loss == "continue";
-  o.loss = dblp::LossFromFlags();
-  o.bursts = dblp::BurstsFromFlags();
-  o.loss_seed = FLAGS_seed;
-  o.order_seed = FLAGS_seed;
-  o.send_order = dblp::SendOrderFromFlags();
   o.session = FLAGS_session;
-  o.idle_spin = FLAGS_idle_spin;
-  o.idle_sleep_us = FLAGS_idle_sleep_us;
-  o.stats_period_s = FLAGS_stats_period;
   o.join_timeout_ms = FLAGS_join_timeout_ms;
-  o.round_timeout_ms = FLAGS_round_timeout_ms;
-  o.out_dir = FLAGS_out_dir;
-  o.dump_dir = FLAGS_dump_dir;
-  o.dump_iterations = FLAGS_dump_iterations;
   const int rc = dblp::RunServer(o);
   rte_eal_cleanup();
   return rc;

@@ -25,8 +25,6 @@ DEFINE_string(bcast_fill, "zero", "fill of chunks missing from the "
 DEFINE_uint32(join_timeout_ms, 30000, "give up joining after this long");
 DEFINE_uint32(hostile_per_round, 0, "test hook: stale and malformed frames "
               "sent at the server each round");
-DEFINE_string(dump_dir, "", "test hook: dump received means and bitmaps");
-DEFINE_uint32(dump_iterations, 0, "test hook: iterations to dump");
 
 int main(int argc, char** argv) {
   const int eal_args = dblp::InitEalOrDie(argc, argv);
@@ -47,28 +45,14 @@ int main(int argc, char** argv) {
   o.local_ip = FLAGS_local_ip;
   o.eth_peer = FLAGS_eth_peer;
   o.iterations = FLAGS_iterations;
-  o.port = dblp::PortOptionsFromFlags();
-  o.mbufs = FLAGS_mbufs;
-  o.burst = FLAGS_burst;
-  o.loss = dblp::LossFromFlags();
-  o.bursts = dblp::BurstsFromFlags();
-  o.loss_seed = FLAGS_seed;
-  o.order_seed = FLAGS_seed;
-  o.send_order = dblp::SendOrderFromFlags();
+  o.dp = dblp::DatapathOptionsFromFlags();
   try {
     o.bcast_fill = dblp::ParseFillMode(FLAGS_bcast_fill);
   } catch (const std::invalid_argument& e) {
     dblp::FlagError(std::string("--bcast_fill: ") + e.what());
   }
-  o.idle_spin = FLAGS_idle_spin;
-  o.idle_sleep_us = FLAGS_idle_sleep_us;
-  o.stats_period_s = FLAGS_stats_period;
   o.join_timeout_ms = FLAGS_join_timeout_ms;
-  o.round_timeout_ms = FLAGS_round_timeout_ms;
-  o.out_dir = FLAGS_out_dir;
   o.hostile_per_round = FLAGS_hostile_per_round;
-  o.dump_dir = FLAGS_dump_dir;
-  o.dump_iterations = FLAGS_dump_iterations;
 
   std::unique_ptr<dblp::GradientSource> source;
   try {

@@ -14,10 +14,13 @@
 #include <cstdint>
 #include <string>
 
+#include "dblp/bitmap.h"
 #include "dblp/chunking.h"
+#include "dblp/control.h"
 #include "dblp/loss_model.h"
 #include "dblp/sender_round.h"
 #include "dblp/wire.h"
+#include "eal_app.h"
 #include "frame_builder.h"
 
 namespace dblp {
@@ -98,6 +101,72 @@ class EventRing {
 
  private:
   rte_ring* ring_ = nullptr;
+};
+
+// A BITMAP handed from the sidecar to the datapath. One per sender: a
+// sender has at most one PROBE outstanding, so at most one BITMAP is in
+// flight; a second one while the first is unread is counted and dropped.
+class BitmapMailbox {
+ public:
+  // Sidecar. Returns false (counted) if the slot is busy or the words do
+  // not fit `num_bits`.
+  bool Post(const BitmapMsg& m) {
+    if (busy_.load(std::memory_order_acquire)) {
+      dropped_.fetch_add(1, std::memory_order_relaxed);
+      return false;
+    }
+    slot_.Resize(m.num_bits);
+    if (!slot_.AssignWords(m.words)) {
+      dropped_.fetch_add(1, std::memory_order_relaxed);
+      return false;
+    }
+    busy_.store(true, std::memory_order_release);
+    return true;
+  }
+  // Datapath, after the event announcing the post: read, then Release.
+  const Bitmap& slot() const { return slot_; }
+  void Release() { busy_.store(false, std::memory_order_release); }
+  uint64_t dropped() const { return dropped_.load(std::memory_order_relaxed); }
+
+ private:
+  Bitmap slot_;                          // sidecar: wo while !busy; dp: ro
+  std::atomic<bool> busy_{false};        // sidecar: sets; datapath: clears
+  std::atomic<uint64_t> dropped_{0};     // sidecar: wo
+};
+
+// The idle back-off and no-progress watchdog of a round's poll loop.
+class RoundPacer {
+ public:
+  enum class Step : uint8_t { kContinue, kTimedOut, kQuit };
+  RoundPacer(uint32_t idle_spin, uint32_t idle_sleep_us, uint32_t timeout_ms,
+             const std::atomic<bool>* quit)
+      : backoff_(idle_spin, idle_sleep_us),
+        timeout_ns_(uint64_t{timeout_ms} * 1000000),
+        timeout_ms_(timeout_ms),
+        quit_(quit) {}
+  void Start() { last_progress_ = NowNs(); }
+  // After one loop iteration; `work` = anything was received, sent or
+  // handled. Sleeps when idle (sharing few cores with other processes).
+  Step After(bool work) {
+    if (work) {
+      backoff_.Work();
+      last_progress_ = NowNs();
+      return Step::kContinue;
+    }
+    if (quit_->load(std::memory_order_relaxed)) return Step::kQuit;
+    if (NowNs() - last_progress_ > timeout_ns_) return Step::kTimedOut;
+    backoff_.Idle();
+    return Step::kContinue;
+  }
+  uint32_t timeout_ms() const { return timeout_ms_; }
+  uint64_t sleeps() const { return backoff_.sleeps(); }
+
+ private:
+  IdleBackoff backoff_;
+  uint64_t timeout_ns_;
+  uint32_t timeout_ms_;
+  const std::atomic<bool>* quit_;
+  uint64_t last_progress_ = 0;
 };
 
 // Sends the chunks a SenderRound hands out, built straight into mbufs.

@@ -1,1 +1,159 @@
 #include "eal_app.h"
+
+#include <rte_cycles.h>
+#include <rte_debug.h>
+#include <rte_eal.h>
+#include <rte_errno.h>
+#include <rte_pause.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+namespace dblp {
+
+namespace {
+
+// What to try when rte_eal_init fails with `err` (rte_errno).
+std::string EalFix(int err) {
+  switch (err) {
+    case EACCES:
+      return "run as root (or with CAP_SYS_ADMIN/CAP_IPC_LOCK), or check the "
+             "permissions of /dev/hugepages and /var/run/dpdk";
+    case ENOMEM:
+      return "reserve hugepages (deploy/ or `echo 512 > /proc/sys/vm/"
+             "nr_hugepages`) or run without them: --no-huge -m 512 --no-pci; "
+             "lower -m/--socket-mem if the machine is short of memory";
+    case EALREADY:
+      return "the EAL is already initialised in this process";
+    case EINVAL:
+      return "check the EAL options before `--` (run with `-h` for the list); "
+             "app options go after `--`";
+    case ENODEV:
+    case ENOTSUP:
+      return "a --vdev/-a device has no driver: check the PMD name "
+             "(net_ring0, net_memif0, net_af_packet0, net_tap0) and that the "
+             "PMDs are installed (-d <pmd .so or dir> to load one by hand)";
+    case EEXIST:
+    case EBUSY:
+    case EPROTO:
+      return "another DPDK process uses the same runtime directory: give each "
+             "process its own --file-prefix=<name> (or --in-memory)";
+    default:
+      return "try --no-huge -m 512 --no-pci --file-prefix=<unique name>, and "
+             "--log-level=*:debug to see which EAL step failed";
+  }
+}
+
+}  // namespace
+
+[[noreturn]] void Die(const std::string& what, const std::string& fix) {
+  rte_exit(EXIT_FAILURE, "%s. Try: %s\n", what.c_str(), fix.c_str());
+}
+
+int InitEalOrDie(int argc, char** argv) {
+  std::string line = "dblp: command line:";
+  for (int i = 0; i < argc; ++i) {
+    line += ' ';
+    line += argv[i];
+  }
+  std::fprintf(stderr, "%s\n", line.c_str());
+  std::fflush(stderr);
+
+  const int ret = rte_eal_init(argc, argv);
+  if (ret < 0) {
+    const int err = rte_errno;
+    Die(std::string("EAL initialisation failed: ") + rte_strerror(err),
+        EalFix(err));
+  }
+  return ret;
+}
+
+bool ParseIpv4(const std::string& text, uint32_t* out) {
+  uint32_t addr = 0;
+  int octets = 0;
+  size_t i = 0;
+  const size_t n = text.size();
+  while (octets < 4) {
+    if (i >= n || text[i] < '0' || text[i] > '9') return false;
+    uint32_t v = 0;
+    size_t digits = 0;
+    while (i < n && text[i] >= '0' && text[i] <= '9') {
+      v = v * 10 + static_cast<uint32_t>(text[i] - '0');
+      ++digits;
+      ++i;
+      if (digits > 3 || v > 255) return false;
+    }
+    addr = (addr << 8) | v;
+    ++octets;
+    if (octets < 4) {
+      if (i >= n || text[i] != '.') return false;
+      ++i;
+    }
+  }
+  if (i != n) return false;
+  *out = addr;
+  return true;
+}
+
+std::string FormatIpv4(uint32_t host_order) {
+  char buf[16];
+  std::snprintf(buf, sizeof(buf), "%u.%u.%u.%u", (host_order >> 24) & 0xFFu,
+                (host_order >> 16) & 0xFFu, (host_order >> 8) & 0xFFu,
+                host_order & 0xFFu);
+  return buf;
+}
+
+namespace {
+int HexDigit(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+}  // namespace
+
+bool ParseMac(const std::string& text, uint8_t out[6]) {
+  // Exactly "xx:xx:xx:xx:xx:xx" (also '-' as separator), two hex digits each.
+  if (text.size() != 17) return false;
+  const char sep = text[2];
+  if (sep != ':' && sep != '-') return false;
+  uint8_t mac[6];
+  for (int b = 0; b < 6; ++b) {
+    const size_t pos = static_cast<size_t>(b) * 3;
+    const int hi = HexDigit(text[pos]);
+    const int lo = HexDigit(text[pos + 1]);
+    if (hi < 0 || lo < 0) return false;
+    if (b < 5 && text[pos + 2] != sep) return false;
+    mac[b] = static_cast<uint8_t>(hi * 16 + lo);
+  }
+  std::copy(mac, mac + 6, out);
+  return true;
+}
+
+std::string FormatMac(const uint8_t mac[6]) {
+  char buf[18];
+  std::snprintf(buf, sizeof(buf), "%02x:%02x:%02x:%02x:%02x:%02x", mac[0],
+                mac[1], mac[2], mac[3], mac[4], mac[5]);
+  return buf;
+}
+
+void IdleBackoff::Idle() {
+  if (empty_ < spin_polls_) {
+    ++empty_;
+    rte_pause();
+    return;
+  }
+  if (max_sleep_us_ == 0) {
+    rte_pause();
+    return;
+  }
+  // nanosleep, not a busy delay: the point is to give the core away.
+  rte_delay_us_sleep(sleep_us_);
+  ++sleeps_;
+  sleep_us_ = std::min(sleep_us_ * 2, max_sleep_us_);
+}
+
+}  // namespace dblp

@@ -1,1 +1,220 @@
 #include "frame_builder.h"
+
+#include <rte_byteorder.h>
+
+#include <cstring>
+
+namespace dblp {
+
+namespace {
+
+constexpr uint32_t kEthBytes = sizeof(rte_ether_hdr);
+constexpr uint32_t kIpBytes = sizeof(rte_ipv4_hdr);
+constexpr uint32_t kUdpBytes = sizeof(rte_udp_hdr);
+constexpr uint8_t kIpVersionIhl = 0x45;  // IPv4, 5 words, no options
+constexpr uint8_t kTtl = 64;
+constexpr uint64_t kTxCksumFlags = RTE_MBUF_F_TX_IPV4 |
+                                   RTE_MBUF_F_TX_IP_CKSUM |
+                                   RTE_MBUF_F_TX_L4_MASK;
+
+// The frame's headers. Every DPDK header struct is packed (alignment <= 2),
+// so these casts are valid at any offset.
+rte_ether_hdr* EthAt(uint8_t* p) { return reinterpret_cast<rte_ether_hdr*>(p); }
+rte_ipv4_hdr* IpAt(uint8_t* p) {
+  return reinterpret_cast<rte_ipv4_hdr*>(p + kEthBytes);
+}
+rte_udp_hdr* UdpAt(uint8_t* p) {
+  return reinterpret_cast<rte_udp_hdr*>(p + kEthBytes + kIpBytes);
+}
+
+// True if the UDP checksum over `ulen` bytes at `udp`, with the IPv4
+// pseudo-header of `ip` (length = ulen), verifies.
+bool UdpChecksumOk(const rte_ipv4_hdr* ip, const uint8_t* udp, uint16_t ulen) {
+  struct __attribute__((packed)) PseudoHeader {
+    uint32_t src, dst;
+    uint8_t zero, proto;
+    uint16_t len_be;
+  } ph;
+  ph.src = ip->src_addr;
+  ph.dst = ip->dst_addr;
+  ph.zero = 0;
+  ph.proto = ip->next_proto_id;
+  ph.len_be = rte_cpu_to_be_16(ulen);
+  uint32_t sum = rte_raw_cksum(&ph, sizeof(ph));
+  sum += rte_raw_cksum(udp, ulen);
+  sum = (sum & 0xFFFFu) + (sum >> 16);
+  sum = (sum & 0xFFFFu) + (sum >> 16);
+  return sum == 0xFFFFu;
+}
+
+}  // namespace
+
+FrameTemplate::FrameTemplate(const Endpoint& src, const Endpoint& dst,
+                             const PortCaps& caps)
+    : src_(src),
+      dst_(dst),
+      ip_offload_(caps.tx_ipv4_cksum_offload),
+      udp_offload_(caps.tx_udp_cksum_offload && !caps.udp_cksum_zero),
+      udp_zero_(caps.udp_cksum_zero) {
+  rte_ether_hdr* eth = EthAt(hdr_);
+  rte_ether_addr_copy(&dst.mac, &eth->dst_addr);
+  rte_ether_addr_copy(&src.mac, &eth->src_addr);
+  eth->ether_type = rte_cpu_to_be_16(RTE_ETHER_TYPE_IPV4);
+
+  rte_ipv4_hdr* ip = IpAt(hdr_);
+  ip->version_ihl = kIpVersionIhl;
+  ip->type_of_service = 0;
+  ip->total_length = 0;  // per packet
+  ip->packet_id = 0;     // per packet
+  ip->fragment_offset = rte_cpu_to_be_16(RTE_IPV4_HDR_DF_FLAG);
+  ip->time_to_live = kTtl;
+  ip->next_proto_id = IPPROTO_UDP;
+  ip->hdr_checksum = 0;
+  ip->src_addr = rte_cpu_to_be_32(src.ipv4);
+  ip->dst_addr = rte_cpu_to_be_32(dst.ipv4);
+
+  rte_udp_hdr* udp = UdpAt(hdr_);
+  udp->src_port = rte_cpu_to_be_16(src.udp_port);
+  udp->dst_port = rte_cpu_to_be_16(dst.udp_port);
+  udp->dgram_len = 0;    // per packet
+  udp->dgram_cksum = 0;  // per packet
+}
+
+bool FrameTemplate::Build(rte_mbuf* m, const DataHeader& h,
+                          const uint8_t* payload) {
+  const uint32_t udp_len = kUdpBytes + kDataHeaderBytes + h.payload_len;
+  const uint32_t ip_len = kIpBytes + udp_len;
+  if (ip_len > UINT16_MAX || rte_pktmbuf_pkt_len(m) != 0) return false;
+  const uint32_t frame_len = kEthBytes + ip_len;
+  uint8_t* p = reinterpret_cast<uint8_t*>(
+      rte_pktmbuf_append(m, static_cast<uint16_t>(frame_len)));
+  if (p == nullptr) return false;
+
+  std::memcpy(p, hdr_, kL2L3L4Bytes);
+  rte_ipv4_hdr* ip = IpAt(p);
+  rte_udp_hdr* udp = UdpAt(p);
+  ip->total_length = rte_cpu_to_be_16(static_cast<uint16_t>(ip_len));
+  ip->packet_id = rte_cpu_to_be_16(ip_id_++);
+  udp->dgram_len = rte_cpu_to_be_16(static_cast<uint16_t>(udp_len));
+
+  uint8_t* dblp = p + kL2L3L4Bytes;
+  EncodeDataHeader(h, dblp);
+  if (h.payload_len != 0) {
+    std::memcpy(dblp + kDataHeaderBytes, payload, h.payload_len);
+  }
+
+  uint64_t flags = 0;
+  if (ip_offload_) {
+    flags |= RTE_MBUF_F_TX_IPV4 | RTE_MBUF_F_TX_IP_CKSUM;
+  } else {
+    ip->hdr_checksum = rte_ipv4_cksum(ip);
+  }
+  if (udp_zero_) {
+    // Already 0 from the template: "no checksum", legal in IPv4.
+  } else if (udp_offload_) {
+    flags |= RTE_MBUF_F_TX_IPV4 | RTE_MBUF_F_TX_UDP_CKSUM;
+    udp->dgram_cksum = rte_ipv4_phdr_cksum(ip, flags);
+  } else {
+    udp->dgram_cksum = rte_ipv4_udptcp_cksum(ip, udp);
+  }
+  m->ol_flags = (m->ol_flags & ~kTxCksumFlags) | flags;
+  if (flags != 0) {
+    m->l2_len = kEthBytes;
+    m->l3_len = kIpBytes;
+  }
+  return true;
+}
+
+const char* FrameStatusName(FrameStatus s) {
+  switch (s) {
+    case FrameStatus::kOk:
+      return "ok";
+    case FrameStatus::kTooShort:
+      return "too_short";
+    case FrameStatus::kNotIpv4:
+      return "not_ipv4";
+    case FrameStatus::kBadIpHeader:
+      return "bad_ip_header";
+    case FrameStatus::kFragment:
+      return "fragment";
+    case FrameStatus::kNotUdp:
+      return "not_udp";
+    case FrameStatus::kBadUdpLength:
+      return "bad_udp_length";
+    case FrameStatus::kBadIpChecksum:
+      return "bad_ip_checksum";
+    case FrameStatus::kBadUdpChecksum:
+      return "bad_udp_checksum";
+    case FrameStatus::kWrongPort:
+      return "wrong_port";
+  }
+  return "unknown";
+}
+
+FrameStatus ParseFrame(const rte_mbuf* m, uint16_t port_lo, uint16_t port_hi,
+                       ParsedFrame* out) {
+  // Only the first segment is looked at: DBLP frames always fit one mbuf
+  // (CreatePoolOrDie sizes them), so a frame whose IP datagram runs past the
+  // first segment is rejected as kBadIpHeader instead of being gathered.
+  const uint32_t len = rte_pktmbuf_data_len(m);
+  if (len < kL2L3L4Bytes) return FrameStatus::kTooShort;
+  uint8_t* p = rte_pktmbuf_mtod(m, uint8_t*);
+
+  const rte_ether_hdr* eth = EthAt(p);
+  if (eth->ether_type != rte_cpu_to_be_16(RTE_ETHER_TYPE_IPV4)) {
+    return FrameStatus::kNotIpv4;
+  }
+
+  const rte_ipv4_hdr* ip = IpAt(p);
+  if ((ip->version_ihl >> 4) != 4) return FrameStatus::kBadIpHeader;
+  const uint32_t ihl = (ip->version_ihl & RTE_IPV4_HDR_IHL_MASK) *
+                       RTE_IPV4_IHL_MULTIPLIER;
+  const uint32_t ip_len = rte_be_to_cpu_16(ip->total_length);
+  if (ihl < kIpBytes || kEthBytes + ihl + kUdpBytes > len ||
+      ip_len < ihl + kUdpBytes || kEthBytes + ip_len > len) {
+    return FrameStatus::kBadIpHeader;
+  }
+
+  const uint64_t ip_flag = m->ol_flags & RTE_MBUF_F_RX_IP_CKSUM_MASK;
+  if (ip_flag == RTE_MBUF_F_RX_IP_CKSUM_BAD) {
+    return FrameStatus::kBadIpChecksum;
+  }
+  if (ip_flag == RTE_MBUF_F_RX_IP_CKSUM_UNKNOWN &&
+      rte_raw_cksum(ip, ihl) != 0xFFFFu) {
+    return FrameStatus::kBadIpChecksum;
+  }
+
+  const uint16_t frag = rte_be_to_cpu_16(ip->fragment_offset);
+  if ((frag & (RTE_IPV4_HDR_MF_FLAG | RTE_IPV4_HDR_OFFSET_MASK)) != 0) {
+    return FrameStatus::kFragment;
+  }
+  if (ip->next_proto_id != IPPROTO_UDP) return FrameStatus::kNotUdp;
+
+  uint8_t* l4 = p + kEthBytes + ihl;
+  const rte_udp_hdr* udp = reinterpret_cast<const rte_udp_hdr*>(l4);
+  const uint32_t ulen = rte_be_to_cpu_16(udp->dgram_len);
+  if (ulen < kUdpBytes || ulen > ip_len - ihl) {
+    return FrameStatus::kBadUdpLength;
+  }
+  const uint16_t dst_port = rte_be_to_cpu_16(udp->dst_port);
+  if (dst_port < port_lo || dst_port > port_hi) return FrameStatus::kWrongPort;
+
+  const uint64_t l4_flag = m->ol_flags & RTE_MBUF_F_RX_L4_CKSUM_MASK;
+  if (l4_flag == RTE_MBUF_F_RX_L4_CKSUM_BAD) {
+    return FrameStatus::kBadUdpChecksum;
+  }
+  if (l4_flag == RTE_MBUF_F_RX_L4_CKSUM_UNKNOWN && udp->dgram_cksum != 0 &&
+      !UdpChecksumOk(ip, l4, static_cast<uint16_t>(ulen))) {
+    return FrameStatus::kBadUdpChecksum;
+  }
+
+  out->dblp = l4 + kUdpBytes;
+  out->dblp_len = static_cast<uint16_t>(ulen - kUdpBytes);
+  rte_ether_addr_copy(&eth->src_addr, &out->src.mac);
+  out->src.ipv4 = rte_be_to_cpu_32(ip->src_addr);
+  out->src.udp_port = rte_be_to_cpu_16(udp->src_port);
+  out->dst_port = dst_port;
+  return FrameStatus::kOk;
+}
+
+}  // namespace dblp

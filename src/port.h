@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <string>
 
+#include "dblp/chunking.h"  // kMinMtu, kMaxMtu
+
 namespace dblp {
 
 struct PortOptions {
@@ -18,7 +20,8 @@ struct PortOptions {
   bool promiscuous = true;     // vdevs and shared L2 segments need it
   // Checksum offload policy: "auto" uses the device's IPv4/UDP TX checksum
   // offloads when offered and software otherwise; "sw" always computes in
-  // software; "none" sends UDP checksum 0 (legal for IPv4).
+  // software; "none" sends UDP checksum 0 (legal for IPv4) and treats the
+  // IPv4 header checksum like "auto".
   std::string checksum = "auto";
 };
 
@@ -33,18 +36,30 @@ struct PortCaps {
   std::string driver;
 };
 
+// Per-lcore mempool cache of the pools CreatePoolOrDie makes (smaller for
+// tiny pools); MbufsNeeded accounts for it.
+inline constexpr uint32_t kPoolCacheSize = 256;
+
+// One line for logs: driver, MAC, MTU and which checksums are offloaded.
+std::string DescribePortCaps(const PortCaps& caps);
+
 // Creates a pktmbuf pool of `n_mbufs` mbufs big enough for `mtu`-sized
-// frames on `socket`. Dies with the memory it needed and the fix (-m,
-// --socket-mem, fewer --mbufs) if it cannot.
+// frames (one segment each) on `socket` (SOCKET_ID_ANY is fine). Dies with
+// the memory it needed and the fix (-m, --socket-mem, fewer mbufs) if it
+// cannot.
 rte_mempool* CreatePoolOrDie(const std::string& name, uint32_t n_mbufs,
                              uint32_t mtu, int socket);
 
 // Configures and starts a port. Dies naming the fix if the port does not
 // exist (list of available ports, -a/--vdev hint), the MTU or queue count
-// exceeds what the device offers, or setup fails.
+// exceeds what the device offers, the pool's mbufs cannot hold an MTU-sized
+// frame, or setup fails. TX checksum offloads are enabled in txmode (and
+// reported in PortCaps) only when the device offers them; RX IPv4+UDP
+// checksum offloads likewise. PortCaps.mac comes from rte_eth_macaddr_get.
 PortCaps SetupPortOrDie(const PortOptions& opts, rte_mempool* pool);
 
 // Mbufs a port needs: RX rings + TX rings + per-lcore caches + in flight.
+// Pure arithmetic (no EAL needed): one lcore per queue plus one more.
 uint32_t MbufsNeeded(const PortOptions& opts, uint32_t burst, uint32_t extra);
 
 // Device drops (imissed + rx_nombuf + oerrors) for the summary.

@@ -44,9 +44,7 @@ struct WorkerLink {
   SenderRound bcast_tx;
   std::unique_ptr<SendOrder> order;
   std::vector<uint32_t> order_buf;      // datapath only
-  // sidecar: writes the slot then sets busy; datapath: reads, clears busy.
-  Bitmap bitmap_slot;
-  std::atomic<bool> slot_busy{false};
+  BitmapMailbox bcast_bitmap;           // sidecar -> datapath
   // Learned from the first accepted push frame (datapath only).
   bool learned = false;
   uint16_t port = 0;
@@ -69,7 +67,6 @@ struct ServerShared {
   std::string failure;                      // sidecar: wo before `failed`
   JoinMsg first_join;                       // sidecar: wo during join
   std::atomic<uint64_t> iteration{0};       // datapath: wo; stats: ro
-  std::atomic<uint64_t> bitmaps_dropped{0}; // sidecar: wo
 };
 
 void DumpBinary(const std::string& path, const void* data, size_t n) {
@@ -92,10 +89,10 @@ int RunServer(const ServerOptions& o) {
         "NIC, or one --vdev=net_memifN,role=server,socket=/tmp/dblp-wN.sock "
         "per worker");
   }
-  PortOptions popts = o.port;
+  PortOptions popts = o.dp.port;
   const uint32_t mbufs =
-      o.mbufs ? o.mbufs
-              : nb_ports * MbufsNeeded(popts, o.burst, 1024) + 2048;
+      o.dp.mbufs ? o.dp.mbufs
+              : nb_ports * MbufsNeeded(popts, o.dp.burst, 1024) + 2048;
   rte_mempool* pool = CreatePoolOrDie("dblp_server_pool", mbufs, popts.mtu,
                                       static_cast<int>(rte_socket_id()));
   std::vector<PortCaps> caps(nb_ports);
@@ -240,17 +237,9 @@ int RunServer(const ServerOptions& o) {
                              st->round, NowNs(), 0, 0});
       }
     } else if (const auto* bm = std::get_if<BitmapMsg>(&m)) {
-      if (bm->direction != Direction::kBroadcast) return;
-      if (l.slot_busy.load(std::memory_order_acquire)) {
-        sh.bitmaps_dropped.fetch_add(1);
+      if (bm->direction != Direction::kBroadcast || !l.bcast_bitmap.Post(*bm)) {
         return;
       }
-      l.bitmap_slot.Resize(bm->num_bits);
-      if (!l.bitmap_slot.AssignWords(bm->words)) {
-        sh.bitmaps_dropped.fetch_add(1);
-        return;
-      }
-      l.slot_busy.store(true, std::memory_order_release);
       events.Push(CtlEvent{CtlEvent::kBitmap, 1, static_cast<uint16_t>(w),
                            bm->round, NowNs(), 0, 0});
     } else if (std::holds_alternative<ByeMsg>(m)) {
@@ -276,8 +265,8 @@ int RunServer(const ServerOptions& o) {
   };
   cb.on_wakeup = send_requests;
   uint64_t last_rx = 0, last_tx = 0;
-  if (o.stats_period_s > 0) {
-    cb.tick_ms = static_cast<uint32_t>(o.stats_period_s * 1000);
+  if (o.dp.stats_period_s > 0) {
+    cb.tick_ms = static_cast<uint32_t>(o.dp.stats_period_s * 1000);
     cb.on_tick = [&] {
       if (!sh.rounds_ready.load()) return;
       const uint64_t rx = ctr.rx_frames.load(std::memory_order_relaxed);
@@ -285,8 +274,8 @@ int RunServer(const ServerOptions& o) {
       const RoundTolerance t = policy->Current();
       std::printf("[server] iter %llu  rx %.0f pps  tx %.0f pps  p=%.3f%s\n",
                   static_cast<unsigned long long>(sh.iteration.load()),
-                  (rx - last_rx) / o.stats_period_s,
-                  (tx - last_tx) / o.stats_period_s, t.p,
+                  (rx - last_rx) / o.dp.stats_period_s,
+                  (tx - last_tx) / o.dp.stats_period_s, t.p,
                   t.critical ? " (critical)" : "");
       std::fflush(stdout);
       last_rx = rx;
@@ -339,23 +328,23 @@ int RunServer(const ServerOptions& o) {
     ReceiverConfig rc{session, FrameType::kPush, static_cast<int32_t>(w),
                       layout};
     l.push_rx = std::make_unique<ReceiverRound>(rc);
-    l.order = std::make_unique<SendOrder>(o.send_order, w, W,
-                                          HashMix(o.order_seed, 0xBC));
+    l.order = std::make_unique<SendOrder>(o.dp.send_order, w, W,
+                                          HashMix(o.dp.seed, 0xBC));
   }
   MeanReducer reducer(layout, W);
   std::vector<float> mean(layout.total_bytes() / sizeof(float), 0.0f);
   const auto* mean_bytes = reinterpret_cast<const uint8_t*>(mean.data());
-  LossInjector loss(o.loss, o.bursts, HashMix(o.loss_seed, 0xB0));
-  IdleBackoff backoff(o.idle_spin, o.idle_sleep_us);
+  LossInjector loss(o.dp.loss, o.dp.bursts, HashMix(o.dp.seed, 0xB0));
+  RoundPacer pacer(o.dp.idle_spin, o.dp.idle_sleep_us, o.dp.round_timeout_ms,
+                   &g_quit);
   rte_mbuf* rx_pkts[64];
-  std::vector<uint32_t> seqs(o.burst);
+  std::vector<uint32_t> seqs(o.dp.burst);
   RunReport report;
   report.role = "server";
   report.policy = policy->Describe();
-  report.burst_iterations = o.bursts.iterations;
+  report.burst_iterations = o.dp.bursts.iterations;
   int exit_code = 0;
   std::string failure;
-  const uint64_t round_timeout_ns = uint64_t{o.round_timeout_ms} * 1000000;
 
   auto request = [&](const CtlEvent& e) {
     requests.Push(e);
@@ -449,12 +438,13 @@ int RunServer(const ServerOptions& o) {
       WorkerLink& l = *sh.links[e.peer];
       switch (e.kind) {
         case CtlEvent::kBitmap:
-          if (e.round == l.bcast_tx.round() && l.bcast_tx.OnBitmap(l.bitmap_slot)) {
+          if (e.round == l.bcast_tx.round() &&
+              l.bcast_tx.OnBitmap(l.bcast_bitmap.slot())) {
             l.probe_out = false;
             l.rtt_sum += static_cast<double>(e.value - l.t_probe) / 1e3;
             ++l.rtt_n;
           }
-          l.slot_busy.store(false, std::memory_order_release);
+          l.bcast_bitmap.Release();
           break;
         case CtlEvent::kStopSeen:
           if (e.round == l.bcast_tx.round() && l.t_bcast_stop == 0) {
@@ -496,12 +486,13 @@ int RunServer(const ServerOptions& o) {
               W, N, layout.chunk_payload());
   std::fflush(stdout);
 
+  const uint64_t job_start_ns = NowNs();
   for (uint64_t it = 0; exit_code == 0; ++it) {
     sh.iteration.store(it, std::memory_order_relaxed);
     loss.SetIteration(it);
     const uint32_t push_round = PushRound(it);
     // ---- push: wait until every live worker's receiver reached STOP ----
-    uint64_t last_progress = NowNs();
+    pacer.Start();
     bool all_bye = false;
     for (;;) {
       bool work = poll_rx() > 0;
@@ -517,30 +508,21 @@ int RunServer(const ServerOptions& o) {
         if (!l->push_rx->stop_taken()) done = false;
       }
       if (done || all_bye) break;
-      const uint64_t now = NowNs();
-      if (work) {
-        backoff.Work();
-        last_progress = now;
-      } else {
-        if (g_quit.load()) {
-          failure = "interrupted";
-          exit_code = 1;
-          break;
+      const RoundPacer::Step step = pacer.After(work);
+      if (step == RoundPacer::Step::kContinue) continue;
+      failure = "interrupted";
+      if (step == RoundPacer::Step::kTimedOut) {
+        failure = "push round " + std::to_string(push_round) +
+                  " made no progress for " + std::to_string(pacer.timeout_ms()) +
+                  " ms; chunks received:";
+        for (uint32_t w = 0; w < W; ++w) {
+          failure += " w" + std::to_string(w) + "=" +
+                     std::to_string(sh.links[w]->push_rx->received()) + "/" +
+                     std::to_string(N);
         }
-        if (now - last_progress > round_timeout_ns) {
-          failure = "push round " + std::to_string(push_round) +
-                    " made no progress for " +
-                    std::to_string(o.round_timeout_ms) + " ms:";
-          for (uint32_t w = 0; w < W; ++w) {
-            failure += " w" + std::to_string(w) + "=" +
-                       std::to_string(sh.links[w]->push_rx->received()) +
-                       "/" + std::to_string(N);
-          }
-          exit_code = 1;
-          break;
-        }
-        backoff.Idle();
       }
+      exit_code = 1;
+      break;
     }
     if (exit_code != 0 || all_bye) break;
 
@@ -563,16 +545,16 @@ int RunServer(const ServerOptions& o) {
       r.grad_norm = norm;
       r.burst = in_burst;
       report.rows.push_back(r);
-      if (!o.dump_dir.empty() && it < o.dump_iterations) {
+      if (!o.dp.dump_dir.empty() && it < o.dp.dump_iterations) {
         Bitmap b;
         l.push_rx->SnapshotBitmap(b);
-        DumpBinary(o.dump_dir + "/w" + std::to_string(w) + "_it" +
+        DumpBinary(o.dp.dump_dir + "/w" + std::to_string(w) + "_it" +
                        std::to_string(it) + "_push.bits",
                    b.words().data(), b.words().size() * sizeof(uint64_t));
       }
     }
-    if (!o.dump_dir.empty() && it < o.dump_iterations) {
-      DumpBinary(o.dump_dir + "/mean_it" + std::to_string(it) + ".f32",
+    if (!o.dp.dump_dir.empty() && it < o.dp.dump_iterations) {
+      DumpBinary(o.dp.dump_dir + "/mean_it" + std::to_string(it) + ".f32",
                  mean.data(), mean.size() * sizeof(float));
     }
     policy->OnIterationEnd(it, norm, push_ns);
@@ -598,9 +580,10 @@ int RunServer(const ServerOptions& o) {
       l.rtt_sum = 0;
       l.rtt_n = 0;
     }
-    last_progress = NowNs();
+    pacer.Start();
     uint32_t rr = 0;
     for (;;) {
+      if (o.dp.bursts.HasWindow()) loss.SetTimeNs(NowNs() - job_start_ns);
       bool work = poll_rx() > 0;  // early pushes of the next iteration
       if (!drain_events(&work)) {
         exit_code = 1;
@@ -612,7 +595,7 @@ int RunServer(const ServerOptions& o) {
         WorkerLink& l = *sh.links[w];
         if (!l.alive || l.bcast_tx.finished()) continue;
         done = false;
-        const uint32_t k = l.bcast_tx.NextBurst(seqs.data(), o.burst);
+        const uint32_t k = l.bcast_tx.NextBurst(seqs.data(), o.dp.burst);
         if (k > 0) {
           ChunkTransmitter tx{l.port, 0, pool, &loss, &ctr, 64};
           tx.Send(l.tmpl,
@@ -631,25 +614,15 @@ int RunServer(const ServerOptions& o) {
       }
       rr = (rr + 1) % W;
       if (done) break;
-      const uint64_t now = NowNs();
-      if (work) {
-        backoff.Work();
-        last_progress = now;
-      } else {
-        if (g_quit.load()) {
-          failure = "interrupted";
-          exit_code = 1;
-          break;
-        }
-        if (now - last_progress > round_timeout_ns) {
-          failure = "broadcast round " + std::to_string(push_round + 1) +
-                    " made no progress for " +
-                    std::to_string(o.round_timeout_ms) + " ms";
-          exit_code = 1;
-          break;
-        }
-        backoff.Idle();
-      }
+      const RoundPacer::Step step = pacer.After(work);
+      if (step == RoundPacer::Step::kContinue) continue;
+      failure = step == RoundPacer::Step::kTimedOut
+                    ? "broadcast round " + std::to_string(push_round + 1) +
+                          " made no progress for " +
+                          std::to_string(pacer.timeout_ms()) + " ms"
+                    : "interrupted";
+      exit_code = 1;
+      break;
     }
     // Complete the rows of this iteration with the broadcast side.
     for (uint32_t w = 0; w < W; ++w) {
@@ -672,7 +645,6 @@ int RunServer(const ServerOptions& o) {
       {"injected_drops_in_burst", loss.dropped_in_burst()},
       {"tx_full_drops", ctr.tx_full_drops.load()},
       {"mbuf_alloc_failures", ctr.mbuf_alloc_failures.load()},
-      {"bitmaps_dropped", sh.bitmaps_dropped.load()},
       {"control_messages_in", sidecar.messages_in()},
       {"control_messages_out", sidecar.messages_out()},
       {"control_protocol_errors", sidecar.protocol_errors()},
@@ -704,16 +676,19 @@ int RunServer(const ServerOptions& o) {
     total.rx_nombuf += d.rx_nombuf;
     total.oerrors += d.oerrors;
   }
+  uint64_t bitmaps_dropped = 0;
+  for (auto& l : sh.links) bitmaps_dropped += l->bcast_bitmap.dropped();
+  report.counters.emplace_back("bitmaps_dropped", bitmaps_dropped);
   report.counters.emplace_back("device_imissed", total.imissed);
   report.counters.emplace_back("device_rx_nombuf", total.rx_nombuf);
   report.counters.emplace_back("device_oerrors", total.oerrors);
-  report.info = {{"loss", FormatLossSpec(o.loss)},
+  report.info = {{"loss", FormatLossSpec(o.dp.loss)},
                  {"push_fill", FillModeName(o.push_fill)},
                  {"broadcast", o.reliable_broadcast ? "reliable" : "same_p"}};
   std::fputs(FormatRunSummary(report).c_str(), stdout);
-  if (!o.out_dir.empty()) {
+  if (!o.dp.out_dir.empty()) {
     std::string werr;
-    if (!WriteRunReport(o.out_dir, report, &werr)) {
+    if (!WriteRunReport(o.dp.out_dir, report, &werr)) {
       std::fprintf(stderr, "dblp-server: %s\n", werr.c_str());
       exit_code = exit_code ? exit_code : 1;
     }

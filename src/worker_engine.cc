@@ -39,10 +39,7 @@ struct WorkerShared {
   std::atomic<bool> rounds_ready{false};
   SenderRound push_tx;                       // sidecar: RequestStop only
   std::unique_ptr<ReceiverRound> bcast_rx;   // sidecar: any-thread calls only
-  // sidecar: writes the slot, then sets busy; datapath: reads, clears busy.
-  Bitmap bitmap_slot;
-  std::atomic<bool> slot_busy{false};
-  std::atomic<uint64_t> bitmaps_dropped{0};  // sidecar: wo
+  BitmapMailbox push_bitmap;                 // sidecar -> datapath
   std::atomic<bool> server_gone{false};      // sidecar: wo
   std::string failure;                       // sidecar: wo before server_gone
   std::atomic<uint64_t> stops_sent{0};       // sidecar: wo
@@ -63,9 +60,9 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
     Die("no Ethernet port", "give the worker a port: -a <PCI address> for a "
         "NIC, or --vdev=net_memif0,role=client,socket=/tmp/dblp-w0.sock");
   }
-  PortOptions popts = o.port;
+  PortOptions popts = o.dp.port;
   const uint32_t mbufs =
-      o.mbufs ? o.mbufs : MbufsNeeded(popts, o.burst, 2048);
+      o.dp.mbufs ? o.dp.mbufs : MbufsNeeded(popts, o.dp.burst, 2048);
   rte_mempool* pool = CreatePoolOrDie("dblp_worker_pool", mbufs, popts.mtu,
                                       static_cast<int>(rte_socket_id()));
   const PortCaps caps = SetupPortOrDie(popts, pool);
@@ -101,7 +98,7 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
       // Before our rounds exist only ROUND_BEGIN matters; keep it.
       if (const auto* rb = std::get_if<RoundBeginMsg>(&m)) {
         CtlEvent ev{CtlEvent::kRoundBegin,
-                    static_cast<uint8_t>(rb->direction), 0, rb->round, 0, 0};
+                    static_cast<uint8_t>(rb->direction), 0, rb->round, 0, 0, 0};
         std::memcpy(&ev.value, &rb->p, sizeof(double));
         events.Push(ev);
       }
@@ -124,27 +121,21 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
         }
       }
       CtlEvent ev{CtlEvent::kRoundBegin, static_cast<uint8_t>(rb->direction),
-                  0, rb->round, 0, 0};
+                  0, rb->round, 0, 0, 0};
       std::memcpy(&ev.value, &rb->p, sizeof(double));
       events.Push(ev);
     } else if (const auto* st = std::get_if<StopMsg>(&m)) {
       if (st->direction == Direction::kPush) {
-        sh.push_tx.RequestStop(st->round);  // the datapath sees it next burst
-        events.Push(CtlEvent{CtlEvent::kStopSeen, 0, 0, st->round, NowNs(), 0});
+        // The time first, then the flag: the datapath sees the flag at its
+        // next burst (early stop) and finds the time already queued.
+        events.Push(CtlEvent{CtlEvent::kStopSeen, 0, 0, st->round, NowNs(), 0, 0});
+        sh.push_tx.RequestStop(st->round);
       }
     } else if (const auto* bm = std::get_if<BitmapMsg>(&m)) {
-      if (bm->direction != Direction::kPush) return;
-      if (sh.slot_busy.load(std::memory_order_acquire)) {
-        sh.bitmaps_dropped.fetch_add(1);
+      if (bm->direction != Direction::kPush || !sh.push_bitmap.Post(*bm)) {
         return;
       }
-      sh.bitmap_slot.Resize(bm->num_bits);
-      if (!sh.bitmap_slot.AssignWords(bm->words)) {
-        sh.bitmaps_dropped.fetch_add(1);
-        return;
-      }
-      sh.slot_busy.store(true, std::memory_order_release);
-      events.Push(CtlEvent{CtlEvent::kBitmap, 0, 0, bm->round, NowNs(), 0});
+      events.Push(CtlEvent{CtlEvent::kBitmap, 0, 0, bm->round, NowNs(), 0, 0});
     } else if (const auto* pr = std::get_if<ProbeMsg>(&m)) {
       if (pr->direction == Direction::kBroadcast &&
           pr->round == bcast.round()) {
@@ -185,8 +176,8 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
     }
   };
   uint64_t last_tx = 0, last_rx = 0;
-  if (o.stats_period_s > 0) {
-    cb.tick_ms = static_cast<uint32_t>(o.stats_period_s * 1000);
+  if (o.dp.stats_period_s > 0) {
+    cb.tick_ms = static_cast<uint32_t>(o.dp.stats_period_s * 1000);
     cb.on_tick = [&] {
       const uint64_t tx = ctr.tx_frames.load(std::memory_order_relaxed);
       const uint64_t rx = ctr.rx_frames.load(std::memory_order_relaxed);
@@ -194,8 +185,8 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
                   "injected drops %llu\n",
                   sh.welcome.rank,
                   static_cast<unsigned long long>(sh.iteration.load()),
-                  (tx - last_tx) / o.stats_period_s,
-                  (rx - last_rx) / o.stats_period_s,
+                  (tx - last_tx) / o.dp.stats_period_s,
+                  (rx - last_rx) / o.dp.stats_period_s,
                   static_cast<unsigned long long>(
                       ctr.injected_drops.load(std::memory_order_relaxed)));
       std::fflush(stdout);
@@ -267,14 +258,15 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
   sh.bcast_rx = std::make_unique<ReceiverRound>(rc);
   ReceiverRound& bcast = *sh.bcast_rx;
   SenderRound& push = sh.push_tx;
-  SendOrder order(o.send_order, wel.rank, wel.num_workers, o.order_seed);
+  SendOrder order(o.dp.send_order, wel.rank, wel.num_workers, o.dp.seed);
   std::vector<uint32_t> order_buf;
   sh.rounds_ready.store(true, std::memory_order_release);
 
-  LossInjector loss(o.loss, o.bursts, HashMix(o.loss_seed, wel.rank + 1));
+  LossInjector loss(o.dp.loss, o.dp.bursts, HashMix(o.dp.seed, wel.rank + 1));
   ChunkTransmitter tx{0, 0, pool, &loss, &ctr, 64};
   ChunkTransmitter clean_tx{0, 0, pool, nullptr, &ctr, 64};  // hostile frames
-  IdleBackoff backoff(o.idle_spin, o.idle_sleep_us);
+  RoundPacer pacer(o.dp.idle_spin, o.dp.idle_sleep_us, o.dp.round_timeout_ms,
+                   &g_quit);
   std::vector<float> grad(source->floats()), avg(source->floats()),
       prev_avg(source->floats(), 0.0f);
   auto* avg_bytes = reinterpret_cast<uint8_t*>(avg.data());
@@ -292,14 +284,13 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
   report.role = "worker";
   report.rank = wel.rank;
   report.policy = wel.policy;
-  report.burst_iterations = o.bursts.iterations;
+  report.burst_iterations = o.dp.bursts.iterations;
   uint32_t go_round = UINT32_MAX;  // latest push ROUND_BEGIN seen
   double announced_p = 0;
   bool have_go = false;
   rte_mbuf* rx_pkts[64];
-  std::vector<uint32_t> seqs(o.burst);
+  std::vector<uint32_t> seqs(o.dp.burst);
   int exit_code = 0;
-  const uint64_t round_timeout_ns = uint64_t{o.round_timeout_ms} * 1000000;
 
   // Frames of the previous push kept for the hostile replay test hook.
   std::vector<uint32_t> replay_seqs;
@@ -319,20 +310,21 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
         if (e.round == push.round() && *t_stop == 0) *t_stop = e.value;
         break;
       case CtlEvent::kBitmap:
-        if (e.round == push.round() && push.OnBitmap(sh.bitmap_slot)) {
+        if (e.round == push.round() && push.OnBitmap(sh.push_bitmap.slot())) {
           *probe_out = false;
           if (*t_probe != 0) {
             *rtt_sum += static_cast<double>(e.value - *t_probe) / 1e3;
             ++*rtt_n;
           }
         }
-        sh.slot_busy.store(false, std::memory_order_release);
+        sh.push_bitmap.Release();
         break;
       default:
         break;
     }
   };
 
+  const uint64_t job_start_ns = NowNs();
   for (uint64_t it = 0; it < o.iterations && exit_code == 0; ++it) {
     sh.iteration.store(it, std::memory_order_relaxed);
     source->Compute(it, grad);
@@ -348,21 +340,20 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
     bool probe_out = false;
 
     // Wait for the server to open our push round.
-    uint64_t wait_start = NowNs();
-    while (!(have_go && go_round == push_round)) {
+    pacer.Start();
+    while (!(have_go && go_round == push_round) && !sh.server_gone.load()) {
       CtlEvent e;
       bool any = false;
       while (events.Pop(&e)) {
         handle_event(e, &t_stop, &t_probe, &rtt_sum, &rtt_n, &probe_out);
         any = true;
       }
-      if (g_quit.load() || sh.server_gone.load()) break;
-      if (NowNs() - wait_start > round_timeout_ns) {
+      const RoundPacer::Step step = pacer.After(any);
+      if (step == RoundPacer::Step::kTimedOut) {
         sh.failure = "server never opened push round " +
                      std::to_string(push_round);
-        break;
       }
-      any ? backoff.Work() : backoff.Idle();
+      if (step != RoundPacer::Step::kContinue) break;
     }
     if (!(have_go && go_round == push_round)) {
       exit_code = 1;
@@ -404,12 +395,14 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
                                             o.hostile_per_round));
 
     const uint64_t t0 = NowNs();
-    uint64_t t_push_done = 0, t_bcast_done = 0, last_progress = t0;
+    uint64_t t_push_done = 0, t_bcast_done = 0;
+    pacer.Start();
     bool push_done = false, bcast_done = false;
     DataHeader proto{FrameType::kPush, wel.session,
                      static_cast<uint16_t>(wel.rank), 0, push_round, 0};
     while (!(push_done && bcast_done)) {
       bool work = false;
+      if (o.dp.bursts.HasWindow()) loss.SetTimeNs(NowNs() - job_start_ns);
       // RX first: the broadcast of the mean.
       const uint16_t n = rte_eth_rx_burst(0, 0, rx_pkts, 64);
       if (n > 0) {
@@ -457,7 +450,7 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
           push_done = true;
           t_push_done = t_stop ? t_stop : NowNs();
         } else {
-          const uint32_t k = push.NextBurst(seqs.data(), o.burst);
+          const uint32_t k = push.NextBurst(seqs.data(), o.dp.burst);
           if (k > 0) {
             tx.Send(to_server, proto, seqs.data(), k, grad_bytes, layout);
             work = true;
@@ -476,23 +469,16 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
           }
         }
       }
-      const uint64_t now = NowNs();
-      if (work) {
-        backoff.Work();
-        last_progress = now;
-      } else {
-        if (g_quit.load() || sh.server_gone.load()) break;
-        if (now - last_progress > round_timeout_ns) {
-          sh.failure = "iteration " + std::to_string(it) +
-                       ": no progress for " +
-                       std::to_string(o.round_timeout_ms) + " ms (push " +
-                       (push_done ? "done" : "pending") + ", broadcast " +
-                       std::to_string(bcast.received()) + "/" +
-                       std::to_string(layout.num_chunks()) + ")";
-          break;
-        }
-        backoff.Idle();
+      if (sh.server_gone.load()) break;
+      const RoundPacer::Step step = pacer.After(work);
+      if (step == RoundPacer::Step::kTimedOut) {
+        sh.failure = "iteration " + std::to_string(it) + ": no progress for " +
+                     std::to_string(pacer.timeout_ms()) + " ms (push " +
+                     (push_done ? "done" : "pending") + ", broadcast " +
+                     std::to_string(bcast.received()) + "/" +
+                     std::to_string(layout.num_chunks()) + ")";
       }
+      if (step != RoundPacer::Step::kContinue) break;
     }
     if (!(push_done && bcast_done)) {
       exit_code = 1;
@@ -502,9 +488,9 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
     bcast.SnapshotBitmap(arrived);
     FillMissing(avg, arrived, layout, o.bcast_fill, prev_avg);
     source->Apply(it, avg);
-    if (!o.dump_dir.empty() && it < o.dump_iterations) {
+    if (!o.dp.dump_dir.empty() && it < o.dp.dump_iterations) {
       const std::string base =
-          o.dump_dir + "/w" + std::to_string(wel.rank) + "_it" +
+          o.dp.dump_dir + "/w" + std::to_string(wel.rank) + "_it" +
           std::to_string(it);
       DumpBinary(base + "_avg.f32", avg.data(), avg.size() * sizeof(float));
       DumpBinary(base + "_bcast.bits", arrived.words().data(),
@@ -545,7 +531,7 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
       {"bcast_stale", bcast.verdict_count(Verdict::kStaleRound)},
       {"bcast_late", bcast.verdict_count(Verdict::kLate)},
       {"bcast_malformed", bcast.verdict_count(Verdict::kMalformed)},
-      {"bitmaps_dropped", sh.bitmaps_dropped.load()},
+      {"bitmaps_dropped", sh.push_bitmap.dropped()},
       {"stops_sent", sh.stops_sent.load()},
       {"control_messages_in", sidecar.messages_in()},
       {"control_messages_out", sidecar.messages_out()},
@@ -559,12 +545,12 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
         ctr.frame_drops[s].load());
   }
   report.info = {{"source", source->Describe()},
-                 {"loss", FormatLossSpec(o.loss)},
+                 {"loss", FormatLossSpec(o.dp.loss)},
                  {"driver", caps.driver}};
   std::fputs(FormatRunSummary(report).c_str(), stdout);
-  if (!o.out_dir.empty()) {
+  if (!o.dp.out_dir.empty()) {
     std::string werr;
-    if (!WriteRunReport(o.out_dir, report, &werr)) {
+    if (!WriteRunReport(o.dp.out_dir, report, &werr)) {
       std::fprintf(stderr, "dblp-worker: %s\n", werr.c_str());
       exit_code = exit_code ? exit_code : 1;
     }

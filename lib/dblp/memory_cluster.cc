@@ -77,8 +77,21 @@ struct MemoryCluster::Impl {
     Bitmap push_arrived;
   };
 
+  // Runs before any member is built, so a bad config gets this message
+  // rather than one from deep inside a member's constructor.
+  static const ClusterConfig& Validated(const ClusterConfig& c) {
+    if (c.num_workers == 0 || c.num_workers >= kServerRank) {
+      throw std::invalid_argument("in-memory cluster: need 1.." +
+                                  std::to_string(kServerRank - 1) + " workers");
+    }
+    if (c.burst == 0) {
+      throw std::invalid_argument("in-memory cluster: burst must be >= 1");
+    }
+    return c;
+  }
+
   explicit Impl(const ClusterConfig& c)
-      : cfg(c),
+      : cfg(Validated(c)),
         layout(ChunkLayout::ForMtu(c.gradient_floats * sizeof(float), c.mtu)),
         fabric(c.num_workers + 1, c.ring_size),
         policy(TolerancePolicy::Create(c.policy)),
@@ -87,13 +100,6 @@ struct MemoryCluster::Impl {
                    c.bursts_on_broadcast ? c.bursts : BurstSchedule{},
                    HashMix(c.seed, 0xB0)),
         round(c.first_round) {
-    if (c.num_workers == 0 || c.num_workers >= kServerRank) {
-      throw std::invalid_argument("in-memory cluster: need 1.." +
-                                  std::to_string(kServerRank - 1) + " workers");
-    }
-    if (c.burst == 0) {
-      throw std::invalid_argument("in-memory cluster: burst must be >= 1");
-    }
     mean.assign(c.gradient_floats, 0.0f);
     fabric.port(kServerEndpoint).set_loss(&bcast_loss);
     for (uint32_t w = 0; w < c.num_workers; ++w) {

@@ -46,7 +46,9 @@ void EncodeDataHeader(const DataHeader& h, uint8_t* out) {
 size_t BuildDataFrame(const DataHeader& h, const uint8_t* payload,
                       uint8_t* out) {
   EncodeDataHeader(h, out);
-  std::memcpy(out + kDataHeaderBytes, payload, h.payload_len);
+  if (h.payload_len != 0) {
+    std::memcpy(out + kDataHeaderBytes, payload, h.payload_len);
+  }
   return kDataHeaderBytes + h.payload_len;
 }
 

@@ -1,0 +1,32 @@
+// Options both apps' engines take: ports, pools, the loss injector on this
+// app's data TX, pacing, outputs and test hooks.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "dblp/loss_model.h"
+#include "dblp/send_order.h"
+#include "port.h"
+
+namespace dblp {
+
+struct DatapathOptions {
+  PortOptions port;            // server: applied to every port
+  uint32_t mbufs = 0;          // 0 = sized from the ports
+  uint32_t burst = 32;         // frames per TX burst
+  LossSpec loss;               // this app's data TX outside bursts
+  BurstSchedule bursts;
+  uint64_t seed = 1;           // loss injector and send order
+  SendOrderKind send_order = kDefaultSendOrder;
+  uint32_t idle_spin = 512;
+  uint32_t idle_sleep_us = 20;
+  double stats_period_s = 1.0;
+  uint32_t round_timeout_ms = 30000;  // no progress this long: fail clearly
+  std::string out_dir;
+  // Test hook: dump what arrived in the first `dump_iterations`.
+  std::string dump_dir;
+  uint32_t dump_iterations = 0;
+};
+
+}  // namespace dblp

@@ -1,0 +1,215 @@
+#!/usr/bin/env python3
+"""Multi-process memif cluster test: 1 dblp-server + 3 dblp-workers.
+
+Runs a short job with Bernoulli loss on every data link, a 70% microburst,
+stale replays and malformed frames sent at the server, and integer-valued
+gradients (sums are exact in float32). Then checks, from the dumps the apps
+write, the protocol's promises:
+
+  * the server's mean of every dumped iteration equals, bit for bit, the
+    mean recomputed here from the known gradients and the push bitmaps
+    (zero fill: sum over the workers whose chunk arrived, divided by W);
+  * each worker's average equals the server's mean on every chunk its
+    broadcast bitmap has, and is zero elsewhere;
+  * every push round delivered at least ceil((1 - p) N) chunks;
+  * stale and malformed frames were counted and dropped, and every round
+    still completed.
+
+Usage: memif_cluster_test.py BUILD_DIR
+"""
+
+import json
+import math
+import os
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+WORKERS = 3
+ITERATIONS = 12
+FLOATS = 20000
+DUMP_ITERS = 6
+MTU = 1500
+P_FIXED = 0.05
+TIMEOUT_S = 240
+
+
+def fail(msg):
+    print("FAIL: " + msg)
+    sys.exit(1)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def integer_value(j, it, rank):
+    # Must match dblp::IntegerGradientValue.
+    return float(((j * 7 + it * 3 + rank * 5) % 17) - 8)
+
+
+def f32(x):
+    return struct.unpack("<f", struct.pack("<f", x))[0]
+
+
+def read_f32(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    return struct.unpack("<%df" % (len(data) // 4), data)
+
+
+def read_bits(path, nbits):
+    with open(path, "rb") as f:
+        data = f.read()
+    words = struct.unpack("<%dQ" % (len(data) // 8), data)
+    return [bool((words[i // 64] >> (i % 64)) & 1) for i in range(nbits)]
+
+
+def main():
+    build = sys.argv[1]
+    server_bin = os.path.join(build, "apps", "dblp-server")
+    worker_bin = os.path.join(build, "apps", "dblp-worker")
+    for b in (server_bin, worker_bin):
+        if not os.access(b, os.X_OK):
+            fail("missing " + b)
+    tmp = tempfile.mkdtemp(prefix="dblp-memif-test-")
+    uniq = "t%d" % os.getpid()
+    port = free_port()
+    dump = os.path.join(tmp, "dump")
+    os.makedirs(dump)
+    common = ["--seed=11", "--loss=bernoulli:0.05", "--burst_iters=3",
+              "--burst_loss=0.7", "--stats_period=0", "--idle_sleep_us=50",
+              "--round_timeout_ms=20000"]
+    procs = []
+    try:
+        eal = ["-l", "0", "--no-huge", "-m", "256", "--no-pci",
+               "--file-prefix=dblp-%s-srv" % uniq, "--log-level=*:warning"]
+        for w in range(WORKERS):
+            eal.append("--vdev=net_memif%d,role=server,socket=%s/w%d.sock,id=0"
+                       % (w, tmp, w))
+        server = subprocess.Popen(
+            [server_bin] + eal + ["--", "--workers=%d" % WORKERS,
+                                  "--listen=127.0.0.1:%d" % port,
+                                  "--policy=fixed", "--p_fixed=%g" % P_FIXED,
+                                  "--out_dir=" + os.path.join(tmp, "server"),
+                                  "--dump_dir=" + dump,
+                                  "--dump_iterations=%d" % DUMP_ITERS] + common,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        procs.append(("server", server))
+        time.sleep(1.0)
+        cpu = "1" if os.cpu_count() and os.cpu_count() > 1 else "0"
+        for w in range(WORKERS):
+            weal = ["-l", cpu, "--no-huge", "-m", "256", "--no-pci",
+                    "--file-prefix=dblp-%s-w%d" % (uniq, w),
+                    "--log-level=*:warning",
+                    "--vdev=net_memif0,role=client,socket=%s/w%d.sock,id=0"
+                    % (tmp, w)]
+            p = subprocess.Popen(
+                [worker_bin] + weal + [
+                    "--", "--server=127.0.0.1:%d" % port,
+                    "--iterations=%d" % ITERATIONS, "--floats=%d" % FLOATS,
+                    "--gradient=integer", "--hostile_per_round=4",
+                    "--out_dir=" + os.path.join(tmp, "worker%d" % w),
+                    "--dump_dir=" + dump,
+                    "--dump_iterations=%d" % DUMP_ITERS] + common,
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            procs.append(("worker%d" % w, p))
+            time.sleep(0.2)  # join in rank order: rank == start order
+        deadline = time.time() + TIMEOUT_S
+        outputs = {}
+        for name, p in procs:
+            try:
+                out, _ = p.communicate(timeout=max(1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                fail(name + " did not finish in %d s" % TIMEOUT_S)
+            outputs[name] = out
+            if p.returncode != 0:
+                print(out[-3000:])
+                fail("%s exited with %d" % (name, p.returncode))
+    finally:
+        for _, p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+    # ---- the checks -------------------------------------------------------
+    chunk_floats = ((MTU - 20 - 8 - 20) & ~3) // 4
+    n_chunks = (FLOATS + chunk_floats - 1) // chunk_floats
+    threshold = n_chunks - math.floor(P_FIXED * n_chunks * (1 + 1e-12))
+
+    # Worker rank = join order; map names to ranks from the summaries.
+    ranks = {}
+    for w in range(WORKERS):
+        with open(os.path.join(tmp, "worker%d" % w, "summary.json")) as f:
+            ranks[w] = json.load(f)["rank"]
+    if sorted(ranks.values()) != list(range(WORKERS)):
+        fail("ranks %s" % ranks)
+
+    checked_chunks = 0
+    for it in range(DUMP_ITERS):
+        mean = read_f32(os.path.join(dump, "mean_it%d.f32" % it))
+        if len(mean) != FLOATS:
+            fail("mean size")
+        arrived = [read_bits(os.path.join(dump, "w%d_it%d_push.bits" % (r, it)),
+                             n_chunks) for r in range(WORKERS)]
+        for r in range(WORKERS):
+            got = sum(arrived[r])
+            if got < threshold:
+                fail("iteration %d worker %d: %d of %d chunks < threshold %d"
+                     % (it, r, got, n_chunks, threshold))
+        for j in range(FLOATS):
+            c = j // chunk_floats
+            s = sum(integer_value(j, it, r) for r in range(WORKERS)
+                    if arrived[r][c])
+            expect = f32(s / WORKERS)
+            if mean[j] != expect:
+                fail("iteration %d float %d: server mean %r != expected %r"
+                     % (it, j, mean[j], expect))
+        for r in range(WORKERS):
+            avg = read_f32(os.path.join(dump, "w%d_it%d_avg.f32" % (r, it)))
+            got = read_bits(os.path.join(dump, "w%d_it%d_bcast.bits" % (r, it)),
+                            n_chunks)
+            for j in range(FLOATS):
+                want = mean[j] if got[j // chunk_floats] else 0.0
+                if avg[j] != want:
+                    fail("iteration %d worker %d float %d: average %r != %r"
+                         % (it, r, j, avg[j], want))
+            checked_chunks += sum(got)
+
+    with open(os.path.join(tmp, "server", "summary.json")) as f:
+        srv = json.load(f)
+    c = srv["counters"]
+    rows = [json.loads(l) for l in open(os.path.join(tmp, "server",
+                                                     "iterations.jsonl"))]
+    if len(rows) != ITERATIONS * WORKERS:
+        fail("server recorded %d rows, expected %d" % (len(rows),
+                                                       ITERATIONS * WORKERS))
+    for row in rows:
+        if row["delivered_fraction"] * n_chunks + 1e-9 < threshold:
+            fail("round below threshold: %s" % row)
+    if c["push_stale_round"] < 4 * (ITERATIONS - 1):
+        fail("stale replays not all counted: %d" % c["push_stale_round"])
+    if c["push_accepted"] > ITERATIONS * WORKERS * n_chunks:
+        fail("more accepted than sent chunks: stale frames accepted?")
+    for key in ("push_wrong_session", "push_future_round", "push_out_of_range"):
+        if c[key] < ITERATIONS - 1:
+            fail("%s not counted: %d" % (key, c[key]))
+    if c["injected_drops"] == 0:
+        fail("no broadcast loss was injected")
+    print("memif cluster: %d iterations, %d dumped iterations checked bit for "
+          "bit (%d broadcast chunks), stale=%d wrong_session=%d future=%d "
+          "out_of_range=%d" % (ITERATIONS, DUMP_ITERS, checked_chunks,
+                               c["push_stale_round"], c["push_wrong_session"],
+                               c["push_future_round"], c["push_out_of_range"]))
+    shutil.rmtree(tmp, ignore_errors=True)
+    print("1 passed, 0 failed")
+
+
+if __name__ == "__main__":
+    main()

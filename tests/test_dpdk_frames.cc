@@ -1,0 +1,801 @@
+// In-process EAL tests of the frame builder, the frame parser and port setup,
+// over net_ring0 (its TX ring is its RX ring: every frame sent comes back).
+//
+// Custom main: the EAL runs with --no-huge on its own --file-prefix, so this
+// binary needs no hugepages, no NIC and no root.
+#include <gtest/gtest.h>
+#include <rte_cycles.h>
+#include <rte_eal.h>
+#include <rte_ethdev.h>
+#include <rte_ip.h>
+#include <rte_log.h>
+#include <rte_mbuf.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "dblp/wire.h"
+#include "eal_app.h"
+#include "frame_builder.h"
+#include "port.h"
+
+namespace dblp {
+namespace {
+
+constexpr uint16_t kPort = 0;
+constexpr uint16_t kSrcPort = 9100;
+constexpr uint16_t kDstPort = 9101;
+constexpr uint32_t kSrcIp = 0x0A000001;  // 10.0.0.1
+constexpr uint32_t kDstIp = 0x0A000002;  // 10.0.0.2
+constexpr uint16_t kFullChunk = 1452;    // 1500 - 20 - 8 - 20
+
+rte_mempool* g_pool = nullptr;
+PortCaps g_caps;
+PortOptions g_opts;
+
+Endpoint SrcEp() {
+  Endpoint e;
+  e.mac = g_caps.mac;
+  e.ipv4 = kSrcIp;
+  e.udp_port = kSrcPort;
+  return e;
+}
+
+Endpoint DstEp() {
+  Endpoint e;
+  const uint8_t mac[6] = {0x02, 0, 0, 0, 0, 0x02};
+  std::memcpy(e.mac.addr_bytes, mac, 6);
+  e.ipv4 = kDstIp;
+  e.udp_port = kDstPort;
+  return e;
+}
+
+PortCaps SwCaps() {
+  PortCaps c = g_caps;
+  c.tx_ipv4_cksum_offload = false;
+  c.tx_udp_cksum_offload = false;
+  c.udp_cksum_zero = false;
+  return c;
+}
+
+std::vector<uint8_t> Pattern(size_t n, uint32_t seed) {
+  std::vector<uint8_t> v(n);
+  for (size_t i = 0; i < n; ++i) {
+    v[i] = static_cast<uint8_t>((i * 131u + seed * 7u + 3u) & 0xFFu);
+  }
+  return v;
+}
+
+DataHeader Hdr(uint32_t seq, uint16_t len) {
+  DataHeader h;
+  h.type = FrameType::kPush;
+  h.session = 0xC0FFEE01u;
+  h.sender_rank = 3;
+  h.payload_len = len;
+  h.round = 0xFFFFFFF0u + seq;  // crosses the u32 wrap
+  h.seq = seq;
+  return h;
+}
+
+rte_mbuf* Alloc() {
+  rte_mbuf* m = rte_pktmbuf_alloc(g_pool);
+  EXPECT_NE(m, nullptr);
+  return m;
+}
+
+// Sends one mbuf on net_ring0 and returns what comes back on RX.
+rte_mbuf* Loop(rte_mbuf* m) {
+  if (rte_eth_tx_burst(kPort, 0, &m, 1) != 1) {
+    rte_pktmbuf_free(m);
+    ADD_FAILURE() << "tx_burst refused the frame";
+    return nullptr;
+  }
+  rte_mbuf* got = nullptr;
+  for (int i = 0; i < 1000 && got == nullptr; ++i) {
+    if (rte_eth_rx_burst(kPort, 0, &got, 1) == 0) got = nullptr;
+  }
+  EXPECT_NE(got, nullptr) << "frame did not come back on net_ring0";
+  return got;
+}
+
+uint8_t* Data(rte_mbuf* m) { return rte_pktmbuf_mtod(m, uint8_t*); }
+rte_ether_hdr* Eth(uint8_t* p) { return reinterpret_cast<rte_ether_hdr*>(p); }
+rte_ipv4_hdr* Ip(uint8_t* p) {
+  return reinterpret_cast<rte_ipv4_hdr*>(p + sizeof(rte_ether_hdr));
+}
+rte_udp_hdr* Udp(uint8_t* p) {
+  return reinterpret_cast<rte_udp_hdr*>(p + sizeof(rte_ether_hdr) +
+                                        sizeof(rte_ipv4_hdr));
+}
+
+// Recomputes the IPv4 and (if non-zero) UDP checksums of a frame in `m`
+// after a test mutated it, so that only the intended defect remains.
+void FixIpChecksum(rte_mbuf* m) {
+  rte_ipv4_hdr* ip = Ip(Data(m));
+  ip->hdr_checksum = 0;
+  ip->hdr_checksum = rte_ipv4_cksum(ip);
+}
+void FixUdpChecksum(rte_mbuf* m) {
+  rte_ipv4_hdr* ip = Ip(Data(m));
+  rte_udp_hdr* udp = Udp(Data(m));
+  udp->dgram_cksum = 0;
+  udp->dgram_cksum = rte_ipv4_udptcp_cksum(ip, udp);
+}
+
+// Checks every L2-L4 field of a built frame plus the DBLP bytes.
+void ExpectFrame(rte_mbuf* m, const DataHeader& h,
+                 const std::vector<uint8_t>& payload, bool udp_zero) {
+  const uint32_t frame_len = kL2L3L4Bytes + kDataHeaderBytes + h.payload_len;
+  ASSERT_EQ(m->nb_segs, 1);
+  ASSERT_EQ(rte_pktmbuf_pkt_len(m), frame_len);
+  ASSERT_EQ(rte_pktmbuf_data_len(m), frame_len);
+  uint8_t* p = Data(m);
+  const Endpoint src = SrcEp(), dst = DstEp();
+
+  const rte_ether_hdr* eth = Eth(p);
+  EXPECT_TRUE(rte_is_same_ether_addr(&eth->dst_addr, &dst.mac));
+  EXPECT_TRUE(rte_is_same_ether_addr(&eth->src_addr, &src.mac));
+  EXPECT_EQ(rte_be_to_cpu_16(eth->ether_type), RTE_ETHER_TYPE_IPV4);
+
+  const rte_ipv4_hdr* ip = Ip(p);
+  EXPECT_EQ(ip->version_ihl, 0x45);
+  EXPECT_EQ(ip->type_of_service, 0);
+  EXPECT_EQ(rte_be_to_cpu_16(ip->total_length),
+            20u + 8u + kDataHeaderBytes + h.payload_len);
+  EXPECT_EQ(rte_be_to_cpu_16(ip->fragment_offset), RTE_IPV4_HDR_DF_FLAG)
+      << "DF set, MF clear, offset 0";
+  EXPECT_EQ(ip->time_to_live, 64);
+  EXPECT_EQ(ip->next_proto_id, IPPROTO_UDP);
+  EXPECT_EQ(rte_be_to_cpu_32(ip->src_addr), kSrcIp);
+  EXPECT_EQ(rte_be_to_cpu_32(ip->dst_addr), kDstIp);
+  EXPECT_NE(ip->hdr_checksum, 0);
+  EXPECT_EQ(rte_raw_cksum(ip, sizeof(*ip)), 0xFFFF) << "IPv4 checksum";
+  rte_ipv4_hdr copy = *ip;
+  copy.hdr_checksum = 0;
+  EXPECT_EQ(rte_ipv4_cksum(&copy), ip->hdr_checksum);
+
+  const rte_udp_hdr* udp = Udp(p);
+  EXPECT_EQ(rte_be_to_cpu_16(udp->src_port), kSrcPort);
+  EXPECT_EQ(rte_be_to_cpu_16(udp->dst_port), kDstPort);
+  EXPECT_EQ(rte_be_to_cpu_16(udp->dgram_len),
+            8u + kDataHeaderBytes + h.payload_len);
+  if (udp_zero) {
+    EXPECT_EQ(udp->dgram_cksum, 0);
+  } else {
+    EXPECT_NE(udp->dgram_cksum, 0);
+    EXPECT_EQ(rte_ipv4_udptcp_cksum_verify(ip, udp), 0) << "UDP checksum";
+  }
+
+  DataHeader got;
+  ASSERT_EQ(DecodeDataHeader(p + kL2L3L4Bytes, frame_len - kL2L3L4Bytes, &got),
+            DecodeStatus::kOk);
+  EXPECT_EQ(got, h);
+  EXPECT_EQ(std::memcmp(p + kL2L3L4Bytes + kDataHeaderBytes, payload.data(),
+                        h.payload_len),
+            0);
+
+  ParsedFrame pf;
+  ASSERT_EQ(ParseFrame(m, kDstPort, kDstPort, &pf), FrameStatus::kOk);
+  EXPECT_EQ(pf.dblp, p + kL2L3L4Bytes);
+  EXPECT_EQ(pf.dblp_len, kDataHeaderBytes + h.payload_len);
+  EXPECT_EQ(pf.dst_port, kDstPort);
+  EXPECT_EQ(pf.src.ipv4, kSrcIp);
+  EXPECT_EQ(pf.src.udp_port, kSrcPort);
+  EXPECT_TRUE(rte_is_same_ether_addr(&pf.src.mac, &src.mac));
+}
+
+// ---------------------------------------------------------------- port
+
+TEST(PortTest, NetRingNegotiatesSoftwareChecksums) {
+  EXPECT_EQ(g_caps.driver, "net_ring");
+  EXPECT_FALSE(g_caps.tx_ipv4_cksum_offload);
+  EXPECT_FALSE(g_caps.tx_udp_cksum_offload);
+  EXPECT_FALSE(g_caps.rx_cksum_offload);
+  EXPECT_FALSE(g_caps.udp_cksum_zero);
+  EXPECT_EQ(g_caps.mtu, 1500u);
+  rte_ether_addr mac;
+  ASSERT_EQ(rte_eth_macaddr_get(kPort, &mac), 0);
+  EXPECT_TRUE(rte_is_same_ether_addr(&mac, &g_caps.mac));
+  const std::string d = DescribePortCaps(g_caps);
+  EXPECT_NE(d.find("net_ring"), std::string::npos) << d;
+  EXPECT_NE(d.find("udp sw"), std::string::npos) << d;
+}
+
+TEST(PortTest, PoolAndMbufsNeeded) {
+  ASSERT_NE(g_pool, nullptr);
+  EXPECT_EQ(g_pool->size, MbufsNeeded(g_opts, 32, 512));
+  EXPECT_GE(rte_pktmbuf_data_room_size(g_pool),
+            RTE_PKTMBUF_HEADROOM + 1500 + RTE_ETHER_HDR_LEN);
+
+  PortOptions o;
+  o.nb_queues = 1;
+  o.nb_rxd = 1024;
+  o.nb_txd = 512;
+  const uint32_t one = MbufsNeeded(o, 32, 0);
+  EXPECT_GE(one, 1024u + 512u + 32u);
+  EXPECT_EQ(MbufsNeeded(o, 32, 100), one + 100);
+  EXPECT_GT(MbufsNeeded(o, 64, 0), one);
+  o.nb_queues = 2;
+  EXPECT_GE(MbufsNeeded(o, 32, 0), 2 * (1024u + 512u));
+
+  // Jumbo pools get mbufs that hold a whole frame; tiny pools still work
+  // (cache shrunk to fit).
+  rte_mempool* jumbo = CreatePoolOrDie("test_jumbo", 64, 9000, SOCKET_ID_ANY);
+  ASSERT_NE(jumbo, nullptr);
+  EXPECT_GE(rte_pktmbuf_data_room_size(jumbo),
+            RTE_PKTMBUF_HEADROOM + 9000 + RTE_ETHER_HDR_LEN);
+  rte_mempool_free(jumbo);
+  rte_mempool* tiny = CreatePoolOrDie("test_tiny", 4, 1500, SOCKET_ID_ANY);
+  ASSERT_NE(tiny, nullptr);
+  rte_mempool_free(tiny);
+}
+
+TEST(PortDeathTest, MissingPortListsPortsAndNamesTheFix) {
+  PortOptions o;
+  o.port_id = 7;
+  EXPECT_DEATH(SetupPortOrDie(o, g_pool),
+               "port 7 not found; available ports: 0 \\(net_ring0\\).*"
+               "--vdev=net_memif0");
+}
+
+TEST(PortDeathTest, MtuAboveDeviceMaxNamesTheMax) {
+  PortOptions o;
+  o.mtu = 70000;
+  EXPECT_DEATH(SetupPortOrDie(o, g_pool), "above the device's max of 65535");
+}
+
+TEST(PortDeathTest, PoolTooLargeNamesBytesAndMemoryFlag) {
+  EXPECT_DEATH(CreatePoolOrDie("test_huge", 2000000, 1500, SOCKET_ID_ANY),
+               "MiB.*Try: give the EAL more memory: -m [0-9]+");
+}
+
+TEST(PortDeathTest, UnknownChecksumPolicy) {
+  PortOptions o;
+  o.checksum = "maybe";
+  EXPECT_DEATH(SetupPortOrDie(o, g_pool), "use auto, sw or none");
+}
+
+// ------------------------------------------------------- build + loopback
+
+TEST(FrameBuildTest, SoftwareChecksumFramesRoundTripOverNetRing) {
+  FrameTemplate t(SrcEp(), DstEp(), SwCaps());
+  int prev_id = -1;
+  for (uint32_t seq = 0; seq < 40; ++seq) {
+    const auto payload = Pattern(kFullChunk, seq);
+    const DataHeader h = Hdr(seq, kFullChunk);
+    rte_mbuf* m = Alloc();
+    ASSERT_TRUE(t.Build(m, h, payload.data()));
+    EXPECT_EQ(m->ol_flags & (RTE_MBUF_F_TX_IP_CKSUM | RTE_MBUF_F_TX_L4_MASK),
+              0u);
+    rte_mbuf* got = Loop(m);
+    ASSERT_NE(got, nullptr);
+    EXPECT_EQ(rte_pktmbuf_pkt_len(got), 1514u) << "a full 1500-byte IP MTU";
+    ExpectFrame(got, h, payload, /*udp_zero=*/false);
+    const int id = rte_be_to_cpu_16(Ip(Data(got))->packet_id);
+    if (prev_id >= 0) {
+      EXPECT_EQ(id, (prev_id + 1) & 0xFFFF) << "IP id";
+    }
+    prev_id = id;
+    rte_pktmbuf_free(got);
+  }
+}
+
+TEST(FrameBuildTest, ShortLastChunkAndEmptyPayload) {
+  FrameTemplate t(SrcEp(), DstEp(), SwCaps());
+  for (uint16_t len : {uint16_t{1452}, uint16_t{1000}, uint16_t{4},
+                       uint16_t{1}, uint16_t{0}}) {
+    const auto payload = Pattern(len, len);
+    const DataHeader h = Hdr(7, len);
+    rte_mbuf* m = Alloc();
+    ASSERT_TRUE(t.Build(m, h, payload.data()));
+    rte_mbuf* got = Loop(m);
+    ASSERT_NE(got, nullptr);
+    ExpectFrame(got, h, payload, false);
+    rte_pktmbuf_free(got);
+  }
+}
+
+TEST(FrameBuildTest, ChecksumNoneSendsZeroUdpChecksum) {
+  PortCaps c = SwCaps();
+  c.udp_cksum_zero = true;
+  FrameTemplate t(SrcEp(), DstEp(), c);
+  const auto payload = Pattern(kFullChunk, 1);
+  const DataHeader h = Hdr(1, kFullChunk);
+  rte_mbuf* m = Alloc();
+  ASSERT_TRUE(t.Build(m, h, payload.data()));
+  rte_mbuf* got = Loop(m);
+  ASSERT_NE(got, nullptr);
+  ExpectFrame(got, h, payload, /*udp_zero=*/true);
+  rte_pktmbuf_free(got);
+}
+
+TEST(FrameBuildTest, OffloadPathSeedsPseudoHeaderAndSetsFlags) {
+  PortCaps c = SwCaps();
+  c.tx_ipv4_cksum_offload = true;
+  c.tx_udp_cksum_offload = true;
+  FrameTemplate t(SrcEp(), DstEp(), c);
+  const auto payload = Pattern(333, 9);
+  const DataHeader h = Hdr(9, 333);
+  rte_mbuf* m = Alloc();
+  ASSERT_TRUE(t.Build(m, h, payload.data()));
+  const uint64_t want =
+      RTE_MBUF_F_TX_IPV4 | RTE_MBUF_F_TX_IP_CKSUM | RTE_MBUF_F_TX_UDP_CKSUM;
+  EXPECT_EQ(m->ol_flags & want, want);
+  EXPECT_EQ(m->l2_len, 14u);
+  EXPECT_EQ(m->l3_len, 20u);
+  rte_ipv4_hdr* ip = Ip(Data(m));
+  rte_udp_hdr* udp = Udp(Data(m));
+  EXPECT_EQ(ip->hdr_checksum, 0) << "the NIC fills it";
+  EXPECT_EQ(udp->dgram_cksum, rte_ipv4_phdr_cksum(ip, m->ol_flags));
+  // Be the NIC: IP checksum over the header, UDP checksum = complement of the
+  // sum over the datagram whose checksum field holds the pseudo-header seed.
+  ip->hdr_checksum = rte_ipv4_cksum(ip);
+  uint16_t l4 = static_cast<uint16_t>(
+      ~rte_raw_cksum(udp, rte_be_to_cpu_16(udp->dgram_len)));
+  udp->dgram_cksum = l4 == 0 ? 0xFFFF : l4;
+  ExpectFrame(m, h, payload, false);
+  rte_pktmbuf_free(m);
+
+  // IPv4 offload alone: UDP in software, only the IP flags set.
+  c.tx_udp_cksum_offload = false;
+  FrameTemplate t2(SrcEp(), DstEp(), c);
+  m = Alloc();
+  ASSERT_TRUE(t2.Build(m, h, payload.data()));
+  EXPECT_EQ(m->ol_flags & RTE_MBUF_F_TX_L4_MASK, 0u);
+  EXPECT_NE(m->ol_flags & RTE_MBUF_F_TX_IP_CKSUM, 0u);
+  ip = Ip(Data(m));
+  EXPECT_EQ(ip->hdr_checksum, 0);
+  ip->hdr_checksum = rte_ipv4_cksum(ip);
+  ExpectFrame(m, h, payload, false);
+  rte_pktmbuf_free(m);
+}
+
+TEST(FrameBuildTest, RefusesWithoutRoomOrOnNonEmptyMbuf) {
+  FrameTemplate t(SrcEp(), DstEp(), SwCaps());
+  const auto payload = Pattern(4000, 2);
+  rte_mbuf* m = Alloc();
+  // 2048-byte data room: a 4000-byte chunk does not fit.
+  EXPECT_FALSE(t.Build(m, Hdr(0, 4000), payload.data()));
+  EXPECT_EQ(rte_pktmbuf_pkt_len(m), 0u);
+  ASSERT_NE(rte_pktmbuf_append(m, 10), nullptr);
+  EXPECT_FALSE(t.Build(m, Hdr(0, 8), payload.data()));
+  EXPECT_EQ(rte_pktmbuf_pkt_len(m), 10u);
+  rte_pktmbuf_free(m);
+}
+
+// ------------------------------------------------------------- bad frames
+
+// A known-good frame in a fresh mbuf.
+rte_mbuf* GoodFrame(uint16_t len = 400) {
+  static FrameTemplate t(SrcEp(), DstEp(), SwCaps());
+  const auto payload = Pattern(len, 5);
+  rte_mbuf* m = rte_pktmbuf_alloc(g_pool);
+  if (m != nullptr && !t.Build(m, Hdr(5, len), payload.data())) {
+    rte_pktmbuf_free(m);
+    return nullptr;
+  }
+  return m;
+}
+
+FrameStatus Parse(const rte_mbuf* m) {
+  ParsedFrame pf;
+  return ParseFrame(m, kDstPort, kDstPort, &pf);
+}
+
+TEST(ParseFrameTest, EachDefectHasItsStatus) {
+  struct Case {
+    const char* name;
+    FrameStatus want;
+    void (*mutate)(rte_mbuf*);
+  };
+  const Case cases[] = {
+      {"good", FrameStatus::kOk, [](rte_mbuf*) {}},
+      {"truncated below L4", FrameStatus::kTooShort,
+       [](rte_mbuf* m) { rte_pktmbuf_trim(m, rte_pktmbuf_pkt_len(m) - 41); }},
+      {"empty", FrameStatus::kTooShort,
+       [](rte_mbuf* m) { rte_pktmbuf_trim(m, rte_pktmbuf_pkt_len(m)); }},
+      {"truncated datagram", FrameStatus::kBadIpHeader,
+       [](rte_mbuf* m) { rte_pktmbuf_trim(m, 1); }},
+      {"arp", FrameStatus::kNotIpv4,
+       [](rte_mbuf* m) {
+         Eth(Data(m))->ether_type = rte_cpu_to_be_16(RTE_ETHER_TYPE_ARP);
+       }},
+      {"vlan", FrameStatus::kNotIpv4,
+       [](rte_mbuf* m) {
+         Eth(Data(m))->ether_type = rte_cpu_to_be_16(RTE_ETHER_TYPE_VLAN);
+       }},
+      {"ihl 4", FrameStatus::kBadIpHeader,
+       [](rte_mbuf* m) {
+         Ip(Data(m))->version_ihl = 0x44;
+         FixIpChecksum(m);
+       }},
+      {"version 6", FrameStatus::kBadIpHeader,
+       [](rte_mbuf* m) {
+         Ip(Data(m))->version_ihl = 0x65;
+         FixIpChecksum(m);
+       }},
+      {"total length below headers", FrameStatus::kBadIpHeader,
+       [](rte_mbuf* m) {
+         Ip(Data(m))->total_length = rte_cpu_to_be_16(27);
+         FixIpChecksum(m);
+       }},
+      {"more fragments", FrameStatus::kFragment,
+       [](rte_mbuf* m) {
+         Ip(Data(m))->fragment_offset = rte_cpu_to_be_16(RTE_IPV4_HDR_MF_FLAG);
+         FixIpChecksum(m);
+       }},
+      {"fragment offset", FrameStatus::kFragment,
+       [](rte_mbuf* m) {
+         Ip(Data(m))->fragment_offset = rte_cpu_to_be_16(185);
+         FixIpChecksum(m);
+       }},
+      {"tcp", FrameStatus::kNotUdp,
+       [](rte_mbuf* m) {
+         Ip(Data(m))->next_proto_id = IPPROTO_TCP;
+         FixIpChecksum(m);
+       }},
+      {"udp length beyond the datagram", FrameStatus::kBadUdpLength,
+       [](rte_mbuf* m) {
+         rte_udp_hdr* u = Udp(Data(m));
+         u->dgram_len =
+             rte_cpu_to_be_16(static_cast<uint16_t>(
+                 rte_be_to_cpu_16(u->dgram_len) + 1));
+       }},
+      {"udp length below header", FrameStatus::kBadUdpLength,
+       [](rte_mbuf* m) { Udp(Data(m))->dgram_len = rte_cpu_to_be_16(7); }},
+      {"ip checksum", FrameStatus::kBadIpChecksum,
+       [](rte_mbuf* m) { Ip(Data(m))->hdr_checksum ^= 0x0100; }},
+      {"ip header bit flip", FrameStatus::kBadIpChecksum,
+       [](rte_mbuf* m) { Ip(Data(m))->time_to_live ^= 1; }},
+      {"udp checksum", FrameStatus::kBadUdpChecksum,
+       [](rte_mbuf* m) { Udp(Data(m))->dgram_cksum ^= 0x0001; }},
+      {"payload bit flip", FrameStatus::kBadUdpChecksum,
+       [](rte_mbuf* m) { Data(m)[rte_pktmbuf_data_len(m) - 1] ^= 0x80; }},
+      {"wrong dst port", FrameStatus::kWrongPort,
+       [](rte_mbuf* m) {
+         Udp(Data(m))->dst_port = rte_cpu_to_be_16(kDstPort + 1);
+         FixUdpChecksum(m);
+       }},
+      {"udp checksum 0 means none", FrameStatus::kOk,
+       [](rte_mbuf* m) {
+         Udp(Data(m))->dgram_cksum = 0;
+         Data(m)[rte_pktmbuf_data_len(m) - 1] ^= 0x80;
+       }},
+      {"ethernet padding", FrameStatus::kOk,
+       [](rte_mbuf* m) {
+         char* pad = rte_pktmbuf_append(m, 18);
+         std::memset(pad, 0xEE, 18);
+       }},
+      {"ip options", FrameStatus::kOk,
+       [](rte_mbuf* m) {
+         // Insert 4 bytes of NOP options after the IPv4 header.
+         uint8_t* p = Data(m);
+         const uint16_t len = rte_pktmbuf_data_len(m);
+         ASSERT_NE(rte_pktmbuf_append(m, 4), nullptr);
+         std::memmove(p + 38, p + 34, len - 34u);
+         std::memset(p + 34, 1, 4);
+         rte_ipv4_hdr* ip = Ip(p);
+         ip->version_ihl = 0x46;
+         ip->total_length = rte_cpu_to_be_16(static_cast<uint16_t>(
+             rte_be_to_cpu_16(ip->total_length) + 4));
+         ip->hdr_checksum = 0;
+         ip->hdr_checksum = rte_ipv4_cksum(ip);
+       }},
+      {"device says ip bad", FrameStatus::kBadIpChecksum,
+       [](rte_mbuf* m) { m->ol_flags |= RTE_MBUF_F_RX_IP_CKSUM_BAD; }},
+      {"device says udp bad", FrameStatus::kBadUdpChecksum,
+       [](rte_mbuf* m) { m->ol_flags |= RTE_MBUF_F_RX_L4_CKSUM_BAD; }},
+      {"device says good: trusted", FrameStatus::kOk,
+       [](rte_mbuf* m) {
+         m->ol_flags |= RTE_MBUF_F_RX_IP_CKSUM_GOOD | RTE_MBUF_F_RX_L4_CKSUM_GOOD;
+         Udp(Data(m))->dgram_cksum ^= 1;
+         Ip(Data(m))->hdr_checksum ^= 1;
+       }},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    rte_mbuf* m = GoodFrame();
+    ASSERT_NE(m, nullptr);
+    c.mutate(m);
+    const FrameStatus got = Parse(m);
+    EXPECT_EQ(got, c.want) << FrameStatusName(got) << " vs "
+                           << FrameStatusName(c.want);
+    if (got == FrameStatus::kOk) {
+      ParsedFrame pf;
+      ParseFrame(m, kDstPort, kDstPort, &pf);
+      EXPECT_EQ(pf.dblp_len, kDataHeaderBytes + 400);
+      DataHeader h;
+      EXPECT_EQ(DecodeDataHeader(pf.dblp, pf.dblp_len, &h), DecodeStatus::kOk);
+      EXPECT_EQ(h.seq, 5u);
+    }
+    rte_pktmbuf_free(m);
+  }
+}
+
+TEST(ParseFrameTest, PortRange) {
+  rte_mbuf* m = GoodFrame();
+  ASSERT_NE(m, nullptr);
+  ParsedFrame pf;
+  EXPECT_EQ(ParseFrame(m, kDstPort - 1, kDstPort + 3, &pf), FrameStatus::kOk);
+  EXPECT_EQ(ParseFrame(m, kDstPort + 1, kDstPort + 3, &pf),
+            FrameStatus::kWrongPort);
+  EXPECT_EQ(ParseFrame(m, 0, kDstPort - 1, &pf), FrameStatus::kWrongPort);
+  rte_pktmbuf_free(m);
+}
+
+TEST(ParseFrameTest, StatusNamesAreDistinct) {
+  std::vector<std::string> names;
+  for (int i = 0; i < kNumFrameStatus; ++i) {
+    names.emplace_back(FrameStatusName(static_cast<FrameStatus>(i)));
+    EXPECT_NE(names.back(), "unknown");
+    for (int j = 0; j < i; ++j) EXPECT_NE(names[j], names.back());
+  }
+}
+
+// A buffer whose last byte sits just before a PROT_NONE page, wrapped in a
+// hand-made single-segment mbuf: any read past the frame faults.
+class GuardedFrame {
+ public:
+  GuardedFrame() {
+    page_ = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    void* p = mmap(nullptr, 2 * page_, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return;
+    base_ = static_cast<uint8_t*>(p);
+    mprotect(base_ + page_, page_, PROT_NONE);
+    std::memset(&m_, 0, sizeof(m_));
+  }
+  ~GuardedFrame() {
+    if (base_ != nullptr) munmap(base_, 2 * page_);
+  }
+  GuardedFrame(const GuardedFrame&) = delete;
+  GuardedFrame& operator=(const GuardedFrame&) = delete;
+
+  bool ok() const { return base_ != nullptr; }
+  const rte_mbuf* Wrap(const uint8_t* bytes, size_t len, uint64_t ol_flags) {
+    uint8_t* start = base_ + page_ - len;
+    if (len != 0) std::memcpy(start, bytes, len);
+    m_.buf_addr = base_;
+    m_.buf_len = static_cast<uint16_t>(page_);
+    m_.data_off = static_cast<uint16_t>(start - base_);
+    m_.data_len = static_cast<uint16_t>(len);
+    m_.pkt_len = static_cast<uint32_t>(len);
+    m_.nb_segs = 1;
+    m_.ol_flags = ol_flags;
+    return &m_;
+  }
+  const uint8_t* end() const { return base_ + page_; }
+
+ private:
+  size_t page_ = 0;
+  uint8_t* base_ = nullptr;
+  rte_mbuf m_;
+};
+
+TEST(ParseFrameTest, TruncationsNeverReadPastTheFrame) {
+  GuardedFrame g;
+  ASSERT_TRUE(g.ok());
+  rte_mbuf* m = GoodFrame(100);
+  ASSERT_NE(m, nullptr);
+  std::vector<uint8_t> bytes(Data(m), Data(m) + rte_pktmbuf_data_len(m));
+  rte_pktmbuf_free(m);
+  for (size_t len = 0; len <= bytes.size(); ++len) {
+    const rte_mbuf* w = g.Wrap(bytes.data(), len, 0);
+    ParsedFrame pf;
+    const FrameStatus s = ParseFrame(w, kDstPort, kDstPort, &pf);
+    if (len < kL2L3L4Bytes) {
+      EXPECT_EQ(s, FrameStatus::kTooShort) << len;
+    } else if (len < bytes.size()) {
+      EXPECT_EQ(s, FrameStatus::kBadIpHeader) << len;
+    } else {
+      EXPECT_EQ(s, FrameStatus::kOk);
+      EXPECT_EQ(pf.dblp + pf.dblp_len, g.end());
+    }
+  }
+}
+
+TEST(ParseFrameTest, SeededFuzzNeverCrashesOrOverreads) {
+  GuardedFrame g;
+  ASSERT_TRUE(g.ok());
+  rte_mbuf* good = GoodFrame(200);
+  ASSERT_NE(good, nullptr);
+  const std::vector<uint8_t> base(Data(good),
+                                  Data(good) + rte_pktmbuf_data_len(good));
+  rte_pktmbuf_free(good);
+
+  std::mt19937 rng(20240611u);
+  int counts[kNumFrameStatus] = {};
+  std::vector<uint8_t> buf;
+  for (int iter = 0; iter < 30000; ++iter) {
+    const int mode = static_cast<int>(rng() % 3);
+    if (mode == 0) {  // pure noise of random length
+      buf.resize(rng() % 1600);
+      for (auto& b : buf) b = static_cast<uint8_t>(rng());
+    } else {  // a good frame, a few bytes flipped, maybe truncated/extended
+      buf = base;
+      const int flips = 1 + static_cast<int>(rng() % 4);
+      for (int i = 0; i < flips; ++i) {
+        // Bias mutations towards the headers, where the parser branches.
+        const size_t span = (rng() % 4 == 0) ? buf.size() : kL2L3L4Bytes;
+        buf[rng() % span] = static_cast<uint8_t>(rng());
+      }
+      if (rng() % 3 == 0) buf.resize(rng() % (buf.size() + 64));
+    }
+    uint64_t flags = 0;
+    if (rng() % 8 == 0) {
+      flags = ((rng() & 1) != 0 ? RTE_MBUF_F_RX_IP_CKSUM_MASK : 0) |
+              ((rng() & 1) != 0 ? RTE_MBUF_F_RX_L4_CKSUM_MASK : 0);
+      flags &= rng();
+    }
+    ParsedFrame pf;
+    const uint16_t lo = static_cast<uint16_t>(rng() % 2 ? kDstPort : rng());
+    const uint16_t hi = static_cast<uint16_t>(lo + rng() % 4);
+    const FrameStatus s = ParseFrame(g.Wrap(buf.data(), buf.size(), flags),
+                                     lo, hi, &pf);
+    ASSERT_LT(static_cast<int>(s), kNumFrameStatus);
+    ++counts[static_cast<int>(s)];
+    if (s == FrameStatus::kOk) {
+      ASSERT_LE(pf.dblp + pf.dblp_len, g.end());
+    }
+  }
+  // The same seed through real pool mbufs (and the real mtod/len fields).
+  for (int iter = 0; iter < 2000; ++iter) {
+    rte_mbuf* m = rte_pktmbuf_alloc(g_pool);
+    ASSERT_NE(m, nullptr);
+    const uint16_t len = static_cast<uint16_t>(rng() % 1600);
+    uint8_t* p = reinterpret_cast<uint8_t*>(rte_pktmbuf_append(m, len));
+    ASSERT_TRUE(len == 0 || p != nullptr);
+    if (rng() % 2 == 0 && len >= base.size()) {
+      std::memcpy(p, base.data(), base.size());
+      p[rng() % kL2L3L4Bytes] = static_cast<uint8_t>(rng());
+    } else {
+      for (uint16_t i = 0; i < len; ++i) p[i] = static_cast<uint8_t>(rng());
+    }
+    ParsedFrame pf;
+    const FrameStatus s = ParseFrame(m, kDstPort, kDstPort, &pf);
+    ++counts[static_cast<int>(s)];
+    if (s == FrameStatus::kOk) {
+      ASSERT_LE(pf.dblp + pf.dblp_len, p + len);
+    }
+    rte_pktmbuf_free(m);
+  }
+  std::string summary;
+  for (int i = 0; i < kNumFrameStatus; ++i) {
+    summary += std::string(FrameStatusName(static_cast<FrameStatus>(i))) +
+               "=" + std::to_string(counts[i]) + " ";
+  }
+  std::printf("fuzz outcomes: %s\n", summary.c_str());
+  // The mutations reach deep into the parser, not only the first checks.
+  EXPECT_GT(counts[static_cast<int>(FrameStatus::kOk)], 0) << summary;
+  EXPECT_GT(counts[static_cast<int>(FrameStatus::kBadUdpChecksum)], 0)
+      << summary;
+  EXPECT_GT(counts[static_cast<int>(FrameStatus::kBadIpChecksum)], 0)
+      << summary;
+}
+
+// -------------------------------------------------------- eal_app helpers
+
+TEST(EalAppTest, Ipv4RoundTripAndJunk) {
+  uint32_t a = 0;
+  ASSERT_TRUE(ParseIpv4("10.0.0.1", &a));
+  EXPECT_EQ(a, 0x0A000001u);
+  EXPECT_EQ(FormatIpv4(a), "10.0.0.1");
+  for (const char* s : {"0.0.0.0", "255.255.255.255", "192.168.1.254",
+                        "1.2.3.4"}) {
+    ASSERT_TRUE(ParseIpv4(s, &a)) << s;
+    EXPECT_EQ(FormatIpv4(a), s);
+  }
+  for (const char* s : {"", "1.2.3", "1.2.3.4.5", "256.1.1.1", "1.2.3.-4",
+                        "a.b.c.d", "1..2.3", " 1.2.3.4", "1.2.3.4 ",
+                        "0001.2.3.4", "1.2.3.4.", ".1.2.3.4", "1,2,3,4",
+                        "999999999999.1.1.1"}) {
+    uint32_t keep = 0xDEADBEEF;
+    EXPECT_FALSE(ParseIpv4(s, &keep)) << "'" << s << "'";
+    EXPECT_EQ(keep, 0xDEADBEEFu) << "untouched on failure";
+  }
+}
+
+TEST(EalAppTest, MacRoundTripAndJunk) {
+  uint8_t mac[6];
+  ASSERT_TRUE(ParseMac("02:1a:2B:3c:4D:ff", mac));
+  const uint8_t want[6] = {0x02, 0x1a, 0x2b, 0x3c, 0x4d, 0xff};
+  EXPECT_EQ(std::memcmp(mac, want, 6), 0);
+  EXPECT_EQ(FormatMac(mac), "02:1a:2b:3c:4d:ff");
+  ASSERT_TRUE(ParseMac("02-1A-2B-3C-4D-FF", mac));
+  EXPECT_EQ(std::memcmp(mac, want, 6), 0);
+  for (const char* s : {"", "02:1a:2b:3c:4d", "02:1a:2b:3c:4d:fg",
+                        "02:1a:2b:3c:4d:ff:00", "021a.2b3c.4dff",
+                        "02:1a-2b:3c:4d:ff", "2:1a:2b:3c:4d:ff0",
+                        " 02:1a:2b:3c:4d:f"}) {
+    uint8_t keep[6] = {9, 9, 9, 9, 9, 9};
+    EXPECT_FALSE(ParseMac(s, keep)) << "'" << s << "'";
+    EXPECT_EQ(keep[0], 9);
+  }
+}
+
+TEST(EalAppTest, IdleBackoffSpinsThenSleepsWithGrowingInterval) {
+  IdleBackoff b(3, 8);
+  for (int i = 0; i < 3; ++i) b.Idle();
+  EXPECT_EQ(b.sleeps(), 0u) << "spins first";
+  for (int i = 0; i < 5; ++i) b.Idle();  // 1, 2, 4, 8, 8 us
+  EXPECT_EQ(b.sleeps(), 5u);
+  b.Work();
+  for (int i = 0; i < 3; ++i) b.Idle();
+  EXPECT_EQ(b.sleeps(), 5u) << "work resets the spin budget";
+  b.Idle();
+  EXPECT_EQ(b.sleeps(), 6u);
+
+  IdleBackoff poll(0, 0);  // pure poll mode never sleeps
+  for (int i = 0; i < 100; ++i) poll.Idle();
+  EXPECT_EQ(poll.sleeps(), 0u);
+
+  // Sleeping really gives the core away: 50 sleeps capped at 200 us take
+  // well over 1 ms of wall time.
+  IdleBackoff slow(0, 200);
+  const uint64_t t0 = rte_get_timer_cycles();
+  for (int i = 0; i < 50; ++i) slow.Idle();
+  const double ms = static_cast<double>(rte_get_timer_cycles() - t0) * 1e3 /
+                    static_cast<double>(rte_get_timer_hz());
+  EXPECT_GT(ms, 1.0);
+  EXPECT_EQ(slow.sleeps(), 50u);
+}
+
+}  // namespace
+}  // namespace dblp
+
+namespace {
+// Each EAL process leaves /var/run/dpdk/<file-prefix>/ behind; remove ours at
+// exit (also after rte_exit in a death-test child, which calls exit()).
+std::string g_runtime_dir;
+void RemoveRuntimeDir() {
+  if (g_runtime_dir.find("dblp-test-frames-") == std::string::npos) return;
+  std::error_code ec;
+  std::filesystem::remove_all(g_runtime_dir, ec);
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  testing::InitGoogleTest(&argc, argv);
+  // Death tests re-run this binary (fresh pid, so a fresh --file-prefix)
+  // instead of forking a process that shares EAL state.
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+
+  const std::string prefix =
+      "--file-prefix=dblp-test-frames-" + std::to_string(getpid());
+  std::vector<std::string> eal = {argv[0],        "--no-huge",
+                                  "-m",           "256",
+                                  "--no-pci",     prefix,
+                                  "--no-telemetry",
+                                  "--vdev=net_ring0", "-l",
+                                  "0",            "--log-level=*:warning"};
+  std::vector<char*> eal_argv;
+  for (auto& s : eal) eal_argv.push_back(s.data());
+  eal_argv.push_back(nullptr);
+  dblp::InitEalOrDie(static_cast<int>(eal.size()), eal_argv.data());
+  // rte_exit messages go to the log stream (stdout by default); death tests
+  // match stderr.
+  rte_openlog_stream(stderr);
+  g_runtime_dir = rte_eal_get_runtime_dir();
+  std::atexit(RemoveRuntimeDir);
+
+  dblp::g_opts.port_id = dblp::kPort;
+  dblp::g_opts.nb_rxd = 512;
+  dblp::g_opts.nb_txd = 512;
+  dblp::g_pool = dblp::CreatePoolOrDie(
+      "test_pool", dblp::MbufsNeeded(dblp::g_opts, 32, 512), 1500,
+      static_cast<int>(rte_socket_id()));
+  dblp::g_caps = dblp::SetupPortOrDie(dblp::g_opts, dblp::g_pool);
+
+  const int rc = RUN_ALL_TESTS();
+  rte_eth_dev_stop(dblp::kPort);
+  rte_eth_dev_close(dblp::kPort);
+  rte_eal_cleanup();
+  return rc;
+}
