@@ -80,15 +80,14 @@ FrameTemplate::FrameTemplate(const Endpoint& src, const Endpoint& dst,
   udp->dgram_cksum = 0;  // per packet
 }
 
-bool FrameTemplate::Build(rte_mbuf* m, const DataHeader& h,
-                          const uint8_t* payload) {
-  const uint32_t udp_len = kUdpBytes + kDataHeaderBytes + h.payload_len;
+uint8_t* FrameTemplate::Begin(rte_mbuf* m, uint32_t udp_payload_len) {
+  const uint32_t udp_len = kUdpBytes + udp_payload_len;
   const uint32_t ip_len = kIpBytes + udp_len;
-  if (ip_len > UINT16_MAX || rte_pktmbuf_pkt_len(m) != 0) return false;
+  if (ip_len > UINT16_MAX || rte_pktmbuf_pkt_len(m) != 0) return nullptr;
   const uint32_t frame_len = kEthBytes + ip_len;
   uint8_t* p = reinterpret_cast<uint8_t*>(
       rte_pktmbuf_append(m, static_cast<uint16_t>(frame_len)));
-  if (p == nullptr) return false;
+  if (p == nullptr) return nullptr;
 
   std::memcpy(p, hdr_, kL2L3L4Bytes);
   rte_ipv4_hdr* ip = IpAt(p);
@@ -96,13 +95,13 @@ bool FrameTemplate::Build(rte_mbuf* m, const DataHeader& h,
   ip->total_length = rte_cpu_to_be_16(static_cast<uint16_t>(ip_len));
   ip->packet_id = rte_cpu_to_be_16(ip_id_++);
   udp->dgram_len = rte_cpu_to_be_16(static_cast<uint16_t>(udp_len));
+  return p + kL2L3L4Bytes;
+}
 
-  uint8_t* dblp = p + kL2L3L4Bytes;
-  EncodeDataHeader(h, dblp);
-  if (h.payload_len != 0) {
-    std::memcpy(dblp + kDataHeaderBytes, payload, h.payload_len);
-  }
-
+void FrameTemplate::Finish(rte_mbuf* m) {
+  uint8_t* p = rte_pktmbuf_mtod(m, uint8_t*);
+  rte_ipv4_hdr* ip = IpAt(p);
+  rte_udp_hdr* udp = UdpAt(p);
   uint64_t flags = 0;
   if (ip_offload_) {
     flags |= RTE_MBUF_F_TX_IPV4 | RTE_MBUF_F_TX_IP_CKSUM;
@@ -122,6 +121,26 @@ bool FrameTemplate::Build(rte_mbuf* m, const DataHeader& h,
     m->l2_len = kEthBytes;
     m->l3_len = kIpBytes;
   }
+}
+
+bool FrameTemplate::Build(rte_mbuf* m, const DataHeader& h,
+                          const uint8_t* payload) {
+  uint8_t* dblp = Begin(m, kDataHeaderBytes + h.payload_len);
+  if (dblp == nullptr) return false;
+  EncodeDataHeader(h, dblp);
+  if (h.payload_len != 0) {
+    std::memcpy(dblp + kDataHeaderBytes, payload, h.payload_len);
+  }
+  Finish(m);
+  return true;
+}
+
+bool FrameTemplate::BuildRaw(rte_mbuf* m, const uint8_t* udp_payload,
+                             uint16_t len) {
+  uint8_t* dst = Begin(m, len);
+  if (dst == nullptr) return false;
+  if (len != 0) std::memcpy(dst, udp_payload, len);
+  Finish(m);
   return true;
 }
 

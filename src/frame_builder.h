@@ -42,11 +42,19 @@ class FrameTemplate {
   // the UDP checksum with the pseudo-header sum; otherwise it computes the
   // checksums in software (UDP 0 for checksum=none).
   bool Build(rte_mbuf* m, const DataHeader& h, const uint8_t* payload);
+  // The same framing around arbitrary UDP payload bytes (hostile-input
+  // tests: truncated or garbled DBLP headers with valid L2-L4).
+  bool BuildRaw(rte_mbuf* m, const uint8_t* udp_payload, uint16_t len);
 
   const Endpoint& src() const { return src_; }
   const Endpoint& dst() const { return dst_; }
 
  private:
+  // Appends the patched L2-L4 template; returns where the UDP payload goes.
+  uint8_t* Begin(rte_mbuf* m, uint32_t udp_payload_len);
+  // Checksums (software or offload flags) once the payload is in place.
+  void Finish(rte_mbuf* m);
+
   alignas(64) uint8_t hdr_[kL2L3L4Bytes]{};  // template, network order
   Endpoint src_, dst_;
   uint16_t ip_id_ = 0;

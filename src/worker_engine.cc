@@ -378,14 +378,19 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
       DataHeader future = stale;
       future.round = push_round + 4;
       clean_tx.Send(to_server, future, &zero, 1, grad_bytes, layout);
-      // Bad magic and a truncated header: raw frames through the template.
-      rte_mbuf* m = rte_pktmbuf_alloc(pool);
-      if (m != nullptr) {
-        DataHeader h = wrong_session;
-        h.session = wel.session;
-        h.payload_len = 8;  // shorter than the chunk: out of range
-        uint8_t junk[8] = {0xDE, 0xAD, 0xBE, 0xEF, 0, 0, 0, 0};
-        to_server.Build(m, h, junk);
+      // Valid L2-L4 around bad DBLP bytes: a wrong chunk length, a
+      // truncated header and a bad magic.
+      uint8_t raw[kDataHeaderBytes + 8] = {};
+      DataHeader h = wrong_session;
+      h.session = wel.session;
+      h.payload_len = 8;  // shorter than chunk 0: out of range
+      EncodeDataHeader(h, raw);
+      const uint16_t lens[3] = {sizeof(raw), 10, sizeof(raw)};
+      for (int k = 0; k < 3; ++k) {
+        if (k == 2) raw[0] ^= 0xFF;  // bad magic
+        rte_mbuf* m = rte_pktmbuf_alloc(pool);
+        if (m == nullptr) break;
+        to_server.BuildRaw(m, raw, lens[k]);
         if (rte_eth_tx_burst(0, 0, &m, 1) != 1) rte_pktmbuf_free(m);
       }
     }

@@ -197,7 +197,8 @@ def main():
         fail("stale replays not all counted: %d" % c["push_stale_round"])
     if c["push_accepted"] > ITERATIONS * WORKERS * n_chunks:
         fail("more accepted than sent chunks: stale frames accepted?")
-    for key in ("push_wrong_session", "push_future_round", "push_out_of_range"):
+    for key in ("push_wrong_session", "push_future_round", "push_out_of_range",
+                "decode_short_buffer", "decode_bad_magic"):
         if c[key] < ITERATIONS - 1:
             fail("%s not counted: %d" % (key, c[key]))
     if c["injected_drops"] == 0:
