@@ -1,6 +1,8 @@
 #include "datapath.h"
 
 #include <rte_errno.h>
+
+#include <algorithm>
 #include <rte_ethdev.h>
 
 #include "eal_app.h"
@@ -26,28 +28,21 @@ uint32_t ChunkTransmitter::Send(FrameTemplate& tmpl, DataHeader proto,
                                 const ChunkLayout& layout) {
   constexpr uint32_t kMaxBurst = 64;
   rte_mbuf* mbufs[kMaxBurst];
-  uint32_t sent_total = 0;
-  while (n > 0) {
-    const uint32_t chunk = n < kMaxBurst ? n : kMaxBurst;
+  uint32_t consumed = 0;
+  while (consumed < n) {
+    const uint32_t chunk = std::min(n - consumed, kMaxBurst);
     // Decide losses first: a dropped frame costs nothing to build.
-    uint32_t keep[kMaxBurst];
+    uint32_t keep[kMaxBurst];  // index into seqs of each frame to build
     uint32_t k = 0;
-    for (uint32_t i = 0; i < chunk; ++i) {
-      if (loss != nullptr && loss->ShouldDrop()) {
-        DatapathCounters::Add(counters->injected_drops);
-        continue;
-      }
-      keep[k++] = seqs[i];
+    for (uint32_t i = consumed; i < consumed + chunk; ++i) {
+      if (loss == nullptr || !loss->ShouldDrop()) keep[k++] = i;
     }
-    seqs += chunk;
-    n -= chunk;
-    if (k == 0) continue;
-    if (rte_pktmbuf_alloc_bulk(pool, mbufs, k) != 0) {
-      DatapathCounters::Add(counters->mbuf_alloc_failures, k);
-      continue;  // as if lost on the wire: the next pass re-sends them
+    if (k > 0 && rte_pktmbuf_alloc_bulk(pool, mbufs, k) != 0) {
+      DatapathCounters::Add(counters->mbuf_alloc_failures);
+      return consumed;  // no mbufs now: hand this burst back
     }
     for (uint32_t i = 0; i < k; ++i) {
-      const uint32_t seq = keep[i];
+      const uint32_t seq = seqs[keep[i]];
       proto.seq = seq;
       proto.payload_len = static_cast<uint16_t>(layout.Length(seq));
       tmpl.Build(mbufs[i], proto, buffer + layout.Offset(seq));
@@ -57,14 +52,21 @@ uint32_t ChunkTransmitter::Send(FrameTemplate& tmpl, DataHeader proto,
       done += rte_eth_tx_burst(port, queue, mbufs + done,
                                static_cast<uint16_t>(k - done));
     }
-    if (done < k) {
-      DatapathCounters::Add(counters->tx_full_drops, k - done);
-      rte_pktmbuf_free_bulk(mbufs + done, k - done);
-    }
     DatapathCounters::Add(counters->tx_frames, done);
-    sent_total += done;
+    if (done < k) {
+      // The ring stayed full: free the unsent frames and report the seqs
+      // from the first unsent one on as not consumed.
+      DatapathCounters::Add(counters->tx_ring_full);
+      rte_pktmbuf_free_bulk(mbufs + done, k - done);
+      // Injected losses count only for the seqs consumed (sent and lost).
+      DatapathCounters::Add(counters->injected_drops,
+                            keep[done] - consumed - done);
+      return keep[done];
+    }
+    DatapathCounters::Add(counters->injected_drops, chunk - k);
+    consumed += chunk;
   }
-  return sent_total;
+  return consumed;
 }
 
 }  // namespace dblp

@@ -38,7 +38,7 @@ struct alignas(RTE_CACHE_LINE_SIZE) DatapathCounters {
   using Counter = std::atomic<uint64_t>;
   Counter rx_frames{0};
   Counter tx_frames{0};
-  Counter tx_full_drops{0};    // TX ring stayed full after the retries
+  Counter tx_ring_full{0};     // bursts cut short by a full TX ring
   Counter injected_drops{0};   // the software loss injector
   Counter mbuf_alloc_failures{0};
   std::array<Counter, kNumFrameStatus> frame_drops{};  // L2-L4 validation
@@ -176,12 +176,14 @@ struct ChunkTransmitter {
   rte_mempool* pool = nullptr;
   LossInjector* loss = nullptr;  // may be null
   DatapathCounters* counters = nullptr;
-  uint32_t tx_retries = 64;     // bounded retry when the TX ring is full
+  uint32_t tx_retries = 8;      // bounded retry when the TX ring is full
 
   // Builds and transmits `n` chunks `seqs` of `buffer` as frames of `proto`
   // (type, session, rank, round; seq and length are filled per chunk).
-  // Frames the loss injector drops are never built. Returns frames handed
-  // to the device.
+  // Frames the loss injector drops are never built (they count as sent, as
+  // if lost on the wire). Returns how many of `seqs` were consumed: fewer
+  // than `n` when the TX ring stayed full, and the caller hands the rest
+  // back (SenderRound::Unsend) to send later.
   uint32_t Send(FrameTemplate& tmpl, DataHeader proto, const uint32_t* seqs,
                 uint32_t n, const uint8_t* buffer, const ChunkLayout& layout);
 };

@@ -125,7 +125,8 @@ std::string FormatRunSummary(const RunReport& r) {
                 r.rows.size(), s.mean, s.p50, s.p99, s.max);
   o << line;
   for (const auto& row : r.rows) {
-    if (!IsBurst(r, row.iteration)) continue;
+    // The server's rows describe receivers: passes are the workers' story.
+    if (!IsBurst(r, row.iteration) || r.role != "worker") continue;
     std::snprintf(line, sizeof(line),
                   "  burst iteration %llu (rank %u): %.1f us, %u passes, "
                   "%llu packets, p=%.3f\n",

@@ -597,11 +597,13 @@ int RunServer(const ServerOptions& o) {
         done = false;
         const uint32_t k = l.bcast_tx.NextBurst(seqs.data(), o.dp.burst);
         if (k > 0) {
-          ChunkTransmitter tx{l.port, 0, pool, &loss, &ctr, 64};
-          tx.Send(l.tmpl,
-                  DataHeader{FrameType::kBroadcast, session, kServerRank, 0,
-                             push_round + 1, 0},
-                  seqs.data(), k, mean_bytes, layout);
+          ChunkTransmitter tx{l.port, 0, pool, &loss, &ctr, 8};
+          const uint32_t sent = tx.Send(
+              l.tmpl,
+              DataHeader{FrameType::kBroadcast, session, kServerRank, 0,
+                         push_round + 1, 0},
+              seqs.data(), k, mean_bytes, layout);
+          l.bcast_tx.Unsend(k - sent);  // a full TX ring: try again later
           work = true;
         }
         if (l.bcast_tx.state() == SenderRound::State::kAwaitingBitmap &&
@@ -641,9 +643,8 @@ int RunServer(const ServerOptions& o) {
   report.counters = {
       {"rx_frames", ctr.rx_frames.load()},
       {"tx_frames", ctr.tx_frames.load()},
-      {"injected_drops", loss.dropped()},
-      {"injected_drops_in_burst", loss.dropped_in_burst()},
-      {"tx_full_drops", ctr.tx_full_drops.load()},
+      {"injected_drops", ctr.injected_drops.load()},
+      {"tx_ring_full", ctr.tx_ring_full.load()},
       {"mbuf_alloc_failures", ctr.mbuf_alloc_failures.load()},
       {"control_messages_in", sidecar.messages_in()},
       {"control_messages_out", sidecar.messages_out()},

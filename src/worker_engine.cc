@@ -263,7 +263,7 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
   sh.rounds_ready.store(true, std::memory_order_release);
 
   LossInjector loss(o.dp.loss, o.dp.bursts, HashMix(o.dp.seed, wel.rank + 1));
-  ChunkTransmitter tx{0, 0, pool, &loss, &ctr, 64};
+  ChunkTransmitter tx{0, 0, pool, &loss, &ctr, 8};
   ChunkTransmitter clean_tx{0, 0, pool, nullptr, &ctr, 64};  // hostile frames
   RoundPacer pacer(o.dp.idle_spin, o.dp.idle_sleep_us, o.dp.round_timeout_ms,
                    &g_quit);
@@ -457,7 +457,9 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
         } else {
           const uint32_t k = push.NextBurst(seqs.data(), o.dp.burst);
           if (k > 0) {
-            tx.Send(to_server, proto, seqs.data(), k, grad_bytes, layout);
+            const uint32_t sent =
+                tx.Send(to_server, proto, seqs.data(), k, grad_bytes, layout);
+            push.Unsend(k - sent);  // a full TX ring: try again next loop
             work = true;
           }
           if (push.state() == SenderRound::State::kAwaitingBitmap &&
@@ -527,9 +529,8 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
   report.counters = {
       {"tx_frames", ctr.tx_frames.load()},
       {"rx_frames", ctr.rx_frames.load()},
-      {"injected_drops", loss.dropped()},
-      {"injected_drops_in_burst", loss.dropped_in_burst()},
-      {"tx_full_drops", ctr.tx_full_drops.load()},
+      {"injected_drops", ctr.injected_drops.load()},
+      {"tx_ring_full", ctr.tx_ring_full.load()},
       {"mbuf_alloc_failures", ctr.mbuf_alloc_failures.load()},
       {"bcast_accepted", bcast.verdict_count(Verdict::kAccepted)},
       {"bcast_duplicate", bcast.verdict_count(Verdict::kDuplicate)},

@@ -28,6 +28,15 @@ uint32_t SenderRound::NextBurst(uint32_t* out, uint32_t max) {
   return static_cast<uint32_t>(n);
 }
 
+void SenderRound::Unsend(uint32_t k) {
+  k = static_cast<uint32_t>(std::min<size_t>(k, cursor_));
+  if (k == 0) return;
+  cursor_ -= k;
+  sent_ -= k;
+  if (passes_ > 1) resent_ -= k;
+  if (state_ == State::kAwaitingBitmap) state_ = State::kSending;
+}
+
 bool SenderRound::OnBitmap(const Bitmap& received) {
   if (state_ != State::kAwaitingBitmap || received.size() != order_.size()) {
     return false;

@@ -34,6 +34,11 @@ class SenderRound {
   // kAwaitingBitmap: probe the receiver) or the round is stopped.
   uint32_t NextBurst(uint32_t* out, uint32_t max);
 
+  // Owner: the last `k` seqs NextBurst handed out were not sent after all
+  // (the TX ring stayed full): they go back to the front of the pass, so
+  // backpressure delays frames instead of losing them.
+  void Unsend(uint32_t k);
+
   // Owner: the receiver's BITMAP for this round. The next pass is every seq
   // the bitmap lacks, in first-pass order. Returns false (and ignores it) if
   // no probe is outstanding, the bitmap's size is wrong, or STOP already
