@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+"""How dblp-server and dblp-worker behave on bad input and lost peers.
+
+Every case must end by itself with a clear message: bad flags exit 2 naming
+the flag; a missing port or missing hugepages names the fix; a worker that
+cannot reach the server says how to fix it; a worker killed mid-job makes
+the server stop with an error naming the worker (--on_worker_loss=abort) or
+carry on without it (--on_worker_loss=continue). Nothing may hang.
+
+Usage: app_behaviour_test.py BUILD_DIR
+"""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+FAILURES = []
+PASSED = 0
+
+
+def check(name, ok, detail=""):
+    global PASSED
+    if ok:
+        PASSED += 1
+        print("ok   " + name)
+    else:
+        FAILURES.append(name)
+        print("FAIL " + name + ("\n     " + detail if detail else ""))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(cmd, timeout=60):
+    try:
+        p = subprocess.run(cmd, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True,
+                           timeout=timeout)
+        return p.returncode, p.stdout
+    except subprocess.TimeoutExpired as e:
+        return None, (e.stdout or b"").decode(errors="replace") \
+            if isinstance(e.stdout, bytes) else (e.stdout or "")
+
+
+def eal(prefix, *vdevs, lcore="0"):
+    args = ["-l", lcore, "--no-huge", "-m", "256", "--no-pci",
+            "--file-prefix=dblp-beh-%d-%s" % (os.getpid(), prefix),
+            "--log-level=*:warning"]
+    return args + ["--vdev=" + v for v in vdevs]
+
+
+def main():
+    build = sys.argv[1]
+    server = os.path.join(build, "apps", "dblp-server")
+    worker = os.path.join(build, "apps", "dblp-worker")
+    tmp = tempfile.mkdtemp(prefix="dblp-beh-")
+
+    # ---- bad flags: exit 2, the message names the flag ----
+    for binary, flag, needle in [
+            (server, "--policy=bogus", "policy"),
+            (server, "--p_high=1.5", "p_high"),
+            (server, "--loss=bernoulli:2", "loss"),
+            (server, "--burst_iters=1,x", "burst"),
+            (server, "--checksum=maybe", "checksum"),
+            (server, "--on_worker_loss=shrug", "on_worker_loss"),
+            (worker, "--gradient=weights.bin", "gradient"),
+            (worker, "--send_order=random", "send_order"),
+            (worker, "--bcast_fill=magic", "bcast_fill")]:
+        rc, out = run([binary] + eal("flags", "net_null0") + ["--", flag])
+        check("bad flag %s %s" % (os.path.basename(binary), flag),
+              rc == 2 and needle in out and "error" in out.lower(),
+              "rc=%s out=%s" % (rc, out[-400:]))
+
+    # ---- no port at all ----
+    rc, out = run([server] + eal("noport") + ["--", "--workers=1"])
+    check("server without a port names -a / --vdev",
+          rc not in (0, None) and "--vdev" in out and "-a" in out, out[-400:])
+
+    # ---- hugepages: without --no-huge on a machine with none reserved ----
+    with open("/proc/meminfo") as f:
+        huge_free = [l for l in f if l.startswith("HugePages_Free")]
+    if huge_free and int(huge_free[0].split()[1]) == 0:
+        rc, out = run([server, "-l", "0", "--no-pci",
+                       "--file-prefix=dblp-beh-%d-huge" % os.getpid(),
+                       "--vdev=net_null0", "--", "--workers=1"])
+        check("missing hugepages names the fix",
+              rc not in (0, None) and ("--no-huge" in out or
+                                       "hugepages" in out.lower()),
+              out[-600:])
+
+    # ---- worker with no server to talk to ----
+    port = free_port()
+    rc, out = run([worker] + eal("nosrv", "net_null0") +
+                  ["--", "--server=127.0.0.1:%d" % port,
+                   "--join_timeout_ms=800"], timeout=30)
+    check("worker without a server says to start dblp-server",
+          rc not in (0, None) and "dblp-server" in out, out[-400:])
+
+    # ---- a worker killed mid-job: abort and continue modes ----
+    for mode in ("abort", "continue"):
+        port = free_port()
+        socks = [os.path.join(tmp, "%s-w%d.sock" % (mode, w)) for w in (0, 1)]
+        srv = subprocess.Popen(
+            [server] + eal("loss-" + mode,
+                           "net_memif0,role=server,socket=%s,id=0" % socks[0],
+                           "net_memif1,role=server,socket=%s,id=0" % socks[1]) +
+            ["--", "--workers=2", "--listen=127.0.0.1:%d" % port,
+             "--policy=fixed", "--stats_period=0", "--idle_sleep_us=100",
+             "--on_worker_loss=" + mode, "--round_timeout_ms=5000"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        time.sleep(0.8)
+        ws = []
+        for w in (0, 1):
+            iters = "100000" if w == 1 else "300"
+            ws.append(subprocess.Popen(
+                [worker] + eal("loss-%s-w%d" % (mode, w),
+                               "net_memif0,role=client,socket=%s,id=0"
+                               % socks[w], lcore="1" if os.cpu_count() > 1
+                               else "0") +
+                ["--", "--server=127.0.0.1:%d" % port, "--iterations=" + iters,
+                 "--floats=50000", "--stats_period=0",
+                 "--idle_sleep_us=100"],
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+            time.sleep(0.2)
+        time.sleep(1.5)
+        ws[1].send_signal(signal.SIGKILL)  # worker 1 dies mid-job
+        ws[1].wait()
+        try:
+            out, _ = srv.communicate(timeout=60)
+            rc = srv.returncode
+        except subprocess.TimeoutExpired:
+            srv.kill()
+            out, rc = srv.communicate()[0], None
+        try:
+            wout, _ = ws[0].communicate(timeout=60)
+            wrc = ws[0].returncode
+        except subprocess.TimeoutExpired:
+            ws[0].kill()
+            wout, wrc = ws[0].communicate()[0], None
+        if mode == "abort":
+            check("worker lost, abort: server exits non-zero naming it",
+                  rc not in (0, None) and "worker 1" in out and
+                  "on_worker_loss=continue" in out, out[-600:])
+            check("worker lost, abort: the other worker stops, no hang",
+                  wrc is not None, wout[-400:])
+        else:
+            check("worker lost, continue: the job finishes with worker 0",
+                  rc == 0 and wrc == 0 and "continuing without worker 1" in out,
+                  "server rc=%s worker rc=%s\n%s\n%s" % (rc, wrc, out[-600:],
+                                                         wout[-300:]))
+
+    print("%d passed, %d failed" % (PASSED, len(FAILURES)))
+    sys.exit(1 if FAILURES else 0)
+
+
+if __name__ == "__main__":
+    main()
