@@ -90,6 +90,50 @@ TEST(SenderRoundTest, FirstPassYieldsOrderExactlyOnceInOrder) {
   }
 }
 
+// Backpressure: seqs a full TX ring refused come back, in order, and are
+// neither lost nor counted twice.
+TEST(SenderRoundTest, UnsendGivesTheTailOfABurstBack) {
+  const std::vector<uint32_t> order = Permutation(10, 3);
+  SenderRound tx;
+  tx.Begin(0, order);
+  uint32_t buf[10];
+  ASSERT_EQ(tx.NextBurst(buf, 4), 4u);
+  tx.Unsend(3);  // only buf[0] went out
+  EXPECT_EQ(tx.packets_sent(), 1u);
+  EXPECT_EQ(tx.pass_remaining(), 9u);
+  std::vector<uint32_t> sent = {buf[0]};
+  const std::vector<uint32_t> rest = DrainPass(tx, {3});
+  sent.insert(sent.end(), rest.begin(), rest.end());
+  EXPECT_EQ(sent, order);
+  EXPECT_EQ(tx.packets_sent(), 10u);
+  // The whole last burst refused: the pass is open again, no PROBE yet.
+  EXPECT_EQ(tx.state(), State::kAwaitingBitmap);
+  tx.Unsend(2);
+  EXPECT_EQ(tx.state(), State::kSending);
+  EXPECT_EQ(tx.NextBurst(buf, 10), 2u);
+  EXPECT_EQ(buf[0], order[8]);
+  EXPECT_EQ(buf[1], order[9]);
+  // More than was handed out is clamped, never underflows.
+  tx.Unsend(1000);
+  EXPECT_EQ(tx.packets_sent(), 0u);
+  EXPECT_EQ(tx.pass_remaining(), 10u);
+}
+
+TEST(SenderRoundTest, UnsendInARetransmissionPassFixesResentCount) {
+  const std::vector<uint32_t> order = Permutation(8, 5);
+  SenderRound tx;
+  tx.Begin(1, order);
+  DrainPass(tx, {8});
+  Bitmap got(8);
+  for (uint32_t s : {0u, 1u, 2u, 3u, 4u}) got.Set(s);
+  ASSERT_TRUE(tx.OnBitmap(got));
+  uint32_t buf[8];
+  ASSERT_EQ(tx.NextBurst(buf, 8), 3u);
+  tx.Unsend(2);
+  EXPECT_EQ(tx.packets_resent(), 1u);
+  EXPECT_EQ(tx.packets_sent(), 9u);
+}
+
 TEST(SenderRoundTest, BurstOfZeroSendsNothing) {
   const std::vector<uint32_t> order = Permutation(10, 1);
   SenderRound tx;
