@@ -4,7 +4,7 @@
 set -euo pipefail
 
 PKGS=(meson ninja-build pkg-config g++ libgtest-dev libgflags-dev
-      libgoogle-glog-dev libnuma-dev dpdk dpdk-dev libdpdk-dev)
+      libgoogle-glog-dev libnuma-dev dpdk dpdk-dev libdpdk-dev python3 iproute2)
 PKGS+=("$@")
 
 missing=()
