@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 namespace dblp {
@@ -51,6 +52,15 @@ std::string EalFix(int err) {
 
 [[noreturn]] void Die(const std::string& what, const std::string& fix) {
   rte_exit(EXIT_FAILURE, "%s. Try: %s\n", what.c_str(), fix.c_str());
+}
+
+std::vector<char*> AppArguments(int argc, char** argv) {
+  std::vector<char*> app;
+  if (argc > 0) app.push_back(argv[0]);
+  int i = 1;
+  while (i < argc && std::strcmp(argv[i], "--") != 0) ++i;
+  for (++i; i < argc; ++i) app.push_back(argv[i]);
+  return app;
 }
 
 int InitEalOrDie(int argc, char** argv) {

@@ -17,6 +17,11 @@ namespace dblp {
 // --no-huge -m, --file-prefix clashes, missing vdev drivers).
 int InitEalOrDie(int argc, char** argv);
 
+// The app's own arguments: argv[0] followed by everything after the first
+// "--". Parsed before the EAL starts, so `app -- --help` and bad app flags
+// answer at once, without hugepages or ports.
+std::vector<char*> AppArguments(int argc, char** argv);
+
 // rte_exit with a formatted "what failed: why. Try: fix" message.
 [[noreturn]] void Die(const std::string& what, const std::string& fix);
 
