@@ -1,0 +1,708 @@
+"""Report logic of tools/dblp-cluster: reads the apps' result files and
+compares tolerance policies side by side, next to the analytic model.
+
+Pure python3 stdlib, no DPDK: tests/test_cluster_report.py drives it with
+synthetic fixture files.
+
+Inputs (one directory per policy, written by the apps' --out_dir):
+  <policy_dir>/server/summary.json            counters of the server
+  <policy_dir>/server/iterations.jsonl        (optional) one row per (it, worker)
+  <policy_dir>/worker<i>/iterations.jsonl     one row per iteration
+  <policy_dir>/worker<i>/summary.json         us_per_packet_clean, control_rtt_us
+
+Definitions (the same as README / DESIGN.md section 5):
+  * latency of an iteration = MAX over workers of the worker's push
+    `send_latency_us` (the push is done when the slowest worker saw STOP);
+  * burst iteration = listed in --burst_iters, flagged `burst` in a row, or
+    listed in a summary.json `bursts` array; clean = every other iteration;
+  * percentiles are nearest-rank (the q-th percentile of n samples is the
+    ceil(q/100 n)-th smallest), like lib/dblp/latency_stats.h, so p50 is an
+    observed value and p99 of 60 samples is the maximum;
+  * analytic model = lib/dblp/analytic.h (see ExpectedPasses below).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+# IPv4 (20) + UDP (8) + DBLP header (20) around every chunk.
+FRAME_OVERHEAD_BYTES = 48
+DEFAULT_MARGIN = 0.35
+
+
+# --------------------------------------------------------------------------
+# Chunking and the analytic model (mirrors lib/dblp/chunking.cc,
+# stop_decision.h and analytic.cc; keep them in step).
+# --------------------------------------------------------------------------
+
+def chunk_payload_bytes(mtu: int = 1500) -> int:
+    """Chunk payload for an IP MTU: mtu - 48, rounded down to 4 bytes."""
+    room = int(mtu) - FRAME_OVERHEAD_BYTES
+    if room < 4:
+        raise ValueError(f"MTU {mtu} leaves no room for a chunk")
+    return room & ~3
+
+
+def num_chunks(floats: int, mtu: int = 1500) -> int:
+    """N = ceil(floats * 4 / chunk payload). 262144 floats @1500 -> 723."""
+    payload = chunk_payload_bytes(mtu)
+    return (int(floats) * 4 + payload - 1) // payload
+
+
+def stop_threshold(n: int, p: float) -> int:
+    """ceil((1 - p) n): n minus the floor(p n) chunks a round may lose."""
+    if not (0.0 <= p < 1.0):
+        raise ValueError(f"loss tolerance p={p} must be in [0, 1)")
+    if n == 0:
+        return 0
+    allowed = math.floor(p * n * (1 + 1e-12))
+    missing_ok = n - 1 if allowed >= n else int(allowed)
+    return n - missing_ok
+
+
+def _smallest_passes(n: float, loss: float, target: float, strict: bool) -> int:
+    def done(k: float) -> bool:
+        left = n * loss ** k
+        return left < target if strict else left <= target
+
+    if loss == 0 or done(1):
+        return 1
+    k = math.ceil(math.log(target / n) / math.log(loss))
+    if not k <= 2 ** 32 - 2:
+        raise ValueError(f"loss {loss} needs more than 2^32 passes")
+    k = max(k, 1)
+    while k > 1 and done(k - 1):
+        k -= 1
+    while not done(k):
+        k += 1
+    return int(k)
+
+
+def expected_passes(n: int, loss: float, p: float) -> Dict[str, float]:
+    """Expected passes and packets of one round (lib/dblp/analytic.h).
+
+    a = floor(p n) chunks may be lost. a >= 1: smallest k with L^k n <= a;
+    a == 0: smallest k with L^k n < 0.5. packets = (n - a) / (1 - L).
+    """
+    for name, v in (("loss", loss), ("p", p)):
+        if not (isinstance(v, (int, float)) and math.isfinite(v)
+                and 0 <= v < 1):
+            raise ValueError(f"{name} must be a finite number in [0, 1), "
+                             f"got {v}")
+    if n <= 0:
+        return {"n": 0, "tolerated": 0, "passes": 0, "packets": 0.0,
+                "packets_over_n": 0.0}
+    need = stop_threshold(n, p)
+    allowed = n - need
+    if allowed >= 1:
+        passes = _smallest_passes(float(n), loss, float(allowed), False)
+    else:
+        passes = _smallest_passes(float(n), loss, 0.5, True)
+    packets = need / (1 - loss)
+    return {"n": n, "tolerated": allowed, "passes": passes,
+            "packets": packets, "packets_over_n": packets / n}
+
+
+COST_MODELS = ("transmitted", "sent")
+
+
+def expected_round_us(estimate: Dict[str, float], us_per_packet: float,
+                      rtt_us: float, cost_model: str = "sent",
+                      loss: float = 0.0) -> float:
+    """Round time of the analytic model (lib/dblp/analytic.h):
+
+    sent:        packets * us_per_packet + (passes - 1) * rtt + rtt / 2
+                 (ExpectedRoundTimeNs: every send costs a frame's time; right
+                 when the loss happens after the sender, on a wire/switch).
+    transmitted: the same with only the frames that leave the sender,
+                 packets * (1 - loss) = n - a of them: the apps' loss
+                 injector drops a frame before building it ("a dropped frame
+                 costs nothing to build", src/datapath.cc), so a lost send
+                 costs ~0 us.
+    """
+    if estimate["passes"] == 0:
+        return 0.0
+    if cost_model not in COST_MODELS:
+        raise ValueError(f"cost model {cost_model!r}: use one of "
+                         f"{', '.join(COST_MODELS)}")
+    frames = estimate["packets"]
+    if cost_model == "transmitted":
+        frames *= (1 - loss)
+    return (frames * us_per_packet
+            + (estimate["passes"] - 1) * rtt_us + rtt_us / 2)
+
+
+# --------------------------------------------------------------------------
+# Statistics.
+# --------------------------------------------------------------------------
+
+def _finite(values: Iterable[Any]) -> List[float]:
+    out = []
+    for v in values:
+        if isinstance(v, (int, float)) and not isinstance(v, bool) \
+                and math.isfinite(v):
+            out.append(float(v))
+    return out
+
+
+def percentile_nearest_rank(values: Iterable[Any], q: float) -> Optional[float]:
+    """ceil(q/100 n)-th smallest (at least the first); None if empty."""
+    s = sorted(_finite(values))
+    if not s:
+        return None
+    q = min(max(q, 0.0), 100.0)
+    rank = max(1, math.ceil(q / 100.0 * len(s) - 1e-9))
+    return s[min(rank, len(s)) - 1]
+
+
+def mean(values: Iterable[Any]) -> Optional[float]:
+    s = _finite(values)
+    return sum(s) / len(s) if s else None
+
+
+def ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    if a is None or b is None or b == 0:
+        return None
+    return float(a) / float(b)
+
+
+# --------------------------------------------------------------------------
+# Loading the apps' files.
+# --------------------------------------------------------------------------
+
+def load_jsonl(path: str) -> List[Dict[str, Any]]:
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: not JSON: {e}") from e
+    return rows
+
+
+def load_json(path: str) -> Optional[Dict[str, Any]]:
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _worker_dirs(policy_dir: str) -> List[str]:
+    if not os.path.isdir(policy_dir):
+        return []
+    found = []
+    for name in os.listdir(policy_dir):
+        m = re.fullmatch(r"worker(\d+)", name)
+        if m and os.path.isdir(os.path.join(policy_dir, name)):
+            found.append((int(m.group(1)), os.path.join(policy_dir, name)))
+    return [d for _, d in sorted(found)]
+
+
+def load_policy_run(policy_dir: str) -> Dict[str, Any]:
+    """Everything the report needs from one policy's output directory."""
+    workers = []
+    for d in _worker_dirs(policy_dir):
+        jl = os.path.join(d, "iterations.jsonl")
+        workers.append({
+            "dir": d,
+            "rows": load_jsonl(jl) if os.path.isfile(jl) else [],
+            "summary": load_json(os.path.join(d, "summary.json")),
+        })
+    server_dir = os.path.join(policy_dir, "server")
+    sjl = os.path.join(server_dir, "iterations.jsonl")
+    return {
+        "dir": policy_dir,
+        "workers": workers,
+        "server_summary": load_json(os.path.join(server_dir, "summary.json")),
+        "server_rows": load_jsonl(sjl) if os.path.isfile(sjl) else [],
+    }
+
+
+_CHUNKS_RE = re.compile(r"(\d+) chunks of (\d+) B")
+
+
+def chunks_from_stdout(text: str) -> Optional[int]:
+    """N from the apps' banner ('... 723 chunks of 1452 B ...')."""
+    m = _CHUNKS_RE.search(text or "")
+    return int(m.group(1)) if m else None
+
+
+def chunks_from_summaries(run: Dict[str, Any]) -> Optional[int]:
+    """N from summary.json info/counters ('chunks' or 'num_chunks'), if the
+    apps write it."""
+    summaries = [run.get("server_summary")] + \
+        [w.get("summary") for w in run.get("workers", [])]
+    for s in summaries:
+        if not s:
+            continue
+        for section in ("info", "counters"):
+            sec = s.get(section) or {}
+            for key in ("chunks", "num_chunks", "chunks_per_round"):
+                if key in sec:
+                    try:
+                        return int(sec[key])
+                    except (TypeError, ValueError):
+                        pass
+    return None
+
+
+# --------------------------------------------------------------------------
+# Analysis of one policy.
+# --------------------------------------------------------------------------
+
+def burst_iterations(run: Dict[str, Any],
+                     configured: Sequence[int] = ()) -> List[int]:
+    """Configured bursts, plus rows flagged `burst`, plus summary `bursts`."""
+    its = {int(i) for i in configured}
+    for w in run.get("workers", []):
+        for r in w["rows"]:
+            if r.get("burst") is True:
+                its.add(int(r["iteration"]))
+        for b in (w.get("summary") or {}).get("bursts", []) or []:
+            if "iteration" in b:
+                its.add(int(b["iteration"]))
+    for b in (run.get("server_summary") or {}).get("bursts", []) or []:
+        if "iteration" in b:
+            its.add(int(b["iteration"]))
+    return sorted(its)
+
+
+def _per_iteration(run: Dict[str, Any]) -> Dict[int, List[Dict[str, Any]]]:
+    by_it: Dict[int, List[Dict[str, Any]]] = {}
+    for w in run.get("workers", []):
+        for r in w["rows"]:
+            by_it.setdefault(int(r["iteration"]), []).append(r)
+    return by_it
+
+
+def _us_per_packet_clean(run: Dict[str, Any],
+                         bursts: set) -> Tuple[Optional[float], str]:
+    vals = _finite((w.get("summary") or {}).get("us_per_packet_clean")
+                   for w in run.get("workers", []))
+    vals = [v for v in vals if v > 0]
+    if vals:
+        return sum(vals) / len(vals), "summary.json us_per_packet_clean"
+    # Same definition as src/run_report.cc: clean one-pass rows.
+    us = pkts = 0.0
+    for w in run.get("workers", []):
+        for r in w["rows"]:
+            if int(r["iteration"]) in bursts or r.get("passes") != 1:
+                continue
+            lat, n = r.get("send_latency_us"), r.get("packets_sent")
+            if _finite([lat]) and _finite([n]):
+                us += lat
+                pkts += n
+    if pkts > 0:
+        return us / pkts, "clean send latency / packets_sent"
+    return None, "unavailable"
+
+
+def _control_rtt(run: Dict[str, Any]) -> Tuple[Optional[float], str]:
+    vals = [v for v in _finite((w.get("summary") or {}).get("control_rtt_us")
+                               for w in run.get("workers", [])) if v > 0]
+    if vals:
+        return sum(vals) / len(vals), "summary.json control_rtt_us"
+    rows = [v for w in run.get("workers", [])
+            for v in _finite(r.get("control_rtt_us") for r in w["rows"])
+            if v > 0]
+    if rows:
+        return sum(rows) / len(rows), "iterations.jsonl control_rtt_us"
+    return None, "unavailable (no PROBE was answered)"
+
+
+# Server counters summarised in the report: label -> counter keys summed.
+SERVER_COUNTER_GROUPS = [
+    ("accepted", ["push_accepted"]),
+    ("duplicate", ["push_duplicate"]),
+    ("stale", ["push_stale_round"]),
+    ("future", ["push_future_round"]),
+    ("late", ["push_late"]),
+    ("malformed", ["push_malformed", "push_wrong_session", "push_wrong_sender",
+                   "push_wrong_type", "push_out_of_range", "decode_*",
+                   "frame_*"]),
+    ("injected_drops", ["injected_drops"]),
+    ("device_drops", ["device_imissed", "device_rx_nombuf",
+                      "device_oerrors"]),
+    ("tx_full_drops", ["tx_full_drops"]),
+    ("protocol_errors", ["control_protocol_errors"]),
+]
+WORKER_COUNTER_GROUPS = [
+    ("injected_drops", ["injected_drops"]),
+    ("device_drops", ["device_imissed", "device_rx_nombuf",
+                      "device_oerrors"]),
+    ("bcast_stale", ["bcast_stale"]),
+    ("bcast_malformed", ["bcast_malformed", "frame_*"]),
+]
+
+
+def sum_counters(counters: Dict[str, Any], keys: Sequence[str]) -> int:
+    total = 0
+    for key in keys:
+        if key.endswith("*"):
+            total += sum(int(v) for k, v in counters.items()
+                         if k.startswith(key[:-1]) and _finite([v]))
+        elif key in counters and _finite([counters[key]]):
+            total += int(counters[key])
+    return total
+
+
+def summarize_counters(run: Dict[str, Any]) -> Dict[str, Any]:
+    server = (run.get("server_summary") or {}).get("counters") or {}
+    out: Dict[str, Any] = {"server_present": bool(run.get("server_summary"))}
+    out["server"] = {label: sum_counters(server, keys)
+                     for label, keys in SERVER_COUNTER_GROUPS}
+    workers: Dict[str, int] = {label: 0 for label, _ in WORKER_COUNTER_GROUPS}
+    for w in run.get("workers", []):
+        c = (w.get("summary") or {}).get("counters") or {}
+        for label, keys in WORKER_COUNTER_GROUPS:
+            workers[label] += sum_counters(c, keys)
+    out["workers"] = workers
+    return out
+
+
+def analyze_policy(run: Dict[str, Any], *, n: int, burst_loss: float,
+                   configured_bursts: Sequence[int] = (),
+                   margin: float = DEFAULT_MARGIN,
+                   warmup: int = 0,
+                   cost_model: str = "transmitted") -> Dict[str, Any]:
+    """Per-policy numbers of the report (see module docstring)."""
+    bursts = burst_iterations(run, configured_bursts)
+    burst_set = set(bursts)
+    by_it = _per_iteration(run)
+    nworkers = len(run.get("workers", []))
+    its = sorted(i for i in by_it if i >= warmup)
+    latency = {}
+    incomplete = []
+    for i in its:
+        lat = _finite(r.get("send_latency_us") for r in by_it[i])
+        if lat:
+            latency[i] = max(lat)
+        if len(by_it[i]) < nworkers:
+            incomplete.append(i)
+    clean = [latency[i] for i in its if i not in burst_set and i in latency]
+    all_lat = [latency[i] for i in its if i in latency]
+    us_pkt, us_pkt_src = _us_per_packet_clean(run, burst_set)
+    rtt, rtt_src = _control_rtt(run)
+
+    burst_rows = []
+    for b in bursts:
+        rows = by_it.get(b, [])
+        p_vals = _finite(r.get("p") for r in rows)
+        p = mean(p_vals)
+        passes = mean(r.get("passes") for r in rows)
+        pkts = mean(r.get("packets_sent") for r in rows)
+        entry: Dict[str, Any] = {
+            "iteration": b,
+            "workers": len(rows),
+            "latency_us": latency.get(b),
+            "p": p,
+            "p_mixed": len(set(p_vals)) > 1,
+            "passes": passes,
+            "passes_max": max(_finite(r.get("passes") for r in rows),
+                              default=None),
+            "packets_over_n": (pkts / n) if (pkts is not None and n) else None,
+            "expected": None,
+        }
+        if p is not None and n and 0 <= p < 1 and 0 <= burst_loss < 1:
+            est = expected_passes(n, burst_loss, p)
+            exp = dict(est)
+            if us_pkt is not None:
+                for model in COST_MODELS:
+                    exp[f"us_{model}"] = expected_round_us(
+                        est, us_pkt, rtt or 0.0, model, burst_loss)
+                exp["us"] = exp[f"us_{cost_model}"]
+                exp["measured_over_expected"] = ratio(entry["latency_us"],
+                                                      exp["us"])
+                r_ = exp["measured_over_expected"]
+                exp["within_margin"] = (r_ is not None
+                                        and abs(r_ - 1.0) <= margin)
+            else:
+                exp["us"] = None
+                exp["measured_over_expected"] = None
+                exp["within_margin"] = None
+            entry["expected"] = exp
+        burst_rows.append(entry)
+
+    return {
+        "workers": nworkers,
+        "iterations": len(its),
+        "warmup_skipped": warmup,
+        "incomplete_iterations": incomplete,
+        "n": n,
+        "bursts": bursts,
+        "clean_p50_us": percentile_nearest_rank(clean, 50),
+        "clean_count": len(clean),
+        "p99_us": percentile_nearest_rank(all_lat, 99),
+        "mean_us": mean(all_lat),
+        "max_us": max(all_lat) if all_lat else None,
+        "us_per_packet_clean": us_pkt,
+        "us_per_packet_source": us_pkt_src,
+        "control_rtt_us": rtt,
+        "control_rtt_source": rtt_src,
+        "p_clean": sorted({round(float(r["p"]), 6)
+                           for i in its if i not in burst_set
+                           for r in by_it[i] if _finite([r.get("p")])}),
+        "burst_rows": burst_rows,
+        "counters": summarize_counters(run),
+        "latency_by_iteration": {str(i): latency[i] for i in sorted(latency)},
+    }
+
+
+def compare(results: Dict[str, Dict[str, Any]],
+            order: Sequence[str]) -> List[Dict[str, Any]]:
+    """Ratios first-policy / each other policy (fixed/dblp by default)."""
+    present = [p for p in order if p in results and results[p]]
+    out = []
+    if len(present) < 2:
+        return out
+    base = present[0]
+    b = results[base]
+    for other in present[1:]:
+        o = results[other]
+        o_burst = {e["iteration"]: e for e in o["burst_rows"]}
+        bursts = []
+        for e in b["burst_rows"]:
+            oe = o_burst.get(e["iteration"])
+            bursts.append({"iteration": e["iteration"],
+                           "ratio": ratio(e["latency_us"],
+                                          oe["latency_us"] if oe else None)})
+        out.append({
+            "numerator": base, "denominator": other,
+            "clean_p50": ratio(b["clean_p50_us"], o["clean_p50_us"]),
+            "bursts": bursts,
+            "p99": ratio(b["p99_us"], o["p99_us"]),
+            "mean": ratio(b["mean_us"], o["mean_us"]),
+        })
+    return out
+
+
+def build_report(out_dir: str, policies: Sequence[str], *, floats: int,
+                 burst_loss: float, configured_bursts: Sequence[int] = (),
+                 mtu: int = 1500, margin: float = DEFAULT_MARGIN,
+                 warmup: int = 0, cost_model: str = "transmitted",
+                 params: Optional[Dict[str, Any]] = None,
+                 chunks_hint: Optional[int] = None,
+                 status: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """Loads <out_dir>/<policy>/... for every policy and analyses it."""
+    computed_n = num_chunks(floats, mtu)
+    results: Dict[str, Any] = {}
+    n_used: Dict[str, Any] = {}
+    for pol in policies:
+        pdir = os.path.join(out_dir, pol)
+        run = load_policy_run(pdir)
+        if not any(w["rows"] for w in run["workers"]):
+            results[pol] = None
+            continue
+        n = chunks_from_summaries(run) or chunks_hint or computed_n
+        source = ("summary.json" if chunks_from_summaries(run) else
+                  "app banner" if chunks_hint else
+                  f"ceil(floats*4/{chunk_payload_bytes(mtu)})")
+        n_used[pol] = {"n": n, "source": source}
+        results[pol] = analyze_policy(run, n=n, burst_loss=burst_loss,
+                                      configured_bursts=configured_bursts,
+                                      margin=margin, warmup=warmup,
+                                      cost_model=cost_model)
+    return {
+        "params": dict(params or {}),
+        "floats": floats,
+        "mtu": mtu,
+        "chunk_bytes": chunk_payload_bytes(mtu),
+        "n_computed": computed_n,
+        "n_used": n_used,
+        "burst_loss": burst_loss,
+        "margin": margin,
+        "cost_model": cost_model,
+        "policies": list(policies),
+        "results": results,
+        "ratios": compare(results, policies),
+        "status": dict(status or {}),
+    }
+
+
+# --------------------------------------------------------------------------
+# Formatting.
+# --------------------------------------------------------------------------
+
+def _f(v: Optional[float], fmt: str = "{:.1f}", none: str = "-") -> str:
+    return none if v is None else fmt.format(v)
+
+
+def _x(v: Optional[float]) -> str:
+    return "-" if v is None else f"{v:.2f}x"
+
+
+def _table(rows: List[List[str]], right: Sequence[bool]) -> List[str]:
+    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+    out = []
+    for r in rows:
+        cells = [(r[c].rjust(widths[c]) if right[c] else r[c].ljust(widths[c]))
+                 for c in range(len(r))]
+        out.append("  ".join(cells).rstrip())
+    return out
+
+
+def format_text(report: Dict[str, Any]) -> str:
+    """The human report (stdout and, fenced, report.md)."""
+    res = report["results"]
+    lines = []
+    prm = report.get("params") or {}
+    ns = sorted({v["n"] for v in report["n_used"].values()}) or \
+        [report["n_computed"]]
+    head = (f"DBLP local cluster: {prm.get('workers', '?')} workers, "
+            f"{prm.get('iterations', '?')} iterations, {report['floats']} "
+            f"floats = N {'/'.join(map(str, ns))} chunks of "
+            f"{report['chunk_bytes']} B, burst loss L={report['burst_loss']}")
+    if prm.get("seed") is not None:
+        head += f", seed {prm['seed']}"
+    lines.append(head)
+    lines.append("latency = push send latency per iteration, max over "
+                 "workers (us); percentiles nearest-rank; clean = not a "
+                 "burst iteration")
+    warm = max((r["warmup_skipped"] for r in res.values() if r), default=0)
+    if warm:
+        lines.append(f"first {warm} iteration(s) skipped as warm-up")
+    lines.append("")
+
+    rows = [["policy", "p (clean)", "clean p50", "p99", "mean", "max",
+             "us/pkt", "rtt us", "iters"]]
+    for pol in report["policies"]:
+        r = res.get(pol)
+        if not r:
+            rows.append([pol, "no data", "-", "-", "-", "-", "-", "-", "-"])
+            continue
+        pc = r["p_clean"]
+        ptxt = ("/".join(f"{p:g}" for p in pc[:3]) + ("/..." if len(pc) > 3
+                                                      else "")) if pc else "-"
+        rows.append([pol, ptxt, _f(r["clean_p50_us"]), _f(r["p99_us"]),
+                     _f(r["mean_us"]), _f(r["max_us"]),
+                     _f(r["us_per_packet_clean"], "{:.3f}"),
+                     _f(r["control_rtt_us"]), str(r["iterations"])])
+    lines += _table(rows, [False, False] + [True] * 7)
+    lines.append("")
+
+    margin = report["margin"]
+    all_bursts = sorted({b["iteration"] for r in res.values() if r
+                         for b in r["burst_rows"]})
+    if all_bursts:
+        lines.append(f"burst iterations: measured vs analytic expectation "
+                     f"(L={report['burst_loss']}, measured us/pkt and rtt; "
+                     f"flag outside ±{margin * 100:.0f}%)")
+        rows = [["burst", "policy", "p", "passes", "pkts/N", "push us", "|",
+                 "exp passes", "exp pkts/N", "exp us", "meas/exp", ""]]
+        for b in all_bursts:
+            for pol in report["policies"]:
+                r = res.get(pol)
+                if not r:
+                    continue
+                e = next((x for x in r["burst_rows"] if x["iteration"] == b),
+                         None)
+                if e is None:
+                    continue
+                exp = e["expected"] or {}
+                flag = ""
+                if exp.get("within_margin") is False:
+                    flag = "OUTSIDE MARGIN"
+                elif exp and exp.get("us") is None:
+                    flag = "(no us/pkt: time not modelled)"
+                ptxt = _f(e["p"], "{:.3f}") + ("*" if e["p_mixed"] else "")
+                passes = _f(e["passes"], "{:.1f}")
+                if e["passes_max"] is not None:
+                    passes += f"/{e['passes_max']:g}"
+                rows.append([str(b), pol, ptxt, passes,
+                             _f(e["packets_over_n"], "{:.2f}"),
+                             _f(e["latency_us"]), "|",
+                             _f(exp.get("passes"), "{:g}"),
+                             _f(exp.get("packets_over_n"), "{:.2f}"),
+                             _f(exp.get("us")),
+                             _f(exp.get("measured_over_expected"), "{:.2f}"),
+                             flag])
+        lines += _table(rows, [False, False, True, True, True, True, False,
+                               True, True, True, True, False])
+        lines.append("  passes = mean/max over workers; pkts/N = mean over "
+                     "workers (sends, lost ones included)")
+        if report.get("cost_model", "sent") == "sent":
+            lines.append("  exp us = pkts*us/pkt + (passes-1)*rtt + rtt/2 "
+                         "(cost model 'sent': every send costs a frame)")
+        else:
+            lines.append("  exp us = pkts*(1-L)*us/pkt + (passes-1)*rtt + "
+                         "rtt/2 (cost model 'transmitted': the injector drops "
+                         "a frame before it is built)")
+        if any(e["p_mixed"] for r in res.values() if r
+               for e in r["burst_rows"]):
+            lines.append("  * workers saw different p in this iteration "
+                         "(mean shown)")
+        lines.append("")
+    else:
+        lines.append("no burst iterations in this run")
+        lines.append("")
+
+    for c in report["ratios"]:
+        parts = [f"clean p50 {_x(c['clean_p50'])}"]
+        parts += [f"burst@{b['iteration']} {_x(b['ratio'])}"
+                  for b in c["bursts"]]
+        parts += [f"p99 {_x(c['p99'])}", f"mean {_x(c['mean'])}"]
+        lines.append(f"ratio {c['numerator']}/{c['denominator']}: "
+                     + ", ".join(parts))
+    if report["ratios"]:
+        lines.append("")
+
+    lines.append("counters: server (push receive) | workers (sum)")
+    rows = [["policy", "stale", "malformed", "late", "dup", "inj drops",
+             "dev drops", "tx full", "proto err", "|", "inj drops",
+             "dev drops"]]
+    for pol in report["policies"]:
+        r = res.get(pol)
+        if not r:
+            continue
+        s, w = r["counters"]["server"], r["counters"]["workers"]
+        cells = ([str(s[k]) for k in ("stale", "malformed", "late",
+                                      "duplicate", "injected_drops",
+                                      "device_drops", "tx_full_drops",
+                                      "protocol_errors")]
+                 if r["counters"]["server_present"] else
+                 ["no summary.json"] + [""] * 7)
+        rows.append([pol] + cells + ["|", str(w["injected_drops"]),
+                                     str(w["device_drops"])])
+    lines += _table(rows, [False] + [True] * 8 + [False, True, True])
+    lines.append("  server: stale = push frames of an old round; malformed = "
+                 "bad frame/header/session/sender/seq; inj drops = the "
+                 "server's broadcast loss injector; workers: push injector")
+
+    st = report.get("status") or {}
+    failed = {k: v for k, v in st.items() if v.get("failed")}
+    if failed:
+        lines.append("")
+        lines.append("FAILED: " + ", ".join(sorted(failed)))
+    return "\n".join(lines) + "\n"
+
+
+def format_markdown(report: Dict[str, Any]) -> str:
+    prm = report.get("params") or {}
+    out = ["# DBLP local cluster report", ""]
+    if prm.get("command"):
+        out += ["Command:", "", "```", prm["command"], "```", ""]
+    out += ["```", format_text(report).rstrip("\n"), "```", ""]
+    out += ["Files: `<policy>/server/`, `<policy>/worker<i>/` "
+            "(iterations.jsonl/.csv, summary.json), `<policy>/logs/` "
+            "(stdout/stderr of every process), `report.json`.", ""]
+    return "\n".join(out)
+
+
+def write_report(out_dir: str, report: Dict[str, Any]) -> str:
+    """Writes report.json and report.md; returns the text form."""
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "report.json"), "w",
+              encoding="utf-8") as f:
+        json.dump(report, f, indent=2, sort_keys=False)
+        f.write("\n")
+    with open(os.path.join(out_dir, "report.md"), "w", encoding="utf-8") as f:
+        f.write(format_markdown(report))
+    return format_text(report)
