@@ -27,10 +27,14 @@ DEFINE_uint32(mbufs, 0, "mbufs in the pool (0 = sized from the ports)");
 DEFINE_uint32(idle_sleep_us, 20, "idle back-off: longest sleep of an idle "
               "poll loop in us (0 = pure busy polling)");
 DEFINE_uint32(idle_spin, 512, "idle back-off: empty polls before sleeping");
+DEFINE_bool(realtime, false, "run the datapath lcore under SCHED_FIFO (needs "
+            "root): for hosts where several DBLP processes share a core, so "
+            "a datapath with work preempts one without; keep the idle "
+            "back-off on (--idle_sleep_us > 0)");
 DEFINE_double(stats_period, 1.0, "seconds between stats lines (0 = none)");
 DEFINE_string(out_dir, "", "write iterations.jsonl/.csv and summary.json "
               "here");
-DEFINE_string(loss, "none", "software loss on this app's data TX outside "
+DEFINE_string(loss, "none", "software loss on the data frames this app receives, outside "
               "bursts: none | bernoulli:P | ge:P_GB,P_BG,LOSS_GOOD,LOSS_BAD");
 DEFINE_string(burst_iters, "", "iterations with a one-iteration microburst, "
               "e.g. 279,651");
@@ -83,6 +87,11 @@ inline DatapathOptions DatapathOptionsFromFlags() {
   d.send_order = SendOrderFromFlags();
   d.idle_spin = FLAGS_idle_spin;
   d.idle_sleep_us = FLAGS_idle_sleep_us;
+  d.realtime = FLAGS_realtime;
+  if (d.realtime && d.idle_sleep_us == 0) {
+    FlagError("--realtime needs --idle_sleep_us > 0: a real-time thread that "
+              "never sleeps starves everything else on its core");
+  }
   d.stats_period_s = FLAGS_stats_period;
   d.round_timeout_ms = FLAGS_round_timeout_ms;
   d.out_dir = FLAGS_out_dir;

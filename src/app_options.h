@@ -21,6 +21,7 @@ struct DatapathOptions {
   SendOrderKind send_order = kDefaultSendOrder;
   uint32_t idle_spin = 512;
   uint32_t idle_sleep_us = 20;
+  bool realtime = false;       // datapath lcore under SCHED_FIFO
   double stats_period_s = 1.0;
   uint32_t round_timeout_ms = 30000;  // no progress this long: fail clearly
   std::string out_dir;

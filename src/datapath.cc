@@ -30,19 +30,13 @@ uint32_t ChunkTransmitter::Send(FrameTemplate& tmpl, DataHeader proto,
   rte_mbuf* mbufs[kMaxBurst];
   uint32_t consumed = 0;
   while (consumed < n) {
-    const uint32_t chunk = std::min(n - consumed, kMaxBurst);
-    // Decide losses first: a dropped frame costs nothing to build.
-    uint32_t keep[kMaxBurst];  // index into seqs of each frame to build
-    uint32_t k = 0;
-    for (uint32_t i = consumed; i < consumed + chunk; ++i) {
-      if (loss == nullptr || !loss->ShouldDrop()) keep[k++] = i;
-    }
-    if (k > 0 && rte_pktmbuf_alloc_bulk(pool, mbufs, k) != 0) {
+    const uint32_t k = std::min(n - consumed, kMaxBurst);
+    if (rte_pktmbuf_alloc_bulk(pool, mbufs, k) != 0) {
       DatapathCounters::Add(counters->mbuf_alloc_failures);
       return consumed;  // no mbufs now: hand this burst back
     }
     for (uint32_t i = 0; i < k; ++i) {
-      const uint32_t seq = seqs[keep[i]];
+      const uint32_t seq = seqs[consumed + i];
       proto.seq = seq;
       proto.payload_len = static_cast<uint16_t>(layout.Length(seq));
       tmpl.Build(mbufs[i], proto, buffer + layout.Offset(seq));
@@ -54,17 +48,13 @@ uint32_t ChunkTransmitter::Send(FrameTemplate& tmpl, DataHeader proto,
     }
     DatapathCounters::Add(counters->tx_frames, done);
     if (done < k) {
-      // The ring stayed full: free the unsent frames and report the seqs
-      // from the first unsent one on as not consumed.
+      // The ring stayed full: free the unsent frames and report them as
+      // not consumed.
       DatapathCounters::Add(counters->tx_ring_full);
       rte_pktmbuf_free_bulk(mbufs + done, k - done);
-      // Injected losses count only for the seqs consumed (sent and lost).
-      DatapathCounters::Add(counters->injected_drops,
-                            keep[done] - consumed - done);
-      return keep[done];
+      return consumed + done;
     }
-    DatapathCounters::Add(counters->injected_drops, chunk - k);
-    consumed += chunk;
+    consumed += k;
   }
   return consumed;
 }

@@ -3,15 +3,18 @@
 // the clock, and the chunk transmitter.
 #pragma once
 
+#include <rte_byteorder.h>
 #include <rte_common.h>
 #include <rte_cycles.h>
 #include <rte_mbuf.h>
 #include <rte_ring.h>
 
 #include <array>
+#include <cstddef>
 #include <cstring>
 #include <atomic>
 #include <cstdint>
+#include <span>
 #include <string>
 
 #include "dblp/bitmap.h"
@@ -56,11 +59,13 @@ struct CtlEvent {
     kRoundBegin = 1,  // round, direction, value = p as double bits
     kBitmap,          // a BITMAP for sender `peer` is in its slot
     kStopSeen,        // STOP arrived for sender `peer` at value = ns
+    kProbe,           // a PROBE for `round` of our receiver of `peer`
     kPeerGone,        // the control connection of `peer` closed
     kFatal,           // the control plane failed; stop
     // datapath -> sidecar
     kSendProbe,       // PROBE for `round` of `peer`, value = pass
     kSendStop,        // STOP for `round` of `peer`, value = received
+    kSendBitmap,      // the BITMAP for `round` of `peer` is in its mailbox
     kSendRoundBegin,  // ROUND_BEGIN to every peer (server)
     kIterationDone,   // a worker finished its last iteration: send BYE
   };
@@ -103,35 +108,37 @@ class EventRing {
   rte_ring* ring_ = nullptr;
 };
 
-// A BITMAP handed from the sidecar to the datapath. One per sender: a
-// sender has at most one PROBE outstanding, so at most one BITMAP is in
-// flight; a second one while the first is unread is counted and dropped.
+// A bitmap handed between the sidecar and the datapath, either way: the
+// sidecar posts a BITMAP it received for a sender, the datapath posts the
+// snapshot it answers a PROBE with. One per peer and direction suffices: a
+// sender has at most one PROBE outstanding. A post while the previous one
+// is unread is counted and dropped.
 class BitmapMailbox {
  public:
-  // Sidecar. Returns false (counted) if the slot is busy or the words do
+  // Producer. Returns false (counted) if the slot is busy or the words do
   // not fit `num_bits`.
-  bool Post(const BitmapMsg& m) {
+  bool Post(uint32_t num_bits, std::span<const uint64_t> words) {
     if (busy_.load(std::memory_order_acquire)) {
       dropped_.fetch_add(1, std::memory_order_relaxed);
       return false;
     }
-    slot_.Resize(m.num_bits);
-    if (!slot_.AssignWords(m.words)) {
+    if (slot_.size() != num_bits) slot_.Resize(num_bits);
+    if (!slot_.AssignWords(words)) {
       dropped_.fetch_add(1, std::memory_order_relaxed);
       return false;
     }
     busy_.store(true, std::memory_order_release);
     return true;
   }
-  // Datapath, after the event announcing the post: read, then Release.
+  // Consumer, after the event announcing the post: read, then Release.
   const Bitmap& slot() const { return slot_; }
   void Release() { busy_.store(false, std::memory_order_release); }
   uint64_t dropped() const { return dropped_.load(std::memory_order_relaxed); }
 
  private:
-  Bitmap slot_;                          // sidecar: wo while !busy; dp: ro
-  std::atomic<bool> busy_{false};        // sidecar: sets; datapath: clears
-  std::atomic<uint64_t> dropped_{0};     // sidecar: wo
+  Bitmap slot_;                          // producer: wo while !busy
+  std::atomic<bool> busy_{false};        // producer: sets; consumer: clears
+  std::atomic<uint64_t> dropped_{0};     // producer: wo
 };
 
 // The idle back-off and no-progress watchdog of a round's poll loop.
@@ -169,19 +176,54 @@ class RoundPacer {
   uint64_t last_progress_ = 0;
 };
 
+// The software loss injector, on the receiving side of a direction: a frame
+// it drops has crossed the link, so the sender paid for it as on a lossy
+// wire, and it is discarded before the protocol sees it. A burst follows the
+// frame's own iteration (round / 2), so a frame of the next iteration that
+// arrives early is judged by that iteration's schedule.
+class RxLossInjector {
+ public:
+  RxLossInjector(const LossSpec& base, const BurstSchedule& bursts,
+                 uint64_t seed)
+      : injector_(base, bursts, seed), has_window_(bursts.HasWindow()) {}
+
+  // `dblp` is the UDP payload of a validated frame. A frame too short to
+  // carry a round is never dropped here: the protocol counts it malformed.
+  bool ShouldDrop(const uint8_t* dblp, uint16_t len, uint64_t now_ns) {
+    if (len < kDataHeaderBytes) return false;
+    uint32_t round_be;
+    std::memcpy(&round_be, dblp + offsetof(DataHeaderWire, round_be), 4);
+    const uint64_t it = rte_be_to_cpu_32(round_be) / 2;
+    if (it != iteration_) {
+      iteration_ = it;
+      injector_.SetIteration(it);
+    }
+    if (has_window_) injector_.SetTimeNs(now_ns - start_ns_);
+    return injector_.ShouldDrop();
+  }
+  void StartClock(uint64_t now_ns) { start_ns_ = now_ns; }
+  bool InBurst(uint64_t iteration) const {
+    return injector_.bursts().Contains(iteration);
+  }
+
+ private:
+  LossInjector injector_;
+  bool has_window_;
+  uint64_t iteration_ = 0;
+  uint64_t start_ns_ = 0;
+};
+
 // Sends the chunks a SenderRound hands out, built straight into mbufs.
 struct ChunkTransmitter {
   uint16_t port = 0;
   uint16_t queue = 0;
   rte_mempool* pool = nullptr;
-  LossInjector* loss = nullptr;  // may be null
   DatapathCounters* counters = nullptr;
   uint32_t tx_retries = 8;      // bounded retry when the TX ring is full
 
   // Builds and transmits `n` chunks `seqs` of `buffer` as frames of `proto`
   // (type, session, rank, round; seq and length are filled per chunk).
-  // Frames the loss injector drops are never built (they count as sent, as
-  // if lost on the wire). Returns how many of `seqs` were consumed: fewer
+  // Returns how many of `seqs` were consumed: fewer
   // than `n` when the TX ring stayed full, and the caller hands the rest
   // back (SenderRound::Unsend) to send later.
   uint32_t Send(FrameTemplate& tmpl, DataHeader proto, const uint32_t* seqs,

@@ -10,6 +10,9 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <pthread.h>
+#include <sched.h>
+
 #include <cstring>
 #include <string>
 
@@ -61,6 +64,12 @@ std::vector<char*> AppArguments(int argc, char** argv) {
   while (i < argc && std::strcmp(argv[i], "--") != 0) ++i;
   for (++i; i < argc; ++i) app.push_back(argv[i]);
   return app;
+}
+
+bool SetRealtime(pthread_t thread, int priority) {
+  sched_param param{};
+  param.sched_priority = sched_get_priority_min(SCHED_FIFO) + priority - 1;
+  return pthread_setschedparam(thread, SCHED_FIFO, &param) == 0;
 }
 
 int InitEalOrDie(int argc, char** argv) {

@@ -6,6 +6,9 @@
 
 #include <cstdint>
 #include <string>
+#include <pthread.h>
+
+#include <thread>
 #include <vector>
 
 namespace dblp {
@@ -31,6 +34,18 @@ std::string FormatIpv4(uint32_t host_order);
 // Parses "aa:bb:cc:dd:ee:ff"; false on junk.
 bool ParseMac(const std::string& text, uint8_t out[6]);
 std::string FormatMac(const uint8_t mac[6]);
+
+// Real-time priorities (SCHED_FIFO) for hosts where several DBLP processes
+// share a core. The control sidecar blocks in epoll almost always; when a
+// PROBE or STOP arrives it must run at once, not after a busy datapath
+// thread's CFS time slice (milliseconds). With --realtime the datapath
+// lcore is FIFO too, one level lower, so a datapath that sleeps while idle
+// (the idle back-off) gets the core back as soon as it has work instead of
+// a time slice later. Return false (and change nothing) without
+// CAP_SYS_NICE.
+inline constexpr int kSidecarRtPriority = 2;
+inline constexpr int kDatapathRtPriority = 1;
+bool SetRealtime(pthread_t thread, int priority);
 
 // Idle back-off for poll loops sharing few cores: after `spin_polls` empty
 // polls it pauses, then sleeps with a growing interval up to `max_sleep_us`.

@@ -1,5 +1,6 @@
 #include "port.h"
 
+#include <rte_cycles.h>
 #include <rte_errno.h>
 #include <rte_lcore.h>
 #include <rte_mbuf.h>
@@ -289,6 +290,20 @@ PortDrops ReadPortDrops(uint16_t port_id) {
     d.oerrors = st.oerrors;
   }
   return d;
+}
+
+bool WaitForLink(uint16_t port_id, uint32_t timeout_ms) {
+  const uint64_t hz = rte_get_timer_hz();
+  const uint64_t deadline = rte_get_timer_cycles() + hz / 1000 * timeout_ms;
+  for (;;) {
+    rte_eth_link link{};
+    if (rte_eth_link_get_nowait(port_id, &link) == 0 &&
+        link.link_status == RTE_ETH_LINK_UP) {
+      return true;
+    }
+    if (rte_get_timer_cycles() > deadline) return false;
+    rte_delay_us_sleep(1000);  // setup only: the datapath has not started
+  }
 }
 
 }  // namespace dblp

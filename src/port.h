@@ -62,6 +62,10 @@ PortCaps SetupPortOrDie(const PortOptions& opts, rte_mempool* pool);
 // Pure arithmetic (no EAL needed): one lcore per queue plus one more.
 uint32_t MbufsNeeded(const PortOptions& opts, uint32_t burst, uint32_t extra);
 
+// Polls the link state until it is up or `timeout_ms` passed. A memif
+// client's link comes up only once its server side accepted it.
+bool WaitForLink(uint16_t port_id, uint32_t timeout_ms);
+
 // Device drops (imissed + rx_nombuf + oerrors) for the summary.
 struct PortDrops {
   uint64_t imissed = 0, ierrors = 0, rx_nombuf = 0, oerrors = 0;

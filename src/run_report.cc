@@ -24,18 +24,6 @@ std::vector<double> Column(const RunReport& r, bool clean_only,
   return v;
 }
 
-// Send latency per packet sent in clean iterations: the measured cost of
-// one frame on this link, used to turn the analytic model into time.
-double UsPerPacketClean(const RunReport& r) {
-  double us = 0, pkts = 0;
-  for (const auto& row : r.rows) {
-    if (IsBurst(r, row.iteration) || row.passes != 1) continue;
-    us += row.send_latency_us;
-    pkts += static_cast<double>(row.packets_sent);
-  }
-  return pkts > 0 ? us / pkts : 0;
-}
-
 double MeanRtt(const RunReport& r) {
   double sum = 0;
   int n = 0;
@@ -46,6 +34,21 @@ double MeanRtt(const RunReport& r) {
     }
   }
   return n > 0 ? sum / n : 0;
+}
+
+// The cost of one frame on this link, calibrated to the analytic model: a
+// clean one-pass round takes packets * t + rtt / 2 (the STOP travelling
+// back), so t = (latency - rtt / 2) / packets over clean one-pass rounds.
+// Turns the model's expected packets and passes into time.
+double UsPerPacketClean(const RunReport& r) {
+  const double half_rtt = MeanRtt(r) / 2;
+  double us = 0, pkts = 0;
+  for (const auto& row : r.rows) {
+    if (IsBurst(r, row.iteration) || row.passes != 1) continue;
+    us += std::max(0.0, row.send_latency_us - half_rtt);
+    pkts += static_cast<double>(row.packets_sent);
+  }
+  return pkts > 0 ? us / pkts : 0;
 }
 
 }  // namespace

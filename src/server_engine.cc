@@ -45,6 +45,9 @@ struct WorkerLink {
   std::unique_ptr<SendOrder> order;
   std::vector<uint32_t> order_buf;      // datapath only
   BitmapMailbox bcast_bitmap;           // sidecar -> datapath
+  BitmapMailbox push_bitmap;            // datapath -> sidecar (PROBE answer)
+  bool probe_pending = false;           // datapath only
+  uint32_t probe_round = 0;             // datapath only
   // Learned from the first accepted push frame (datapath only).
   bool learned = false;
   uint16_t port = 0;
@@ -137,6 +140,14 @@ int RunServer(const ServerOptions& o) {
                                e.value2 ? StopReason::kDeadline
                                         : StopReason::kThreshold});
           break;
+        case CtlEvent::kSendBitmap: {
+          WorkerLink& l = *sh.links[e.peer];
+          const Bitmap& b = l.push_bitmap.slot();
+          sc_ptr->Send(l.conn, BitmapMsg{e.round, Direction::kPush, b.size(),
+                                         {b.words().begin(), b.words().end()}});
+          l.push_bitmap.Release();
+          break;
+        }
         case CtlEvent::kSendProbe:
           sc_ptr->Send(sh.links[e.peer]->conn,
                        ProbeMsg{e.round, Direction::kBroadcast,
@@ -220,15 +231,11 @@ int RunServer(const ServerOptions& o) {
     if (w < 0) return;
     WorkerLink& l = *sh.links[w];
     if (const auto* pr = std::get_if<ProbeMsg>(&m)) {
-      // Send any STOP the datapath queued first, so a STOP never trails a
-      // BITMAP of the same round on the wire.
-      send_requests();
-      if (pr->direction == Direction::kPush &&
-          pr->round == l.push_rx->round()) {
-        Bitmap snap;
-        l.push_rx->SnapshotBitmap(snap);
-        sc_ptr->Send(c, BitmapMsg{pr->round, Direction::kPush, snap.size(),
-                                  {snap.words().begin(), snap.words().end()}});
+      // The datapath answers, after draining its RX rings, so the BITMAP
+      // counts every frame that arrived before the PROBE.
+      if (pr->direction == Direction::kPush) {
+        events.Push(CtlEvent{CtlEvent::kProbe, 0, static_cast<uint16_t>(w),
+                             pr->round, 0, 0, 0});
       }
     } else if (const auto* st = std::get_if<StopMsg>(&m)) {
       if (st->direction == Direction::kBroadcast) {
@@ -237,7 +244,8 @@ int RunServer(const ServerOptions& o) {
                              st->round, NowNs(), 0, 0});
       }
     } else if (const auto* bm = std::get_if<BitmapMsg>(&m)) {
-      if (bm->direction != Direction::kBroadcast || !l.bcast_bitmap.Post(*bm)) {
+      if (bm->direction != Direction::kBroadcast ||
+          !l.bcast_bitmap.Post(bm->num_bits, bm->words)) {
         return;
       }
       events.Push(CtlEvent{CtlEvent::kBitmap, 1, static_cast<uint16_t>(w),
@@ -295,6 +303,16 @@ int RunServer(const ServerOptions& o) {
               policy->Describe().c_str());
   std::fflush(stdout);
   std::thread sidecar_thread([&] { sidecar.Run(); });
+  if (o.dp.realtime &&
+      !SetRealtime(pthread_self(), kDatapathRtPriority)) {
+    std::fprintf(stderr, "dblp-%s: --realtime needs CAP_SYS_NICE (root); "
+                 "the datapath runs at normal priority\n", "server");
+  }
+  if (!SetRealtime(sidecar_thread.native_handle(), kSidecarRtPriority)) {
+    std::fprintf(stderr, "dblp-%s: control thread runs at normal priority "
+                 "(no CAP_SYS_NICE): control latency may grow when cores "
+                 "are shared\n", "server");
+  }
   auto shutdown = [&] {
     sidecar.RequestStop();
     sidecar_thread.join();
@@ -334,7 +352,8 @@ int RunServer(const ServerOptions& o) {
   MeanReducer reducer(layout, W);
   std::vector<float> mean(layout.total_bytes() / sizeof(float), 0.0f);
   const auto* mean_bytes = reinterpret_cast<const uint8_t*>(mean.data());
-  LossInjector loss(o.dp.loss, o.dp.bursts, HashMix(o.dp.seed, 0xB0));
+  // Loss on the push direction, applied as frames arrive.
+  RxLossInjector loss(o.dp.loss, o.dp.bursts, HashMix(o.dp.seed, 0xB0));
   RoundPacer pacer(o.dp.idle_spin, o.dp.idle_sleep_us, o.dp.round_timeout_ms,
                    &g_quit);
   rte_mbuf* rx_pkts[64];
@@ -374,18 +393,26 @@ int RunServer(const ServerOptions& o) {
 
   // RX: every port; frames demuxed by the DBLP sender rank, each worker's
   // receiver checks the rest. Returns frames received.
+  // Per port: did the last poll leave its RX ring empty?
+  std::vector<bool> rx_drained(nb_ports, true);
   auto poll_rx = [&]() -> uint32_t {
     uint32_t total = 0;
     for (uint16_t p = 0; p < nb_ports; ++p) {
       const uint16_t n = rte_eth_rx_burst(p, 0, rx_pkts, 64);
+      rx_drained[p] = n < 64;
       if (n == 0) continue;
       total += n;
+      const uint64_t rx_ns = NowNs();
       DatapathCounters::Add(ctr.rx_frames, n);
       for (uint16_t i = 0; i < n; ++i) {
         ParsedFrame pf;
         const FrameStatus fs = ParseFrame(rx_pkts[i], o.udp_port, o.udp_port, &pf);
         if (fs != FrameStatus::kOk) {
           DatapathCounters::Add(ctr.frame_drops[static_cast<int>(fs)]);
+          continue;
+        }
+        if (loss.ShouldDrop(pf.dblp, pf.dblp_len, rx_ns)) {
+          DatapathCounters::Add(ctr.injected_drops);
           continue;
         }
         DataHeader peek;
@@ -451,6 +478,10 @@ int RunServer(const ServerOptions& o) {
             l.t_bcast_stop = e.value;
           }
           break;
+        case CtlEvent::kProbe:
+          l.probe_pending = true;
+          l.probe_round = e.round;
+          break;
         case CtlEvent::kIterationDone:
           l.said_bye = true;
           break;
@@ -480,16 +511,38 @@ int RunServer(const ServerOptions& o) {
     return true;
   };
 
+  // Answers pending PROBEs once the worker's RX ring is drained, so no frame that
+  // beat the PROBE here is reported missing. A PROBE of a round that is no
+  // longer open is dropped: its STOP went out before.
+  Bitmap snap;
+  auto answer_probes = [&] {
+    for (uint32_t w = 0; w < sh.links.size(); ++w) {
+      WorkerLink& l = *sh.links[w];
+      // Until its port is known, any port may hold its frames.
+      const bool drained =
+          l.learned ? rx_drained[l.port]
+                    : std::all_of(rx_drained.begin(), rx_drained.end(),
+                                  [](bool d) { return d; });
+      if (!l.probe_pending || !drained) continue;
+      l.probe_pending = false;
+      if (l.probe_round != l.push_rx->round()) continue;
+      l.push_rx->SnapshotBitmap(snap);
+      if (l.push_bitmap.Post(snap.size(), snap.words())) {
+        request(CtlEvent{CtlEvent::kSendBitmap, 0, static_cast<uint16_t>(w),
+                         l.probe_round, 0, 0, 0});
+      }
+    }
+  };
+
   sh.rounds_ready.store(true, std::memory_order_release);
   open_push(0, push_tol);
   std::printf("dblp-server: %u workers joined; %u chunks of %u B per round\n",
               W, N, layout.chunk_payload());
   std::fflush(stdout);
 
-  const uint64_t job_start_ns = NowNs();
+  loss.StartClock(NowNs());
   for (uint64_t it = 0; exit_code == 0; ++it) {
     sh.iteration.store(it, std::memory_order_relaxed);
-    loss.SetIteration(it);
     const uint32_t push_round = PushRound(it);
     // ---- push: wait until every live worker's receiver reached STOP ----
     pacer.Start();
@@ -500,6 +553,7 @@ int RunServer(const ServerOptions& o) {
         exit_code = 1;
         break;
       }
+      answer_probes();
       bool done = true;
       all_bye = true;
       for (auto& l : sh.links) {
@@ -531,7 +585,7 @@ int RunServer(const ServerOptions& o) {
     reducer.Finalize(o.push_fill, mean);
     const double norm = L2Norm(mean);
     const uint64_t push_ns = NowNs() - push_open_ns;
-    const bool in_burst = loss.InBurst();
+    const bool in_burst = loss.InBurst(it);
     for (uint32_t w = 0; w < W; ++w) {
       WorkerLink& l = *sh.links[w];
       IterationRecord r;
@@ -583,12 +637,12 @@ int RunServer(const ServerOptions& o) {
     pacer.Start();
     uint32_t rr = 0;
     for (;;) {
-      if (o.dp.bursts.HasWindow()) loss.SetTimeNs(NowNs() - job_start_ns);
       bool work = poll_rx() > 0;  // early pushes of the next iteration
       if (!drain_events(&work)) {
         exit_code = 1;
         break;
       }
+      answer_probes();
       bool done = true;
       for (uint32_t i = 0; i < W; ++i) {
         const uint32_t w = (rr + i) % W;
@@ -597,14 +651,15 @@ int RunServer(const ServerOptions& o) {
         done = false;
         const uint32_t k = l.bcast_tx.NextBurst(seqs.data(), o.dp.burst);
         if (k > 0) {
-          ChunkTransmitter tx{l.port, 0, pool, &loss, &ctr, 8};
+          ChunkTransmitter tx{l.port, 0, pool, &ctr, 8};
           const uint32_t sent = tx.Send(
               l.tmpl,
               DataHeader{FrameType::kBroadcast, session, kServerRank, 0,
                          push_round + 1, 0},
               seqs.data(), k, mean_bytes, layout);
           l.bcast_tx.Unsend(k - sent);  // a full TX ring: try again later
-          work = true;
+          // A full ring is no progress: back off and let the peer drain.
+          work = work || sent > 0;
         }
         if (l.bcast_tx.state() == SenderRound::State::kAwaitingBitmap &&
             !l.probe_out) {
@@ -678,12 +733,16 @@ int RunServer(const ServerOptions& o) {
     total.oerrors += d.oerrors;
   }
   uint64_t bitmaps_dropped = 0;
-  for (auto& l : sh.links) bitmaps_dropped += l->bcast_bitmap.dropped();
+  for (auto& l : sh.links) {
+    bitmaps_dropped += l->bcast_bitmap.dropped() + l->push_bitmap.dropped();
+  }
   report.counters.emplace_back("bitmaps_dropped", bitmaps_dropped);
   report.counters.emplace_back("device_imissed", total.imissed);
   report.counters.emplace_back("device_rx_nombuf", total.rx_nombuf);
   report.counters.emplace_back("device_oerrors", total.oerrors);
   report.info = {{"loss", FormatLossSpec(o.dp.loss)},
+                 {"chunks", std::to_string(N)},
+                 {"chunk_bytes", std::to_string(layout.chunk_payload())},
                  {"push_fill", FillModeName(o.push_fill)},
                  {"broadcast", o.reliable_broadcast ? "reliable" : "same_p"}};
   std::fputs(FormatRunSummary(report).c_str(), stdout);

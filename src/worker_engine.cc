@@ -40,6 +40,7 @@ struct WorkerShared {
   SenderRound push_tx;                       // sidecar: RequestStop only
   std::unique_ptr<ReceiverRound> bcast_rx;   // sidecar: any-thread calls only
   BitmapMailbox push_bitmap;                 // sidecar -> datapath
+  BitmapMailbox bcast_bitmap;                // datapath -> sidecar
   std::atomic<bool> server_gone{false};      // sidecar: wo
   std::string failure;                       // sidecar: wo before server_gone
   std::atomic<uint64_t> stops_sent{0};       // sidecar: wo
@@ -66,6 +67,15 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
   rte_mempool* pool = CreatePoolOrDie("dblp_worker_pool", mbufs, popts.mtu,
                                       static_cast<int>(rte_socket_id()));
   const PortCaps caps = SetupPortOrDie(popts, pool);
+  // Join only with a working data link: frames sent before it is up are
+  // lost, and would make the first round look like a burst.
+  if (!WaitForLink(popts.port_id, o.join_timeout_ms)) {
+    Die("port " + std::to_string(popts.port_id) + " (" + caps.driver +
+            ") link is down after " + std::to_string(o.join_timeout_ms) +
+            " ms",
+        "for net_memif start dblp-server (role=server, same socket=) "
+        "first; for a NIC check the cable and the switch port");
+  }
 
   WorkerShared sh;
   EventRing events("dblp_w_ev", 1024);    // sidecar -> datapath
@@ -132,18 +142,16 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
         sh.push_tx.RequestStop(st->round);
       }
     } else if (const auto* bm = std::get_if<BitmapMsg>(&m)) {
-      if (bm->direction != Direction::kPush || !sh.push_bitmap.Post(*bm)) {
+      if (bm->direction != Direction::kPush ||
+          !sh.push_bitmap.Post(bm->num_bits, bm->words)) {
         return;
       }
       events.Push(CtlEvent{CtlEvent::kBitmap, 0, 0, bm->round, NowNs(), 0, 0});
     } else if (const auto* pr = std::get_if<ProbeMsg>(&m)) {
-      if (pr->direction == Direction::kBroadcast &&
-          pr->round == bcast.round()) {
-        Bitmap snap;
-        bcast.SnapshotBitmap(snap);
-        sc.Send(server_conn,
-                BitmapMsg{pr->round, Direction::kBroadcast, snap.size(),
-                          {snap.words().begin(), snap.words().end()}});
+      // The datapath answers, after draining its RX ring, so the BITMAP
+      // counts every frame that arrived before the PROBE.
+      if (pr->direction == Direction::kBroadcast) {
+        events.Push(CtlEvent{CtlEvent::kProbe, 1, 0, pr->round, 0, 0, 0});
       }
     }
   };
@@ -167,6 +175,14 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
                                     StopReason::kThreshold});
           sh.stops_sent.fetch_add(1);
           break;
+        case CtlEvent::kSendBitmap: {
+          const Bitmap& b = sh.bcast_bitmap.slot();
+          sidecar_ptr->Send(server_conn,
+                            BitmapMsg{e.round, Direction::kBroadcast, b.size(),
+                                      {b.words().begin(), b.words().end()}});
+          sh.bcast_bitmap.Release();
+          break;
+        }
         case CtlEvent::kIterationDone:
           sidecar_ptr->Send(server_conn, ByeMsg{"done"});
           break;
@@ -208,6 +224,16 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
   join.layers = source->Layers();
   sidecar.Send(server_conn, join);
   std::thread sidecar_thread([&] { sidecar.Run(); });
+  if (o.dp.realtime &&
+      !SetRealtime(pthread_self(), kDatapathRtPriority)) {
+    std::fprintf(stderr, "dblp-%s: --realtime needs CAP_SYS_NICE (root); "
+                 "the datapath runs at normal priority\n", "worker");
+  }
+  if (!SetRealtime(sidecar_thread.native_handle(), kSidecarRtPriority)) {
+    std::fprintf(stderr, "dblp-%s: control thread runs at normal priority "
+                 "(no CAP_SYS_NICE): control latency may grow when cores "
+                 "are shared\n", "worker");
+  }
   auto shutdown = [&] {
     sidecar.RequestStop();
     sidecar_thread.join();
@@ -262,9 +288,11 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
   std::vector<uint32_t> order_buf;
   sh.rounds_ready.store(true, std::memory_order_release);
 
-  LossInjector loss(o.dp.loss, o.dp.bursts, HashMix(o.dp.seed, wel.rank + 1));
-  ChunkTransmitter tx{0, 0, pool, &loss, &ctr, 8};
-  ChunkTransmitter clean_tx{0, 0, pool, nullptr, &ctr, 64};  // hostile frames
+  // Loss on the broadcast direction, applied as frames arrive.
+  RxLossInjector loss(o.dp.loss, o.dp.bursts,
+                      HashMix(o.dp.seed, wel.rank + 1));
+  ChunkTransmitter tx{0, 0, pool, &ctr, 8};
+  ChunkTransmitter hostile_tx{0, 0, pool, &ctr, 64};
   RoundPacer pacer(o.dp.idle_spin, o.dp.idle_sleep_us, o.dp.round_timeout_ms,
                    &g_quit);
   std::vector<float> grad(source->floats()), avg(source->floats()),
@@ -292,6 +320,9 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
   std::vector<uint32_t> seqs(o.dp.burst);
   int exit_code = 0;
 
+  bool probe_pending = false;  // a broadcast PROBE waits for RX to drain
+  uint32_t probe_round = 0;
+  Bitmap snap;
   // Frames of the previous push kept for the hostile replay test hook.
   std::vector<uint32_t> replay_seqs;
 
@@ -309,6 +340,12 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
       case CtlEvent::kStopSeen:
         if (e.round == push.round() && *t_stop == 0) *t_stop = e.value;
         break;
+      case CtlEvent::kProbe:
+        if (e.round == bcast.round()) {
+          probe_pending = true;
+          probe_round = e.round;
+        }
+        break;
       case CtlEvent::kBitmap:
         if (e.round == push.round() && push.OnBitmap(sh.push_bitmap.slot())) {
           *probe_out = false;
@@ -324,11 +361,10 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
     }
   };
 
-  const uint64_t job_start_ns = NowNs();
+  loss.StartClock(NowNs());
   for (uint64_t it = 0; it < o.iterations && exit_code == 0; ++it) {
     sh.iteration.store(it, std::memory_order_relaxed);
     source->Compute(it, grad);
-    loss.SetIteration(it);
     const uint32_t push_round = PushRound(it);
     // Open the broadcast receiver with p = 0 until ROUND_BEGIN announces the
     // broadcast's p: a complete buffer satisfies any p, so an early frame
@@ -366,7 +402,7 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
       // Stale replays of the previous round, then malformed frames.
       DataHeader stale{FrameType::kPush, wel.session,
                        static_cast<uint16_t>(wel.rank), 0, push_round - 2, 0};
-      clean_tx.Send(to_server, stale, replay_seqs.data(),
+      hostile_tx.Send(to_server, stale, replay_seqs.data(),
                     static_cast<uint32_t>(std::min<size_t>(
                         replay_seqs.size(), o.hostile_per_round)),
                     grad_bytes, layout);
@@ -374,10 +410,10 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
       wrong_session.round = push_round;
       wrong_session.session = wel.session ^ 0x5A5A5A5Au;
       uint32_t zero = 0;
-      clean_tx.Send(to_server, wrong_session, &zero, 1, grad_bytes, layout);
+      hostile_tx.Send(to_server, wrong_session, &zero, 1, grad_bytes, layout);
       DataHeader future = stale;
       future.round = push_round + 4;
-      clean_tx.Send(to_server, future, &zero, 1, grad_bytes, layout);
+      hostile_tx.Send(to_server, future, &zero, 1, grad_bytes, layout);
       // Valid L2-L4 around bad DBLP bytes: a wrong chunk length, a
       // truncated header and a bad magic.
       uint8_t raw[kDataHeaderBytes + 8] = {};
@@ -407,11 +443,11 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
                      static_cast<uint16_t>(wel.rank), 0, push_round, 0};
     while (!(push_done && bcast_done)) {
       bool work = false;
-      if (o.dp.bursts.HasWindow()) loss.SetTimeNs(NowNs() - job_start_ns);
       // RX first: the broadcast of the mean.
       const uint16_t n = rte_eth_rx_burst(0, 0, rx_pkts, 64);
       if (n > 0) {
         work = true;
+        const uint64_t rx_ns = NowNs();
         DatapathCounters::Add(ctr.rx_frames, n);
         for (uint16_t i = 0; i < n; ++i) {
           ParsedFrame pf;
@@ -419,6 +455,10 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
               ParseFrame(rx_pkts[i], local.udp_port, local.udp_port, &pf);
           if (fs != FrameStatus::kOk) {
             DatapathCounters::Add(ctr.frame_drops[static_cast<int>(fs)]);
+            continue;
+          }
+          if (loss.ShouldDrop(pf.dblp, pf.dblp_len, rx_ns)) {
+            DatapathCounters::Add(ctr.injected_drops);
             continue;
           }
           DataHeader h;
@@ -449,9 +489,27 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
         handle_event(e, &t_stop, &t_probe, &rtt_sum, &rtt_n, &probe_out);
         work = true;
       }
+      // Answer a PROBE once the RX ring is drained (this poll came back
+      // short), so no frame that beat the PROBE here is reported missing.
+      if (probe_pending && n < 64) {
+        probe_pending = false;
+        // A PROBE of a round that is over needs no answer.
+        if (probe_round == bcast.round()) {
+          bcast.SnapshotBitmap(snap);
+          if (sh.bcast_bitmap.Post(snap.size(), snap.words())) {
+            requests.Push(CtlEvent{CtlEvent::kSendBitmap, 1, 0, probe_round,
+                                   0, 0, 0});
+            sidecar.Wakeup();
+          }
+        }
+      }
       // TX: our push, until STOP.
       if (!push_done) {
         if (push.finished()) {
+          // STOP's arrival time is queued before the flag is raised.
+          while (t_stop == 0 && events.Pop(&e)) {
+            handle_event(e, &t_stop, &t_probe, &rtt_sum, &rtt_n, &probe_out);
+          }
           push_done = true;
           t_push_done = t_stop ? t_stop : NowNs();
         } else {
@@ -460,7 +518,8 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
             const uint32_t sent =
                 tx.Send(to_server, proto, seqs.data(), k, grad_bytes, layout);
             push.Unsend(k - sent);  // a full TX ring: try again next loop
-            work = true;
+            // A full ring is no progress: back off and let the peer drain.
+            work = work || sent > 0;
           }
           if (push.state() == SenderRound::State::kAwaitingBitmap &&
               !probe_out) {
@@ -470,10 +529,7 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
                                    push.passes(), 0});
             sidecar.Wakeup();
           }
-          if (push.finished()) {
-            push_done = true;
-            t_push_done = t_stop ? t_stop : NowNs();
-          }
+
         }
       }
       if (sh.server_gone.load()) break;
@@ -509,13 +565,18 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
     r.iteration = it;
     r.rank = wel.rank;
     r.send_latency_us = static_cast<double>(t_push_done - t0) / 1e3;
-    r.bcast_latency_us = static_cast<double>(t_bcast_done - t_push_done) / 1e3;
+    // From our push's end to holding enough of the mean (waiting for the
+    // other workers and the reduction included).
+    r.bcast_latency_us =
+        t_bcast_done > t_push_done
+            ? static_cast<double>(t_bcast_done - t_push_done) / 1e3
+            : 0;
     r.passes = push.passes();
     r.packets_sent = push.packets_sent();
     r.packets_resent = push.packets_resent();
     r.delivered_fraction = bcast.delivered_fraction();
     r.p = announced_p;
-    r.burst = loss.InBurst();
+    r.burst = loss.InBurst(it);
     r.control_rtt_us = rtt_n > 0 ? rtt_sum / rtt_n : 0;
     report.rows.push_back(r);
   }
@@ -537,7 +598,8 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
       {"bcast_stale", bcast.verdict_count(Verdict::kStaleRound)},
       {"bcast_late", bcast.verdict_count(Verdict::kLate)},
       {"bcast_malformed", bcast.verdict_count(Verdict::kMalformed)},
-      {"bitmaps_dropped", sh.push_bitmap.dropped()},
+      {"bitmaps_dropped",
+       sh.push_bitmap.dropped() + sh.bcast_bitmap.dropped()},
       {"stops_sent", sh.stops_sent.load()},
       {"control_messages_in", sidecar.messages_in()},
       {"control_messages_out", sidecar.messages_out()},
@@ -551,6 +613,8 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
         ctr.frame_drops[s].load());
   }
   report.info = {{"source", source->Describe()},
+                 {"chunks", std::to_string(layout.num_chunks())},
+                 {"chunk_bytes", std::to_string(layout.chunk_payload())},
                  {"loss", FormatLossSpec(o.dp.loss)},
                  {"driver", caps.driver}};
   std::fputs(FormatRunSummary(report).c_str(), stdout);

@@ -194,9 +194,7 @@ class ClusterReport(unittest.TestCase):
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def report(self, **kw):
-        # The fixture's latencies are tuned to the 'sent' cost model.
         args = dict(floats=262144, burst_loss=0.7, configured_bursts=BURSTS,
-                    cost_model="sent",
                     params={"workers": 3, "iterations": 60, "seed": 1})
         args.update(kw)
         return R.build_report(self.dir, ["fixed", "dblp"], **args)
@@ -223,6 +221,7 @@ class ClusterReport(unittest.TestCase):
         b20 = f["burst_rows"][0]
         self.assertEqual(b20["iteration"], 20)
         self.assertEqual(b20["latency_us"], 9200.0)  # max over workers
+        self.assertEqual(b20["median_worker_us"], 9100.0)  # model compares
         self.assertAlmostEqual(b20["passes"], 43 / 3)
         self.assertEqual(b20["passes_max"], 15)
         self.assertAlmostEqual(b20["packets_over_n"], 2410 / 723)
@@ -231,7 +230,7 @@ class ClusterReport(unittest.TestCase):
         self.assertEqual(exp["passes"], 14)
         self.assertAlmostEqual(exp["us"], 718 / 0.3 * 3.6 + 13 * 25 + 12.5)
         self.assertAlmostEqual(exp["measured_over_expected"],
-                               9200 / (718 / 0.3 * 3.6 + 337.5))
+                               9100 / (718 / 0.3 * 3.6 + 337.5))
         self.assertTrue(exp["within_margin"])
         self.assertFalse(f["burst_rows"][1]["expected"]["within_margin"])
 
@@ -240,7 +239,7 @@ class ClusterReport(unittest.TestCase):
         self.assertEqual(round(db["expected"]["packets_over_n"], 2), 1.98)
         self.assertAlmostEqual(db["expected"]["us"], 1492.5)
         self.assertAlmostEqual(db["expected"]["measured_over_expected"],
-                               1500 / 1492.5)
+                               1400 / 1492.5)  # the median worker
 
     def test_ratios(self):
         write_fixed(self.dir)
@@ -278,12 +277,13 @@ class ClusterReport(unittest.TestCase):
         write_dblp(self.dir, summaries=False)
         rep = self.report()
         f = rep["results"]["fixed"]
-        # clean one-pass rows: sum latency / sum packets (run_report.cc)
-        lat = sum(900 + 50 * r + 10 * (i % 4) for r in range(3)
+        # clean one-pass rows, each packets * t + rtt/2 (run_report.cc):
+        # t = sum(latency - rtt/2) / sum packets, rtt = 25 from the rows
+        lat = sum(900 + 50 * r + 10 * (i % 4) - 12.5 for r in range(3)
                   for i in range(60) if i not in BURSTS)
         self.assertAlmostEqual(f["us_per_packet_clean"], lat / (58 * 3 * 723))
         self.assertEqual(f["us_per_packet_source"],
-                         "clean send latency / packets_sent")
+                         "(clean send latency - rtt/2) / packets_sent")
         self.assertAlmostEqual(f["control_rtt_us"], 25.0)  # from the rows
         self.assertIsNotNone(f["burst_rows"][0]["expected"]["us"])
 
@@ -339,23 +339,6 @@ class ClusterReport(unittest.TestCase):
         self.assertEqual(j["results"]["dblp"]["clean_p50_us"], 620.0)
         with open(os.path.join(self.dir, "report.md")) as f:
             self.assertIn("ratio fixed/dblp", f.read())
-
-    def test_transmitted_cost_model(self):
-        write_fixed(self.dir)
-        write_dblp(self.dir)
-        rep = self.report(cost_model="transmitted")
-        e = rep["results"]["fixed"]["burst_rows"][0]["expected"]
-        # Only the n - a = 718 frames that survive the injector cost time.
-        self.assertAlmostEqual(e["us"], 718 * 3.6 + 13 * 25 + 12.5)
-        self.assertAlmostEqual(e["us_transmitted"], e["us"])
-        self.assertAlmostEqual(e["us_sent"], 718 / 0.3 * 3.6 + 337.5)
-        self.assertFalse(e["within_margin"])  # 9200 vs 2922.3
-        d = rep["results"]["dblp"]["burst_rows"][0]["expected"]
-        self.assertAlmostEqual(d["us"], 429 * 1.0 + 2 * 25 + 12.5)
-        self.assertIn("cost model 'transmitted'", R.format_text(rep))
-        with self.assertRaises(ValueError):
-            R.expected_round_us(R.expected_passes(723, 0.7, 0.4), 1.0, 1.0,
-                                "wire")
 
     def test_margin_is_configurable(self):
         write_fixed(self.dir)
