@@ -17,8 +17,8 @@ meson test -C "$BUILD" --print-errorlogs --num-processes 2 "$@" || rc=$?
 # One closing line with googletest case counts (meson counts suites only).
 log="$BUILD/meson-logs/testlog.txt"
 if [ -f "$log" ]; then
-  passed=$(grep -Eo '\[  PASSED  \] [0-9]+ test' "$log" | awk '{s+=$4} END {print s+0}')
-  failed=$(grep -Eo '\[  FAILED  \] [0-9]+ test' "$log" | awk '{s+=$4} END {print s+0}')
-  echo "googletest: ${passed} passed, ${failed} failed"
+  awk '/^\[  PASSED  \] [0-9]+ test/ {p += $4}
+       /^\[  FAILED  \] [0-9]+ test/ {f += $4}
+       END {printf "googletest: %d passed, %d failed\n", p, f}' "$log"
 fi
 exit $rc
