@@ -319,7 +319,7 @@ SERVER_COUNTER_GROUPS = [
     ("injected_drops", ["injected_drops"]),
     ("device_drops", ["device_imissed", "device_rx_nombuf",
                       "device_oerrors"]),
-    ("tx_full_drops", ["tx_full_drops"]),
+    ("tx_ring_full", ["tx_ring_full"]),
     ("protocol_errors", ["control_protocol_errors"]),
 ]
 WORKER_COUNTER_GROUPS = [
@@ -643,7 +643,7 @@ def format_text(report: Dict[str, Any]) -> str:
 
     lines.append("counters: server (push receive) | workers (sum)")
     rows = [["policy", "stale", "malformed", "late", "dup", "inj drops",
-             "dev drops", "tx full", "proto err", "|", "inj drops",
+             "dev drops", "tx ring full", "proto err", "|", "inj drops",
              "dev drops"]]
     for pol in report["policies"]:
         r = res.get(pol)
@@ -652,7 +652,7 @@ def format_text(report: Dict[str, Any]) -> str:
         s, w = r["counters"]["server"], r["counters"]["workers"]
         cells = ([str(s[k]) for k in ("stale", "malformed", "late",
                                       "duplicate", "injected_drops",
-                                      "device_drops", "tx_full_drops",
+                                      "device_drops", "tx_ring_full",
                                       "protocol_errors")]
                  if r["counters"]["server_present"] else
                  ["no summary.json"] + [""] * 7)
@@ -660,8 +660,10 @@ def format_text(report: Dict[str, Any]) -> str:
                                      str(w["device_drops"])])
     lines += _table(rows, [False] + [True] * 8 + [False, True, True])
     lines.append("  server: stale = push frames of an old round; malformed = "
-                 "bad frame/header/session/sender/seq; inj drops = the "
-                 "server's broadcast loss injector; workers: push injector")
+                 "bad frame/header/session/sender/seq; inj drops = pushes the "
+                 "loss injector dropped on arrival; tx ring full = broadcast "
+                 "bursts cut short (re-sent later); workers: inj drops = "
+                 "broadcast frames dropped on arrival")
 
     st = report.get("status") or {}
     failed = {k: v for k, v in st.items() if v.get("failed")}
