@@ -21,6 +21,9 @@ DEFINE_uint32(mtu, 1500, "IP MTU of the data frames (576..9216; jumbo "
 DEFINE_string(checksum, "auto", "auto (device offload when offered, else "
               "software) | sw | none (UDP checksum 0)");
 DEFINE_uint32(burst, 32, "frames per TX burst");
+DEFINE_double(link_gbps, 0, "emulated link rate of this app's data frames "
+              "in Gb/s (token bucket on TX, wire bytes incl. Ethernet "
+              "overhead); 0 = as fast as the port goes");
 DEFINE_uint32(rxd, 1024, "RX descriptors per queue");
 DEFINE_uint32(txd, 1024, "TX descriptors per queue");
 DEFINE_uint32(mbufs, 0, "mbufs in the pool (0 = sized from the ports)");
@@ -81,6 +84,10 @@ inline DatapathOptions DatapathOptionsFromFlags() {
   d.port = PortOptionsFromFlags();
   d.mbufs = FLAGS_mbufs;
   d.burst = FLAGS_burst;
+  d.link_gbps = FLAGS_link_gbps;
+  if (!(FLAGS_link_gbps >= 0) || FLAGS_link_gbps > 1000) {
+    FlagError("--link_gbps must be in [0, 1000] (0 = no pacing)");
+  }
   d.loss = LossFromFlags();
   d.bursts = BurstsFromFlags();
   d.seed = FLAGS_seed;

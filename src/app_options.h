@@ -15,6 +15,7 @@ struct DatapathOptions {
   PortOptions port;            // server: applied to every port
   uint32_t mbufs = 0;          // 0 = sized from the ports
   uint32_t burst = 32;         // frames per TX burst
+  double link_gbps = 0;        // emulated link rate of data TX; 0 = line rate
   LossSpec loss;               // this app's data TX outside bursts
   BurstSchedule bursts;
   uint64_t seed = 1;           // loss injector and send order

@@ -30,9 +30,14 @@ uint32_t ChunkTransmitter::Send(FrameTemplate& tmpl, DataHeader proto,
   rte_mbuf* mbufs[kMaxBurst];
   uint32_t consumed = 0;
   while (consumed < n) {
-    const uint32_t k = std::min(n - consumed, kMaxBurst);
+    uint32_t k = std::min(n - consumed, kMaxBurst);
+    if (pacer != nullptr) {
+      k = pacer->Admit(NowNs(), wire_frame_bytes, k);
+      if (k == 0) return consumed;  // the emulated link is busy
+    }
     if (rte_pktmbuf_alloc_bulk(pool, mbufs, k) != 0) {
       DatapathCounters::Add(counters->mbuf_alloc_failures);
+      if (pacer != nullptr) pacer->Refund(k, wire_frame_bytes);
       return consumed;  // no mbufs now: hand this burst back
     }
     for (uint32_t i = 0; i < k; ++i) {
@@ -52,9 +57,12 @@ uint32_t ChunkTransmitter::Send(FrameTemplate& tmpl, DataHeader proto,
       // not consumed.
       DatapathCounters::Add(counters->tx_ring_full);
       rte_pktmbuf_free_bulk(mbufs + done, k - done);
+      if (pacer != nullptr) pacer->Refund(k - done, wire_frame_bytes);
       return consumed + done;
     }
     consumed += k;
+    if (pacer != nullptr && !pacer->unlimited()) return consumed;  // one
+    // admission per call: the loop polls RX before asking again
   }
   return consumed;
 }

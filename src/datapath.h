@@ -22,6 +22,7 @@
 #include "dblp/control.h"
 #include "dblp/loss_model.h"
 #include "dblp/sender_round.h"
+#include "dblp/token_bucket.h"
 #include "dblp/wire.h"
 #include "eal_app.h"
 #include "frame_builder.h"
@@ -213,16 +214,25 @@ class RxLossInjector {
   uint64_t start_ns_ = 0;
 };
 
+// Wire bytes of a full data frame at IP MTU `mtu`, for pacing: Ethernet
+// header + IP packet + preamble, FCS and inter-frame gap.
+constexpr uint32_t WireBytesPerFrame(uint32_t mtu) {
+  return kEthernetHeaderBytes + mtu + kEthernetWireOverhead;
+}
+
 // Sends the chunks a SenderRound hands out, built straight into mbufs.
 struct ChunkTransmitter {
   uint16_t port = 0;
   uint16_t queue = 0;
   rte_mempool* pool = nullptr;
   DatapathCounters* counters = nullptr;
+  TokenBucket* pacer = nullptr;  // emulated link rate; null = line rate
   uint32_t tx_retries = 8;      // bounded retry when the TX ring is full
+  uint32_t wire_frame_bytes = WireBytesPerFrame(1500);  // for the pacer
 
   // Builds and transmits `n` chunks `seqs` of `buffer` as frames of `proto`
   // (type, session, rank, round; seq and length are filled per chunk).
+  // With a pacer, only the frames its tokens admit now leave.
   // Returns how many of `seqs` were consumed: fewer
   // than `n` when the TX ring stayed full, and the caller hands the rest
   // back (SenderRound::Unsend) to send later.

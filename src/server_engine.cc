@@ -354,6 +354,12 @@ int RunServer(const ServerOptions& o) {
   const auto* mean_bytes = reinterpret_cast<const uint8_t*>(mean.data());
   // Loss on the push direction, applied as frames arrive.
   RxLossInjector loss(o.dp.loss, o.dp.bursts, HashMix(o.dp.seed, 0xB0));
+  // Emulated link rate, one bucket per port (a port is a link).
+  std::vector<TokenBucket> links_rate;
+  for (uint16_t p = 0; p < nb_ports; ++p) {
+    links_rate.emplace_back(o.dp.link_gbps, uint64_t{o.dp.burst} *
+                                                WireBytesPerFrame(caps[p].mtu));
+  }
   RoundPacer pacer(o.dp.idle_spin, o.dp.idle_sleep_us, o.dp.round_timeout_ms,
                    &g_quit);
   rte_mbuf* rx_pkts[64];
@@ -651,7 +657,8 @@ int RunServer(const ServerOptions& o) {
         done = false;
         const uint32_t k = l.bcast_tx.NextBurst(seqs.data(), o.dp.burst);
         if (k > 0) {
-          ChunkTransmitter tx{l.port, 0, pool, &ctr, 8};
+          ChunkTransmitter tx{l.port, 0, pool, &ctr, &links_rate[l.port], 8,
+                              WireBytesPerFrame(caps[l.port].mtu)};
           const uint32_t sent = tx.Send(
               l.tmpl,
               DataHeader{FrameType::kBroadcast, session, kServerRank, 0,
@@ -741,6 +748,9 @@ int RunServer(const ServerOptions& o) {
   report.counters.emplace_back("device_rx_nombuf", total.rx_nombuf);
   report.counters.emplace_back("device_oerrors", total.oerrors);
   report.info = {{"loss", FormatLossSpec(o.dp.loss)},
+                 {"link_gbps", o.dp.link_gbps > 0
+                                   ? std::to_string(o.dp.link_gbps)
+                                   : "unpaced"},
                  {"chunks", std::to_string(N)},
                  {"chunk_bytes", std::to_string(layout.chunk_payload())},
                  {"push_fill", FillModeName(o.push_fill)},

@@ -291,8 +291,11 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
   // Loss on the broadcast direction, applied as frames arrive.
   RxLossInjector loss(o.dp.loss, o.dp.bursts,
                       HashMix(o.dp.seed, wel.rank + 1));
-  ChunkTransmitter tx{0, 0, pool, &ctr, 8};
-  ChunkTransmitter hostile_tx{0, 0, pool, &ctr, 64};
+  TokenBucket link(o.dp.link_gbps,
+                   uint64_t{o.dp.burst} * WireBytesPerFrame(caps.mtu));
+  ChunkTransmitter tx{0, 0, pool, &ctr, &link, 8,
+                      WireBytesPerFrame(caps.mtu)};
+  ChunkTransmitter hostile_tx{0, 0, pool, &ctr, nullptr, 64};
   RoundPacer pacer(o.dp.idle_spin, o.dp.idle_sleep_us, o.dp.round_timeout_ms,
                    &g_quit);
   std::vector<float> grad(source->floats()), avg(source->floats()),
@@ -613,6 +616,9 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
         ctr.frame_drops[s].load());
   }
   report.info = {{"source", source->Describe()},
+                 {"link_gbps", o.dp.link_gbps > 0
+                                   ? std::to_string(o.dp.link_gbps)
+                                   : "unpaced"},
                  {"chunks", std::to_string(layout.num_chunks())},
                  {"chunk_bytes", std::to_string(layout.chunk_payload())},
                  {"loss", FormatLossSpec(o.dp.loss)},
