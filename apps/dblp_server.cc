@@ -34,6 +34,10 @@ DEFINE_string(bcast_tolerance, "same", "broadcast with the same p "
 DEFINE_string(on_worker_loss, "abort", "abort | continue (without the "
               "lost worker)");
 DEFINE_uint32(session, 0, "session id (0 = random)");
+DEFINE_double(zero_fraction, 0, "experiment: zero this fraction of the mean's "
+              "chunks (the same for every worker) in --zero_iters");
+DEFINE_string(zero_iters, "", "experiment: FIRST,LAST iterations of "
+              "--zero_fraction");
 DEFINE_uint32(join_timeout_ms, 60000, "give up waiting for workers after "
               "this long");
 
@@ -88,6 +92,18 @@ int main(int argc, char** argv) {
   }
   o.continue_on_worker_loss = FLAGS_on_worker_loss == "continue";
   o.session = FLAGS_session;
+  if (!(FLAGS_zero_fraction >= 0 && FLAGS_zero_fraction <= 1)) {
+    dblp::FlagError("--zero_fraction must be in [0, 1]");
+  }
+  o.zero_fraction = FLAGS_zero_fraction;
+  if (o.zero_fraction > 0) {
+    if (FLAGS_zero_iters.empty()) {
+      dblp::FlagError("--zero_fraction needs --zero_iters=FIRST,LAST");
+    }
+    const auto [first, last] = dblp::ParsePair(FLAGS_zero_iters, "zero_iters");
+    o.zero_first = first;
+    o.zero_last = last;
+  }
   o.join_timeout_ms = FLAGS_join_timeout_ms;
   dblp::InitEalOrDie(argc, argv);
   const int rc = dblp::RunServer(o);

@@ -589,6 +589,9 @@ int RunServer(const ServerOptions& o) {
     // ---- reduce, detect the phase, open the next push ----
     for (auto& l : sh.links) l->push_rx->Close();
     reducer.Finalize(o.push_fill, mean);
+    if (it >= o.zero_first && it <= o.zero_last && o.zero_fraction > 0) {
+      ZeroRandomChunks(mean, layout, o.zero_fraction, HashMix(o.dp.seed, it));
+    }
     const double norm = L2Norm(mean);
     const uint64_t push_ns = NowNs() - push_open_ns;
     const bool in_burst = loss.InBurst(it);

@@ -24,6 +24,11 @@ struct ServerOptions {
   bool continue_on_worker_loss = false;
   uint32_t session = 0;        // 0 = derived from the clock
   uint32_t join_timeout_ms = 60000;
+  // Experiment hook (DBLP paper, Fig. 1): zero this fraction of the mean's
+  // chunks in iterations [zero_first, zero_last].
+  double zero_fraction = 0;
+  uint64_t zero_first = 0;
+  uint64_t zero_last = 0;
 };
 
 int RunServer(const ServerOptions& opts);

@@ -407,5 +407,31 @@ TEST(MeanReducer, RejectsBadShapes) {
   EXPECT_THROW(red.Finalize(FillMode::kZero, wrong), std::invalid_argument);
 }
 
+
+TEST(ZeroRandomChunks, ZeroesAboutTheFractionSameChunksForTheSameSeed) {
+  const ChunkLayout layout(4000 * 4, 40);  // 400 chunks of 10 floats
+  std::vector<float> a(4000, 1.0f), b(4000, 1.0f);
+  const uint32_t za = ZeroRandomChunks(a, layout, 0.4, 77);
+  const uint32_t zb = ZeroRandomChunks(b, layout, 0.4, 77);
+  EXPECT_EQ(za, zb);
+  EXPECT_EQ(a, b);  // every worker's copy loses the same chunks
+  EXPECT_NEAR(za, 160.0, 5 * std::sqrt(400 * 0.4 * 0.6));
+  // Whole chunks only: each chunk is all zero or untouched.
+  uint32_t zero_chunks = 0;
+  for (uint32_t c = 0; c < 400; ++c) {
+    const bool first = a[c * 10] == 0.0f;
+    for (int i = 1; i < 10; ++i) EXPECT_EQ(a[c * 10 + i] == 0.0f, first);
+    zero_chunks += first ? 1 : 0;
+  }
+  EXPECT_EQ(zero_chunks, za);
+  std::vector<float> c(4000, 1.0f);
+  ZeroRandomChunks(c, layout, 0.4, 78);
+  EXPECT_NE(a, c);  // another iteration, other chunks
+  EXPECT_EQ(ZeroRandomChunks(c, layout, 0.0, 1), 0u);
+  EXPECT_THROW(ZeroRandomChunks(c, layout, 1.5, 1), std::invalid_argument);
+  std::vector<float> small(10);
+  EXPECT_THROW(ZeroRandomChunks(small, layout, 0.5, 1), std::invalid_argument);
+}
+
 }  // namespace
 }  // namespace dblp

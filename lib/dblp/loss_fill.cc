@@ -1,5 +1,7 @@
 #include "dblp/loss_fill.h"
 
+#include "dblp/rng.h"
+
 #include <algorithm>
 #include <cassert>
 #include <cstring>
@@ -217,6 +219,27 @@ uint32_t MeanReducer::CoveredChunks() const {
 void MeanReducer::set_num_workers(uint32_t w) {
   if (w == 0) throw std::invalid_argument("MeanReducer needs >= 1 worker");
   num_workers_ = w;
+}
+
+uint32_t ZeroRandomChunks(std::span<float> buffer, const ChunkLayout& layout,
+                          double fraction, uint64_t seed) {
+  if (buffer.size() * sizeof(float) != layout.total_bytes()) {
+    throw std::invalid_argument("ZeroRandomChunks: buffer size differs from "
+                                "the chunk layout");
+  }
+  if (!(fraction >= 0 && fraction <= 1)) {
+    throw std::invalid_argument("ZeroRandomChunks: fraction must be in [0, 1]");
+  }
+  Rng rng(seed);
+  auto* bytes = reinterpret_cast<uint8_t*>(buffer.data());
+  uint32_t zeroed = 0;
+  for (uint32_t c = 0; c < layout.num_chunks(); ++c) {
+    if (rng.Bernoulli(fraction)) {
+      std::memset(bytes + layout.Offset(c), 0, layout.Length(c));
+      ++zeroed;
+    }
+  }
+  return zeroed;
 }
 
 }  // namespace dblp

@@ -60,6 +60,13 @@ uint32_t FillMissing(std::span<float> buffer, const Bitmap& arrived,
 //  - Accumulate must be called at most once per (worker, seq) per round; the
 //    caller dedups with the worker's arrival bitmap (Bitmap::Set's return
 //    value). A duplicate would be summed twice.
+// The preliminary experiment of the DBLP paper (Fig. 1): zero a random
+// `fraction` of the chunks of `buffer` (seeded, so every worker's copy of a
+// mean loses the same chunks). Returns the number of chunks zeroed. Throws
+// std::invalid_argument on a size mismatch or a fraction outside [0, 1].
+uint32_t ZeroRandomChunks(std::span<float> buffer, const ChunkLayout& layout,
+                          double fraction, uint64_t seed);
+
 class MeanReducer {
  public:
   // Throws std::invalid_argument if total_bytes is not a multiple of 4 or
