@@ -117,6 +117,14 @@ inline PortOptions PortOptionsFromFlags() {
       FLAGS_checksum != "none") {
     FlagError("--checksum=" + FLAGS_checksum + ": use auto, sw or none");
   }
+  if (FLAGS_mtu < kMinMtu || FLAGS_mtu > kMaxMtu) {
+    FlagError("--mtu=" + std::to_string(FLAGS_mtu) + " is outside " +
+              std::to_string(kMinMtu) + ".." + std::to_string(kMaxMtu) +
+              ": use 1500, or up to 9000 for jumbo frames");
+  }
+  if (FLAGS_round_timeout_ms == 0) {
+    FlagError("--round_timeout_ms must be > 0 (a stuck round must end)");
+  }
   if (FLAGS_burst == 0 || FLAGS_burst > 64) {
     FlagError("--burst must be in 1..64");
   }

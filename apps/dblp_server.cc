@@ -34,6 +34,8 @@ DEFINE_string(bcast_tolerance, "same", "broadcast with the same p "
 DEFINE_string(on_worker_loss, "abort", "abort | continue (without the "
               "lost worker)");
 DEFINE_uint32(session, 0, "session id (0 = random)");
+DEFINE_uint32(max_gradient_mb, 1024, "refuse workers whose gradient is "
+              "larger (the server keeps about three copies in memory)");
 DEFINE_double(zero_fraction, 0, "experiment: zero this fraction of the mean's "
               "chunks (the same for every worker) in --zero_iters");
 DEFINE_string(zero_iters, "", "experiment: FIRST,LAST iterations of "
@@ -92,6 +94,10 @@ int main(int argc, char** argv) {
   }
   o.continue_on_worker_loss = FLAGS_on_worker_loss == "continue";
   o.session = FLAGS_session;
+  if (FLAGS_max_gradient_mb == 0) {
+    dblp::FlagError("--max_gradient_mb must be >= 1");
+  }
+  o.max_gradient_bytes = uint64_t{FLAGS_max_gradient_mb} << 20;
   if (!(FLAGS_zero_fraction >= 0 && FLAGS_zero_fraction <= 1)) {
     dblp::FlagError("--zero_fraction must be in [0, 1]");
   }

@@ -9,7 +9,7 @@
 
 namespace dblp {
 
-EventRing::EventRing(const std::string& name, unsigned size) {
+EventRing::EventRing(const std::string& name, unsigned size) : name_(name) {
   ring_ = rte_ring_create_elem(name.c_str(), sizeof(CtlEvent), size,
                                static_cast<int>(rte_socket_id()),
                                RING_F_SP_ENQ | RING_F_SC_DEQ);

@@ -45,6 +45,7 @@ struct alignas(RTE_CACHE_LINE_SIZE) DatapathCounters {
   Counter tx_ring_full{0};     // bursts cut short by a full TX ring
   Counter injected_drops{0};   // the software loss injector
   Counter mbuf_alloc_failures{0};
+  Counter from_lost_worker{0};  // server: frames of a worker declared gone
   std::array<Counter, kNumFrameStatus> frame_drops{};  // L2-L4 validation
 
   static void Add(Counter& c, uint64_t n = 1) {
@@ -98,8 +99,17 @@ class EventRing {
   ~EventRing();
   EventRing(const EventRing&) = delete;
   EventRing& operator=(const EventRing&) = delete;
-  bool Push(CtlEvent e) {  // by value: the ring API takes a non-const ptr
-    return rte_ring_enqueue_elem(ring_, &e, sizeof(CtlEvent)) == 0;
+  // By value: the ring API takes a non-const pointer. A full ring means the
+  // other side stopped consuming for thousands of messages: the job cannot
+  // go on correctly, so it ends with a message instead of losing one.
+  void Push(CtlEvent e) {
+    if (rte_ring_enqueue_elem(ring_, &e, sizeof(CtlEvent)) != 0) {
+      Die("control ring " + name_ + " is full (the " +
+              (name_.find("ev") != std::string::npos ? "datapath" : "sidecar") +
+              " thread stopped consuming)",
+          "report this with the command line; a larger --round_timeout_ms "
+          "will not help");
+    }
   }
   bool Pop(CtlEvent* e) {
     return rte_ring_dequeue_elem(ring_, e, sizeof(CtlEvent)) == 0;
@@ -107,6 +117,7 @@ class EventRing {
 
  private:
   rte_ring* ring_ = nullptr;
+  std::string name_;
 };
 
 // A bitmap handed between the sidecar and the datapath, either way: the

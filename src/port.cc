@@ -162,6 +162,12 @@ PortCaps SetupPortOrDie(const PortOptions& opts, rte_mempool* pool) {
         "use --mtu=" + std::to_string(dev_max) +
             " or less (jumbo frames need a device and link that carry them)");
   }
+  if (opts.mtu > kMaxMtu) {
+    Die(where + ": MTU " + std::to_string(opts.mtu) + " is above DBLP's " +
+            std::to_string(kMaxMtu),
+        "use --mtu between " + std::to_string(kMinMtu) + " and " +
+            std::to_string(kMaxMtu));
+  }
   if (opts.mtu < info.min_mtu || opts.mtu < kMinMtu) {
     Die(where + ": MTU " + std::to_string(opts.mtu) + " is too small",
         "use --mtu of at least " +

@@ -48,12 +48,15 @@ struct WorkerLink {
   BitmapMailbox push_bitmap;            // datapath -> sidecar (PROBE answer)
   bool probe_pending = false;           // datapath only
   uint32_t probe_round = 0;             // datapath only
+  uint64_t probe_gen = 0;               // datapath only: poll when seen
   // Learned from the first accepted push frame (datapath only).
   bool learned = false;
   uint16_t port = 0;
   FrameTemplate tmpl;
+  std::string error;                    // sidecar: wo before kPeerGone
+  // datapath: wo; sidecar: ro (which links get ROUND_BEGIN).
+  std::atomic<bool> alive{true};
   // datapath only.
-  bool alive = true;
   bool said_bye = false;
   bool probe_out = false;
   uint64_t t_probe = 0, t_push_stop = 0, t_bcast_stop = 0;
@@ -70,6 +73,8 @@ struct ServerShared {
   std::string failure;                      // sidecar: wo before `failed`
   JoinMsg first_join;                       // sidecar: wo during join
   std::atomic<uint64_t> iteration{0};       // datapath: wo; stats: ro
+  std::atomic<double> p{0};                 // datapath: wo; stats: ro
+  std::atomic<bool> critical{false};        // datapath: wo; stats: ro
 };
 
 void DumpBinary(const std::string& path, const void* data, size_t n) {
@@ -158,6 +163,14 @@ int RunServer(const ServerOptions& o) {
                            static_cast<Direction>(e.direction),
                            BitsDouble(e.value), e.value2,
                            BitsDouble(e.value3)};
+          std::string why;
+          if (ValidateControl(rb, &why) != ControlError::kNone) {
+            // A policy value the wire cannot carry: a bug, not a hang.
+            sh.failure = "cannot announce round " + std::to_string(e.round) +
+                         ": " + why;
+            sh.failed.store(true, std::memory_order_release);
+            break;
+          }
           for (auto& l : sh.links) {
             if (l->alive) sc_ptr->Send(l->conn, rb);
           }
@@ -184,6 +197,14 @@ int RunServer(const ServerOptions& o) {
       if (j->total_bytes == 0 || j->total_bytes % 4 != 0) {
         return fail_join(c, "gradient size must be a positive multiple of 4");
       }
+      if (j->total_bytes > o.max_gradient_bytes) {
+        return fail_join(c, "gradient of " + std::to_string(j->total_bytes) +
+                                " bytes is above the server's limit of " +
+                                std::to_string(o.max_gradient_bytes) +
+                                ": lower --floats or raise the server's "
+                                "--max_gradient_mb");
+      }
+      if (rank_of(c) >= 0) return fail_join(c, "JOIN sent twice");
       if (j->mtu != caps[0].mtu) {
         return fail_join(c, "worker MTU " + std::to_string(j->mtu) +
                                 " != server MTU " +
@@ -239,9 +260,11 @@ int RunServer(const ServerOptions& o) {
       }
     } else if (const auto* st = std::get_if<StopMsg>(&m)) {
       if (st->direction == Direction::kBroadcast) {
-        l.bcast_tx.RequestStop(st->round);
+        // The time first, then the flag: when the datapath sees the sender
+        // finished, the time is already queued.
         events.Push(CtlEvent{CtlEvent::kStopSeen, 1, static_cast<uint16_t>(w),
                              st->round, NowNs(), 0, 0});
+        l.bcast_tx.RequestStop(st->round);
       }
     } else if (const auto* bm = std::get_if<BitmapMsg>(&m)) {
       if (bm->direction != Direction::kBroadcast ||
@@ -250,6 +273,9 @@ int RunServer(const ServerOptions& o) {
       }
       events.Push(CtlEvent{CtlEvent::kBitmap, 1, static_cast<uint16_t>(w),
                            bm->round, NowNs(), 0, 0});
+    } else if (const auto* err = std::get_if<ErrorMsg>(&m)) {
+      // The worker failed; its connection closes next (on_close -> gone).
+      l.error = err->text;
     } else if (std::holds_alternative<ByeMsg>(m)) {
       events.Push(CtlEvent{CtlEvent::kIterationDone, 0,
                            static_cast<uint16_t>(w), 0, 0, 0, 0});
@@ -279,12 +305,11 @@ int RunServer(const ServerOptions& o) {
       if (!sh.rounds_ready.load()) return;
       const uint64_t rx = ctr.rx_frames.load(std::memory_order_relaxed);
       const uint64_t tx = ctr.tx_frames.load(std::memory_order_relaxed);
-      const RoundTolerance t = policy->Current();
       std::printf("[server] iter %llu  rx %.0f pps  tx %.0f pps  p=%.3f%s\n",
                   static_cast<unsigned long long>(sh.iteration.load()),
                   (rx - last_rx) / o.dp.stats_period_s,
-                  (tx - last_tx) / o.dp.stats_period_s, t.p,
-                  t.critical ? " (critical)" : "");
+                  (tx - last_tx) / o.dp.stats_period_s, sh.p.load(),
+                  sh.critical.load() ? " (critical)" : "");
       std::fflush(stdout);
       last_rx = rx;
       last_tx = tx;
@@ -377,8 +402,14 @@ int RunServer(const ServerOptions& o) {
   };
   RoundTolerance push_tol = policy->Current();
   uint64_t push_open_ns = 0;
+  auto live_count = [&] {
+    uint32_t n = 0;
+    for (auto& l : sh.links) n += l->alive ? 1 : 0;
+    return n;
+  };
   auto open_push = [&](uint64_t it, const RoundTolerance& tol) {
     reducer.BeginRound();
+    reducer.set_num_workers(live_count());
     push_open_ns = NowNs();
     const uint64_t deadline = tol.deadline_ns ? push_open_ns + tol.deadline_ns : 0;
     for (auto& l : sh.links) {
@@ -391,21 +422,20 @@ int RunServer(const ServerOptions& o) {
                      DoubleBits(tol.p), tol.deadline_ns,
                      DoubleBits(tol.deadline_ns ? tol.min_fraction : 0)});
   };
-  auto live_count = [&] {
-    uint32_t n = 0;
-    for (auto& l : sh.links) n += l->alive ? 1 : 0;
-    return n;
-  };
-
+  
   // RX: every port; frames demuxed by the DBLP sender rank, each worker's
   // receiver checks the rest. Returns frames received.
-  // Per port: did the last poll leave its RX ring empty?
-  std::vector<bool> rx_drained(nb_ports, true);
+  // Per port: the last poll generation that left its RX ring empty. A PROBE
+  // is answered only after a poll that started after the PROBE was seen
+  // found the ring empty, so every frame sent before it is counted.
+  uint64_t poll_gen = 0;
+  std::vector<uint64_t> drained_gen(nb_ports, 0);
   auto poll_rx = [&]() -> uint32_t {
     uint32_t total = 0;
+    ++poll_gen;
     for (uint16_t p = 0; p < nb_ports; ++p) {
       const uint16_t n = rte_eth_rx_burst(p, 0, rx_pkts, 64);
-      rx_drained[p] = n < 64;
+      if (n < 64) drained_gen[p] = poll_gen;
       if (n == 0) continue;
       total += n;
       const uint64_t rx_ns = NowNs();
@@ -429,6 +459,10 @@ int RunServer(const ServerOptions& o) {
         // Unknown ranks go to worker 0's receiver, which counts them as
         // wrong-sender (or malformed) without accepting anything.
         WorkerLink& l = *sh.links[rank < W ? rank : 0];
+        if (!l.alive) {
+          DatapathCounters::Add(ctr.from_lost_worker);
+          continue;
+        }
         DataHeader h;
         const uint8_t* payload = nullptr;
         if (l.push_rx->OnFrame(pf.dblp, pf.dblp_len, &h, &payload) ==
@@ -463,8 +497,35 @@ int RunServer(const ServerOptions& o) {
     return total;
   };
 
+  // A worker is gone (disconnected, or finished early): end the job with a
+  // message naming it, or (--on_worker_loss=continue) carry on without it.
+  auto lose_worker = [&](uint32_t w, const std::string& how) -> bool {
+    WorkerLink& l = *sh.links[w];
+    if (!o.continue_on_worker_loss) {
+      failure = "worker " + std::to_string(w) + " (" + l.name + ") " + how +
+                " in iteration " + std::to_string(sh.iteration.load()) +
+                "; restart the job, or run the server with "
+                "--on_worker_loss=continue to carry on without it";
+      return false;
+    }
+    std::fprintf(stderr, "dblp-server: continuing without worker %u (%s)\n",
+                 w, how.c_str());
+    l.alive = false;  // its frames are dropped from now on
+    if (live_count() == 0) {
+      failure = "every worker is gone";
+      return false;
+    }
+    // The mean's divisor changes at the next round (open_push): this round
+    // may already hold the lost worker's chunks.
+    return true;
+  };
+
   // Control events; returns false if the job must end.
   auto drain_events = [&](bool* work) -> bool {
+    if (sh.failed.load(std::memory_order_acquire)) {
+      failure = sh.failure;
+      return false;
+    }
     CtlEvent e;
     while (events.Pop(&e)) {
       *work = true;
@@ -487,28 +548,18 @@ int RunServer(const ServerOptions& o) {
         case CtlEvent::kProbe:
           l.probe_pending = true;
           l.probe_round = e.round;
+          l.probe_gen = poll_gen;
           break;
         case CtlEvent::kIterationDone:
           l.said_bye = true;
           break;
         case CtlEvent::kPeerGone:
-          if (l.said_bye) break;
-          if (!o.continue_on_worker_loss) {
-            failure = "worker " + std::to_string(e.peer) + " (" + l.name +
-                      ") disconnected in iteration " +
-                      std::to_string(sh.iteration.load()) +
-                      "; restart the job, or run the server with "
-                      "--on_worker_loss=continue to carry on without it";
+          if (l.said_bye || !l.alive) break;
+          if (!lose_worker(e.peer, l.error.empty()
+                                       ? "disconnected"
+                                       : "failed (" + l.error + ")")) {
             return false;
           }
-          std::fprintf(stderr, "dblp-server: continuing without worker %u\n",
-                       e.peer);
-          l.alive = false;
-          if (live_count() == 0) {
-            failure = "every worker is gone";
-            return false;
-          }
-          reducer.set_num_workers(live_count());
           break;
         default:
           break;
@@ -517,18 +568,19 @@ int RunServer(const ServerOptions& o) {
     return true;
   };
 
-  // Answers pending PROBEs once the worker's RX ring is drained, so no frame that
-  // beat the PROBE here is reported missing. A PROBE of a round that is no
+  // Answers pending PROBEs once the worker's RX ring was drained by a poll
+  // that started after the PROBE was seen. A PROBE of a round that is no
   // longer open is dropped: its STOP went out before.
   Bitmap snap;
   auto answer_probes = [&] {
     for (uint32_t w = 0; w < sh.links.size(); ++w) {
       WorkerLink& l = *sh.links[w];
       // Until its port is known, any port may hold its frames.
+      const auto later = [&](uint64_t g) { return g > l.probe_gen; };
       const bool drained =
-          l.learned ? rx_drained[l.port]
-                    : std::all_of(rx_drained.begin(), rx_drained.end(),
-                                  [](bool d) { return d; });
+          l.learned ? later(drained_gen[l.port])
+                    : std::all_of(drained_gen.begin(), drained_gen.end(),
+                                  later);
       if (!l.probe_pending || !drained) continue;
       l.probe_pending = false;
       if (l.probe_round != l.push_rx->round()) continue;
@@ -568,6 +620,29 @@ int RunServer(const ServerOptions& o) {
         if (!l->push_rx->stop_taken()) done = false;
       }
       if (done || all_bye) break;
+      // A worker that finished while another already pushes this round ran
+      // fewer --iterations. (Workers that all finish say BYE within a few
+      // messages of each other and push nothing more.)
+      bool others_push = false;
+      for (auto& l : sh.links) {
+        if (l->alive && !l->said_bye && l->push_rx->received() > 0) {
+          others_push = true;
+        }
+      }
+      bool lost = false;
+      for (uint32_t w = 0; w < W && !lost && others_push; ++w) {
+        WorkerLink& l = *sh.links[w];
+        if (l.alive && l.said_bye && !l.push_rx->stop_taken() &&
+            !lose_worker(w, "finished after " + std::to_string(it) +
+                                " iterations while the others go on (run "
+                                "every worker with the same --iterations);")) {
+          lost = true;
+        }
+      }
+      if (lost) {
+        exit_code = 1;
+        break;
+      }
       const RoundPacer::Step step = pacer.After(work);
       if (step == RoundPacer::Step::kContinue) continue;
       failure = "interrupted";
@@ -630,6 +705,8 @@ int RunServer(const ServerOptions& o) {
                      bcast_tol.deadline_ns,
                      DoubleBits(bcast_tol.deadline_ns ? bcast_tol.min_fraction : 0)});
     push_tol = next_tol;
+    sh.p.store(push_tol.p, std::memory_order_relaxed);
+    sh.critical.store(push_tol.critical, std::memory_order_relaxed);
     open_push(it + 1, push_tol);
 
     // ---- broadcast the mean to every live worker ----
@@ -691,6 +768,10 @@ int RunServer(const ServerOptions& o) {
       exit_code = 1;
       break;
     }
+    if (exit_code == 0) {
+      bool ignored = false;  // pick up STOP times queued with the last flags
+      if (!drain_events(&ignored)) exit_code = 1;
+    }
     // Complete the rows of this iteration with the broadcast side.
     for (uint32_t w = 0; w < W; ++w) {
       WorkerLink& l = *sh.links[w];
@@ -711,6 +792,7 @@ int RunServer(const ServerOptions& o) {
       {"injected_drops", ctr.injected_drops.load()},
       {"tx_ring_full", ctr.tx_ring_full.load()},
       {"mbuf_alloc_failures", ctr.mbuf_alloc_failures.load()},
+      {"frames_from_lost_workers", ctr.from_lost_worker.load()},
       {"control_messages_in", sidecar.messages_in()},
       {"control_messages_out", sidecar.messages_out()},
       {"control_protocol_errors", sidecar.protocol_errors()},

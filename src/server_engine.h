@@ -24,6 +24,9 @@ struct ServerOptions {
   bool continue_on_worker_loss = false;
   uint32_t session = 0;        // 0 = derived from the clock
   uint32_t join_timeout_ms = 60000;
+  // A JOIN asking for more is refused: the server holds about three copies
+  // of the gradient (sums, mean, previous mean) in memory.
+  uint64_t max_gradient_bytes = uint64_t{1} << 30;
   // Experiment hook (DBLP paper, Fig. 1): zero this fraction of the mean's
   // chunks in iterations [zero_first, zero_last].
   double zero_fraction = 0;

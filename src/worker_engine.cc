@@ -43,6 +43,8 @@ struct WorkerShared {
   BitmapMailbox bcast_bitmap;                // datapath -> sidecar
   std::atomic<bool> server_gone{false};      // sidecar: wo
   std::string failure;                       // sidecar: wo before server_gone
+  std::string final_error;   // datapath: wo before kIterationDone; sidecar: ro
+  std::atomic<bool> closed{false};           // sidecar: wo
   std::atomic<uint64_t> stops_sent{0};       // sidecar: wo
   std::atomic<uint64_t> iteration{0};        // datapath: wo; stats: ro
 };
@@ -86,7 +88,6 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
 
   ControlSidecar::Callbacks cb;
   cb.on_message = [&](ConnId, const ControlMessage& m) {
-    ControlSidecar& sc = *sidecar_ptr;
     if (const auto* w = std::get_if<WelcomeMsg>(&m)) {
       if (!sh.welcomed.load()) {
         sh.welcome = *w;
@@ -104,37 +105,17 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
       sh.server_gone.store(true, std::memory_order_release);
       return;
     }
-    if (!sh.rounds_ready.load(std::memory_order_acquire)) {
-      // Before our rounds exist only ROUND_BEGIN matters; keep it.
-      if (const auto* rb = std::get_if<RoundBeginMsg>(&m)) {
-        CtlEvent ev{CtlEvent::kRoundBegin,
-                    static_cast<uint8_t>(rb->direction), 0, rb->round, 0, 0, 0};
-        std::memcpy(&ev.value, &rb->p, sizeof(double));
-        events.Push(ev);
-      }
+    if (const auto* rb = std::get_if<RoundBeginMsg>(&m)) {
+      // The datapath applies it: it owns the receiver's round, so a late
+      // ROUND_BEGIN can never plant its p in a newer round.
+      events.Push(CtlEvent{CtlEvent::kRoundBegin,
+                           static_cast<uint8_t>(rb->direction), 0, rb->round,
+                           DoubleBits(rb->p), rb->deadline_ns,
+                           DoubleBits(rb->min_fraction)});
       return;
     }
-    ReceiverRound& bcast = *sh.bcast_rx;
-    if (const auto* rb = std::get_if<RoundBeginMsg>(&m)) {
-      if (rb->direction == Direction::kBroadcast &&
-          rb->round == bcast.round()) {
-        // The p that decides our STOP is the one announced now.
-        bcast.SetTolerance(rb->p);
-        bcast.SetDeadline(rb->deadline_ns ? NowNs() + rb->deadline_ns : 0,
-                          rb->min_fraction);
-        const StopTrigger t = bcast.PollStop(NowNs());
-        if (t != StopTrigger::kNone) {
-          sc.Send(server_conn,
-                  StopMsg{bcast.round(), Direction::kBroadcast,
-                          bcast.received(), StopReason::kThreshold});
-          sh.stops_sent.fetch_add(1);
-        }
-      }
-      CtlEvent ev{CtlEvent::kRoundBegin, static_cast<uint8_t>(rb->direction),
-                  0, rb->round, 0, 0, 0};
-      std::memcpy(&ev.value, &rb->p, sizeof(double));
-      events.Push(ev);
-    } else if (const auto* st = std::get_if<StopMsg>(&m)) {
+    if (!sh.rounds_ready.load(std::memory_order_acquire)) return;
+    if (const auto* st = std::get_if<StopMsg>(&m)) {
       if (st->direction == Direction::kPush) {
         // The time first, then the flag: the datapath sees the flag at its
         // next burst (early stop) and finds the time already queued.
@@ -158,6 +139,7 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
   cb.on_close = [&](ConnId, const std::string& reason) {
     if (sh.failure.empty()) sh.failure = "control connection closed: " + reason;
     sh.server_gone.store(true, std::memory_order_release);
+    sh.closed.store(true, std::memory_order_release);
   };
   cb.on_wakeup = [&] {
     CtlEvent e;
@@ -184,7 +166,12 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
           break;
         }
         case CtlEvent::kIterationDone:
-          sidecar_ptr->Send(server_conn, ByeMsg{"done"});
+          if (e.value == 0) {
+            sidecar_ptr->Send(server_conn, ByeMsg{"done"});
+          } else {
+            sidecar_ptr->Send(server_conn, ErrorMsg{2, sh.final_error});
+          }
+          sidecar_ptr->Close(server_conn, "job finished");
           break;
         default:
           break;
@@ -322,9 +309,12 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
   rte_mbuf* rx_pkts[64];
   std::vector<uint32_t> seqs(o.dp.burst);
   int exit_code = 0;
+  std::string failure;  // datapath's own; the sidecar's is sh.failure
 
   bool probe_pending = false;  // a broadcast PROBE waits for RX to drain
   uint32_t probe_round = 0;
+  uint64_t loop_gen = 0;   // datapath loop iterations (RX polls)
+  uint64_t probe_gen = 0;  // the loop that saw the PROBE
   Bitmap snap;
   // Frames of the previous push kept for the hostile replay test hook.
   std::vector<uint32_t> replay_seqs;
@@ -337,7 +327,17 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
         if (e.direction == static_cast<uint8_t>(Direction::kPush)) {
           go_round = e.round;
           have_go = true;
-          std::memcpy(&announced_p, &e.value, sizeof(double));
+          announced_p = BitsDouble(e.value);
+        } else if (e.round == bcast.round()) {
+          // The p that decides our STOP is the one announced now.
+          bcast.SetTolerance(BitsDouble(e.value));
+          bcast.SetDeadline(e.value2 ? NowNs() + e.value2 : 0,
+                            BitsDouble(e.value3));
+          if (bcast.PollStop(NowNs()) != StopTrigger::kNone) {
+            requests.Push(CtlEvent{CtlEvent::kSendStop, 1, 0, bcast.round(),
+                                   bcast.received(), 0, 0});
+            sidecar.Wakeup();
+          }
         }
         break;
       case CtlEvent::kStopSeen:
@@ -347,6 +347,7 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
         if (e.round == bcast.round()) {
           probe_pending = true;
           probe_round = e.round;
+          probe_gen = loop_gen;
         }
         break;
       case CtlEvent::kBitmap:
@@ -389,8 +390,8 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
       }
       const RoundPacer::Step step = pacer.After(any);
       if (step == RoundPacer::Step::kTimedOut) {
-        sh.failure = "server never opened push round " +
-                     std::to_string(push_round);
+        failure = "server never opened push round " +
+                  std::to_string(push_round);
       }
       if (step != RoundPacer::Step::kContinue) break;
     }
@@ -447,6 +448,7 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
     while (!(push_done && bcast_done)) {
       bool work = false;
       // RX first: the broadcast of the mean.
+      ++loop_gen;
       const uint16_t n = rte_eth_rx_burst(0, 0, rx_pkts, 64);
       if (n > 0) {
         work = true;
@@ -492,9 +494,9 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
         handle_event(e, &t_stop, &t_probe, &rtt_sum, &rtt_n, &probe_out);
         work = true;
       }
-      // Answer a PROBE once the RX ring is drained (this poll came back
-      // short), so no frame that beat the PROBE here is reported missing.
-      if (probe_pending && n < 64) {
+      // Answer a PROBE once a poll that started after it was seen came
+      // back short: every frame sent before the PROBE is then counted.
+      if (probe_pending && n < 64 && loop_gen > probe_gen) {
         probe_pending = false;
         // A PROBE of a round that is over needs no answer.
         if (probe_round == bcast.round()) {
@@ -538,7 +540,7 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
       if (sh.server_gone.load()) break;
       const RoundPacer::Step step = pacer.After(work);
       if (step == RoundPacer::Step::kTimedOut) {
-        sh.failure = "iteration " + std::to_string(it) + ": no progress for " +
+        failure = "iteration " + std::to_string(it) + ": no progress for " +
                      std::to_string(pacer.timeout_ms()) + " ms (push " +
                      (push_done ? "done" : "pending") + ", broadcast " +
                      std::to_string(bcast.received()) + "/" +
@@ -584,9 +586,20 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
     report.rows.push_back(r);
   }
 
-  requests.Push(CtlEvent{CtlEvent::kIterationDone, 0, 0, 0, 0, 0});
+  if (failure.empty() && exit_code != 0) {
+    failure = sh.server_gone.load(std::memory_order_acquire) ? sh.failure
+                                                             : "interrupted";
+  }
+  // BYE when done, ERROR with the reason otherwise, then a graceful close:
+  // the server must not mistake a finished worker for a lost one, nor a
+  // failed one for a finished one.
+  sh.final_error = failure;
+  requests.Push(CtlEvent{CtlEvent::kIterationDone, 0, 0, 0,
+                         exit_code == 0 ? 0u : 1u, 0, 0});
   sidecar.Wakeup();
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // flush BYE
+  for (int i = 0; i < 200 && !sh.closed.load(std::memory_order_acquire); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
   shutdown();
 
   const PortDrops drops = ReadPortDrops(0);
@@ -632,8 +645,7 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
     }
   }
   if (exit_code != 0) {
-    std::fprintf(stderr, "dblp-worker %u: %s\n", wel.rank,
-                 sh.failure.empty() ? "interrupted" : sh.failure.c_str());
+    std::fprintf(stderr, "dblp-worker %u: %s\n", wel.rank, failure.c_str());
   }
   rte_eth_dev_stop(0);
   rte_eth_dev_close(0);

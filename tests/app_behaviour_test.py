@@ -118,7 +118,9 @@ def main():
         time.sleep(0.8)
         ws = []
         for w in (0, 1):
-            iters = "100000" if w == 1 else "300"
+            # Both long enough that worker 1 is killed mid-job; worker 0
+            # finishes alone in continue mode.
+            iters = "4000"
             ws.append(subprocess.Popen(
                 [worker] + eal("loss-%s-w%d" % (mode, w),
                                "net_memif0,role=client,socket=%s,id=0"
@@ -129,7 +131,7 @@ def main():
                  "--idle_sleep_us=100"],
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
             time.sleep(0.2)
-        time.sleep(1.5)
+        time.sleep(0.8)
         ws[1].send_signal(signal.SIGKILL)  # worker 1 dies mid-job
         ws[1].wait()
         try:
@@ -155,6 +157,50 @@ def main():
                   rc == 0 and wrc == 0 and "continuing without worker 1" in out,
                   "server rc=%s worker rc=%s\n%s\n%s" % (rc, wrc, out[-600:],
                                                          wout[-300:]))
+
+    # ---- whole jobs that must end cleanly or with a named cause ----
+    def job(name, server_flags, worker_iters, timeout=90):
+        port = free_port()
+        socks = [os.path.join(tmp, "%s-w%d.sock" % (name, w)) for w in (0, 1)]
+        srv = subprocess.Popen(
+            [server] + eal(name,
+                           "net_memif0,role=server,socket=%s,id=0" % socks[0],
+                           "net_memif1,role=server,socket=%s,id=0" % socks[1]) +
+            ["--", "--workers=2", "--listen=127.0.0.1:%d" % port,
+             "--stats_period=0", "--idle_sleep_us=100",
+             "--round_timeout_ms=5000"] + server_flags,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        time.sleep(0.8)
+        ws = []
+        for w in (0, 1):
+            ws.append(subprocess.Popen(
+                [worker] + eal("%s-w%d" % (name, w),
+                               "net_memif0,role=client,socket=%s,id=0"
+                               % socks[w], lcore="1" if os.cpu_count() > 1
+                               else "0") +
+                ["--", "--server=127.0.0.1:%d" % port,
+                 "--iterations=%d" % worker_iters[w], "--floats=20000",
+                 "--stats_period=0", "--idle_sleep_us=100"],
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+            time.sleep(0.2)
+        outs = []
+        for p in [srv] + ws:
+            try:
+                out, _ = p.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                out = p.communicate()[0]
+            outs.append((p.returncode, out))
+        return outs
+
+    outs = job("iters", ["--policy=fixed"], (30, 100000))
+    check("workers with different --iterations: the server names the flag",
+          outs[0][0] not in (0, None) and "--iterations" in outs[0][1],
+          outs[0][1][-600:])
+    outs = job("ltp1", ["--policy=ltp", "--ltp_min_fraction=1"], (40, 40))
+    check("ltp with --ltp_min_fraction=1 runs to the end",
+          all(rc == 0 for rc, _ in outs),
+          "\n".join(o[-300:] for _, o in outs))
 
     print("%d passed, %d failed" % (PASSED, len(FAILURES)))
     sys.exit(1 if FAILURES else 0)

@@ -450,6 +450,8 @@ TEST(ControlDecoder, EveryErrorReachedByCraftedFrame) {
                  "min_fraction");
   ExpectRejected(round_begin(0.1, -inf), ControlError::kBadValue,
                  "min_fraction");
+  ExpectRejected(round_begin(0.1, 1.0000001), ControlError::kBadValue,
+                 "min_fraction");
   ExpectRejected(layer_frame(2, -1), ControlError::kBadValue,
                  "layers[0].shape[0]");
 
@@ -624,7 +626,7 @@ TEST(ControlCodec, EncoderRejectsWhatDecoderWould) {
       {StopMsg{.reason = static_cast<StopReason>(7)}, ControlError::kBadValue},
       {RoundBeginMsg{.p = std::numeric_limits<double>::quiet_NaN()},
        ControlError::kBadValue},
-      {RoundBeginMsg{.min_fraction = 1.0}, ControlError::kBadValue},
+      {RoundBeginMsg{.min_fraction = 1.5}, ControlError::kBadValue},
   };
   for (const auto& [msg, want] : bad) {
     SCOPED_TRACE(ControlTypeName(msg));
@@ -700,6 +702,19 @@ TEST(ControlCodec, NamesAreDistinctAndTypesMatchWire) {
     EXPECT_STREQ(ControlTypeName(msg), want[t - 1]);
   }
   EXPECT_STREQ(ControlTypeName(static_cast<ControlType>(0)), "UNKNOWN");
+}
+
+
+// LTP's deadline floor may ask for every chunk: min_fraction = 1 is legal.
+TEST(ControlCodec, MinFractionOneRoundTrips) {
+  const RoundBeginMsg rb{.round = 3, .p = 0.0, .deadline_ns = 1000,
+                         .min_fraction = 1.0};
+  ControlDecoder d;
+  const std::vector<uint8_t> bytes = EncodeControl(rb);
+  d.Feed(bytes.data(), bytes.size());
+  ControlMessage out;
+  ASSERT_EQ(d.Next(out), ControlDecoder::Status::kMessage);
+  EXPECT_EQ(std::get<RoundBeginMsg>(out), rb);
 }
 
 }  // namespace

@@ -101,11 +101,14 @@ class Checker {
     return true;
   }
 
-  bool Fraction(double x, const char* field) {
+  // p must stay below 1 (a round needs a chunk); a deadline's floor may
+  // ask for every chunk (LTP's --ltp_min_fraction is in (0, 1]).
+  bool Fraction(double x, const char* field, bool one_allowed = false) {
     // Written so that NaN fails too.
-    if (!(std::isfinite(x) && x >= 0.0 && x < 1.0)) {
+    if (!(std::isfinite(x) && x >= 0.0 && (x < 1.0 || (one_allowed && x == 1.0)))) {
       return Fail(ControlError::kBadValue, field,
-                  std::to_string(x) + " not in [0, 1)");
+                  std::to_string(x) + (one_allowed ? " not in [0, 1]"
+                                                   : " not in [0, 1)"));
     }
     return true;
   }
@@ -119,7 +122,7 @@ class Checker {
   }
   bool Check(const RoundBeginMsg& m) {
     return Dir(m.direction) && Fraction(m.p, "p") &&
-           Fraction(m.min_fraction, "min_fraction");
+           Fraction(m.min_fraction, "min_fraction", /*one_allowed=*/true);
   }
   bool Check(const ProbeMsg& m) { return Dir(m.direction); }
   bool Check(const BitmapMsg& m) {

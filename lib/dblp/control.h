@@ -89,7 +89,7 @@ struct RoundBeginMsg {
   Direction direction = Direction::kPush;
   double p = 0;  // finite, in [0, 1)
   uint64_t deadline_ns = 0;
-  double min_fraction = 0;  // finite, in [0, 1)
+  double min_fraction = 0;  // finite, in [0, 1]
   bool operator==(const RoundBeginMsg&) const = default;
 };
 

@@ -538,7 +538,19 @@ void ControlSidecar::HandleReadable(Conn& c) {
           break;
         }
         messages_in_.fetch_add(1, std::memory_order_relaxed);
-        if (cb_.on_message) cb_.on_message(c.id, m);
+        if (cb_.on_message) {
+          // A handler that throws (a request it cannot serve) costs this
+          // connection, never the process: the peer is told why.
+          try {
+            cb_.on_message(c.id, m);
+          } catch (const std::exception& e) {
+            const std::string why = std::string("cannot handle ") +
+                                    ControlTypeName(m) + ": " + e.what();
+            protocol_errors_.fetch_add(1, std::memory_order_relaxed);
+            Send(c.id, ErrorMsg{kErrorCodeProtocol, why});
+            BeginClose(c, why, /*abort=*/false);
+          }
+        }
         if (c.closing) break;  // the callback closed it (or a Send failed)
       }
       continue;
