@@ -129,8 +129,12 @@ def main():
             except subprocess.TimeoutExpired:
                 fail(name + " did not finish in %d s" % TIMEOUT_S)
             outputs[name] = out
+        for name, p in procs:
             if p.returncode != 0:
-                print(out[-3000:])
+                for other, out in outputs.items():
+                    print("---- %s (exit %s)" % (other, dict(
+                        (n, q.returncode) for n, q in procs)[other]))
+                    print(out[-2000:])
                 fail("%s exited with %d" % (name, p.returncode))
     finally:
         for _, p in procs:
