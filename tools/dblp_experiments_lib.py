@@ -431,6 +431,11 @@ def have_matplotlib() -> bool:
         return False
 
 
+def _legend(ax, loc="best"):
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc=loc)
+
+
 def _plt():
     import matplotlib
     matplotlib.use("Agg")
@@ -484,7 +489,7 @@ def plot_latency(series: Dict[str, Dict[int, float]], path: str, *,
     if title:
         ax.set_title(title)
     ax.grid(True, alpha=0.3)
-    ax.legend(loc="upper right")
+    _legend(ax, loc="upper right")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -512,7 +517,7 @@ def plot_cdf(series: Dict[str, Iterable[float]], path: str,
     if title:
         ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(loc="lower right")
+    _legend(ax, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -548,7 +553,7 @@ def plot_normalized_times(data: Dict[str, Dict[str, Optional[float]]],
     ax.set_ylabel("training time (dblp = 1)")
     if title:
         ax.set_title(title)
-    ax.legend()
+    _legend(ax)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
