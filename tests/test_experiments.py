@@ -408,9 +408,16 @@ class RunnerCommands(unittest.TestCase):
                              "--zero_iters=0,9")
         run.bursts = 0
         self.assertIn("--burst_iters=", R.cluster_argv(a, run))
+        self.assertIn("--no_realtime", argv)  # training: no SCHED_FIFO
         a = R.parse_args(["microburst", "--gradient", "synthetic"])
         self.assertEqual(R.training_worker_flags(a, "cnn"),
                          ["--gradient=synthetic"])
+        self.assertNotIn("--no_realtime", R.cluster_argv(a, run))
+        a = R.parse_args(["microburst", "--realtime"])
+        self.assertNotIn("--no_realtime", R.cluster_argv(a, run))
+        a = R.parse_args(["microburst", "--gradient", "synthetic",
+                          "--no_realtime"])
+        self.assertIn("--no_realtime", R.cluster_argv(a, run))
 
     def test_dry_run_early_late(self):
         p = subprocess.run([sys.executable, RUNNER, "early-late", "--dry_run",
