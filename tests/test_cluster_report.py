@@ -470,6 +470,27 @@ class Launcher(unittest.TestCase):
         self.assertIn("--out_dir=/r/dblp/worker2", w2)
         self.assertNotIn("--policy=dblp", w2)
 
+        # {worker_dir} in --worker_flags: each worker its own out dir; the
+        # server never sees it; a dir with a space stays one argument.
+        args = L.parse_args(["--workers", "2", "--worker_flags="
+                             "--log_dir={worker_dir} --tag=a{worker_dir}b",
+                             "--server_flags=--zero_fraction=0.4"])
+        cmds = L.build_commands(args, "reliable", "7-rel", "/s", 1,
+                                "/r x/reliable", "/a", "/b")
+        self.assertIn("--zero_fraction=0.4", cmds[0][1])
+        self.assertFalse(any("log_dir" in a or "{worker_dir}" in a
+                             for a in cmds[0][1]))
+        for i in range(2):
+            w = cmds[1 + i][1]
+            self.assertIn(f"--log_dir=/r x/reliable/worker{i}", w)
+            self.assertIn(f"--tag=a/r x/reliable/worker{i}b", w)
+            self.assertIn(f"--out_dir=/r x/reliable/worker{i}", w)
+            self.assertFalse(any("{worker_dir}" in a for a in w))
+        self.assertEqual(L.worker_flags_for("--x=1 '--d={worker_dir}/s t'",
+                                            "/o/w3"),
+                         ["--x=1", "--d=/o/w3/s t"])
+        self.assertEqual(L.worker_flags_for("", "/o"), [])
+
         args = L.parse_args(["--iterations", "100", "--burst_random", "4"])
         cmds = L.build_commands(args, "fixed", "1-fixed", "/s", 1, "/r",
                                 "/a", "/b")
