@@ -10,11 +10,13 @@
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "dblp/loss_model.h"
 #include "dblp/send_order.h"
 #include "dblp/synthetic_gradient.h"
 #include "app_options.h"
+#include "eal_app.h"
 
 DEFINE_uint32(mtu, 1500, "IP MTU of the data frames (576..9216; jumbo "
               "needs a device that supports it)");
@@ -61,6 +63,20 @@ namespace dblp {
 [[noreturn]] inline void FlagError(const std::string& msg) {
   std::fprintf(stderr, "error: %s\n", msg.c_str());
   std::exit(2);
+}
+
+// Parses the app's flags (everything after "--") before the EAL starts, so
+// `-- --help` and flag errors need no hugepages and no port.
+inline void ParseAppFlagsOrDie(int argc, char** argv, const char* usage) {
+  gflags::SetUsageMessage(usage);
+  std::vector<char*> app = AppArguments(argc, argv);
+  int app_argc = static_cast<int>(app.size());
+  char** app_argv = app.data();
+  gflags::ParseCommandLineFlags(&app_argc, &app_argv, true);
+  if (app_argc > 1) {
+    FlagError(std::string("unexpected argument ") + app_argv[1] +
+              " (app options go after --, EAL options before)");
+  }
 }
 
 inline std::pair<uint64_t, uint64_t> ParsePair(const std::string& text,

@@ -3,8 +3,6 @@
 // tolerance policy and broadcasts the mean back.
 #include <gflags/gflags.h>
 
-#include <vector>
-
 #include "common_flags.h"
 #include "eal_app.h"
 #include "server_engine.h"
@@ -44,20 +42,11 @@ DEFINE_uint32(join_timeout_ms, 60000, "give up waiting for workers after "
               "this long");
 
 int main(int argc, char** argv) {
-  gflags::SetUsageMessage(
+  dblp::ParseAppFlagsOrDie(argc, argv,
       "dblp-server [EAL options] -- [options]\n"
       "  e.g. dblp-server -l 0 --no-huge -m 512 --no-pci --file-prefix=srv "
       "--vdev=net_memif0,role=server,socket=/tmp/dblp-w0.sock -- "
       "--workers=1 --policy=dblp");
-  // App flags first: `-- --help` and flag errors need no EAL.
-  std::vector<char*> app = dblp::AppArguments(argc, argv);
-  int app_argc = static_cast<int>(app.size());
-  char** app_argv = app.data();
-  gflags::ParseCommandLineFlags(&app_argc, &app_argv, true);
-  if (app_argc > 1) {
-    dblp::FlagError(std::string("unexpected argument ") + app_argv[1] +
-                    " (app options go after --, EAL options before)");
-  }
 
   dblp::ServerOptions o;
   o.listen = FLAGS_listen;

@@ -2,8 +2,6 @@
 // dblp-server each iteration and receives the mean, over DBLP.
 #include <gflags/gflags.h>
 
-#include <vector>
-
 #include "common_flags.h"
 #include "dblp/gradient_source.h"
 #include "eal_app.h"
@@ -29,20 +27,11 @@ DEFINE_uint32(hostile_per_round, 0, "test hook: stale and malformed frames "
               "sent at the server each round");
 
 int main(int argc, char** argv) {
-  gflags::SetUsageMessage(
+  dblp::ParseAppFlagsOrDie(argc, argv,
       "dblp-worker [EAL options] -- [options]\n"
       "  e.g. dblp-worker -l 1 --no-huge -m 256 --no-pci --file-prefix=w0 "
       "--vdev=net_memif0,role=client,socket=/tmp/dblp-w0.sock -- "
       "--server=127.0.0.1:9100 --iterations=100");
-  // App flags first: `-- --help` and flag errors need no EAL.
-  std::vector<char*> app = dblp::AppArguments(argc, argv);
-  int app_argc = static_cast<int>(app.size());
-  char** app_argv = app.data();
-  gflags::ParseCommandLineFlags(&app_argc, &app_argv, true);
-  if (app_argc > 1) {
-    dblp::FlagError(std::string("unexpected argument ") + app_argv[1] +
-                    " (app options go after --, EAL options before)");
-  }
 
   dblp::WorkerOptions o;
   o.server = FLAGS_server;

@@ -3,6 +3,7 @@
 #include <rte_errno.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <rte_ethdev.h>
 
 #include "eal_app.h"
@@ -21,6 +22,27 @@ EventRing::EventRing(const std::string& name, unsigned size) : name_(name) {
 }
 
 EventRing::~EventRing() { rte_ring_free(ring_); }
+
+SidecarThread::SidecarThread(ControlSidecar& sidecar, const char* app,
+                             bool realtime_datapath)
+    : sidecar_(sidecar), thread_([this] { sidecar_.Run(); }) {
+  if (realtime_datapath &&
+      !SetRealtime(pthread_self(), kDatapathRtPriority)) {
+    std::fprintf(stderr, "%s: --realtime needs CAP_SYS_NICE (root); the "
+                 "datapath runs at normal priority\n", app);
+  }
+  if (!SetRealtime(thread_.native_handle(), kSidecarRtPriority)) {
+    std::fprintf(stderr, "%s: control thread runs at normal priority (no "
+                 "CAP_SYS_NICE): control latency may grow when cores are "
+                 "shared\n", app);
+  }
+}
+
+void SidecarThread::Stop() {
+  if (!thread_.joinable()) return;
+  sidecar_.RequestStop();
+  thread_.join();
+}
 
 uint32_t ChunkTransmitter::Send(FrameTemplate& tmpl, DataHeader proto,
                                 const uint32_t* seqs, uint32_t n,

@@ -16,10 +16,12 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <thread>
 
 #include "dblp/bitmap.h"
 #include "dblp/chunking.h"
 #include "dblp/control.h"
+#include "dblp/control_sidecar.h"
 #include "dblp/loss_model.h"
 #include "dblp/sender_round.h"
 #include "dblp/token_bucket.h"
@@ -230,6 +232,26 @@ class RxLossInjector {
 constexpr uint32_t WireBytesPerFrame(uint32_t mtu) {
   return kEthernetHeaderBytes + mtu + kEthernetWireOverhead;
 }
+
+// The control sidecar's thread, started once setup is done. It inherits
+// the process's CPU set and, when allowed, runs under SCHED_FIFO one level
+// above the datapath so that a PROBE or STOP is handled at once even on a
+// shared core. With `realtime_datapath` the calling (datapath) thread gets
+// SCHED_FIFO too. Missing privileges are reported once, naming the effect.
+class SidecarThread {
+ public:
+  SidecarThread(ControlSidecar& sidecar, const char* app,
+                bool realtime_datapath);
+  ~SidecarThread() { Stop(); }
+  SidecarThread(const SidecarThread&) = delete;
+  SidecarThread& operator=(const SidecarThread&) = delete;
+  // Any time after start: stops the event loop and joins the thread.
+  void Stop();
+
+ private:
+  ControlSidecar& sidecar_;
+  std::thread thread_;
+};
 
 // Sends the chunks a SenderRound hands out, built straight into mbufs.
 struct ChunkTransmitter {

@@ -327,21 +327,8 @@ int RunServer(const ServerOptions& o) {
               nb_ports, o.workers, o.listen.c_str(), session,
               policy->Describe().c_str());
   std::fflush(stdout);
-  std::thread sidecar_thread([&] { sidecar.Run(); });
-  if (o.dp.realtime &&
-      !SetRealtime(pthread_self(), kDatapathRtPriority)) {
-    std::fprintf(stderr, "dblp-%s: --realtime needs CAP_SYS_NICE (root); "
-                 "the datapath runs at normal priority\n", "server");
-  }
-  if (!SetRealtime(sidecar_thread.native_handle(), kSidecarRtPriority)) {
-    std::fprintf(stderr, "dblp-%s: control thread runs at normal priority "
-                 "(no CAP_SYS_NICE): control latency may grow when cores "
-                 "are shared\n", "server");
-  }
-  auto shutdown = [&] {
-    sidecar.RequestStop();
-    sidecar_thread.join();
-  };
+  SidecarThread sidecar_thread(sidecar, "dblp-server", o.dp.realtime);
+  auto shutdown = [&] { sidecar_thread.Stop(); };
 
   const auto join_deadline = std::chrono::steady_clock::now() +
                              std::chrono::milliseconds(o.join_timeout_ms);

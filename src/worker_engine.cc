@@ -210,21 +210,8 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
   join.mtu = caps.mtu;
   join.layers = source->Layers();
   sidecar.Send(server_conn, join);
-  std::thread sidecar_thread([&] { sidecar.Run(); });
-  if (o.dp.realtime &&
-      !SetRealtime(pthread_self(), kDatapathRtPriority)) {
-    std::fprintf(stderr, "dblp-%s: --realtime needs CAP_SYS_NICE (root); "
-                 "the datapath runs at normal priority\n", "worker");
-  }
-  if (!SetRealtime(sidecar_thread.native_handle(), kSidecarRtPriority)) {
-    std::fprintf(stderr, "dblp-%s: control thread runs at normal priority "
-                 "(no CAP_SYS_NICE): control latency may grow when cores "
-                 "are shared\n", "worker");
-  }
-  auto shutdown = [&] {
-    sidecar.RequestStop();
-    sidecar_thread.join();
-  };
+  SidecarThread sidecar_thread(sidecar, "dblp-worker", o.dp.realtime);
+  auto shutdown = [&] { sidecar_thread.Stop(); };
 
   // ---- wait for WELCOME ----------------------------------------------------
   const auto join_deadline = std::chrono::steady_clock::now() +
