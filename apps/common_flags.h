@@ -51,7 +51,9 @@ DEFINE_uint64(burst_seed, 7, "seed of --burst_random");
 DEFINE_string(burst_window_ms, "", "START,END ms after the first iteration: "
               "a time-window burst");
 DEFINE_double(burst_loss, 0.7, "loss rate inside a burst");
-DEFINE_uint64(seed, 1, "seed of the loss injector and the send order");
+DEFINE_uint64(seed, 1, "job seed, the same on every app: loss injector, "
+              "send order and, for dblp-worker --gradient=train, the model's "
+              "initial weights, the data shards and the batch order");
 DEFINE_string(send_order, "permuted", "sequential | rotating | permuted");
 DEFINE_uint32(round_timeout_ms, 30000, "fail with a clear error when a round "
               "makes no progress for this long");

@@ -2,10 +2,16 @@
 // dblp-server each iteration and receives the mean, over DBLP.
 #include <gflags/gflags.h>
 
+#include <stdexcept>
+#include <string>
+
 #include "common_flags.h"
 #include "dblp/gradient_source.h"
 #include "eal_app.h"
 #include "worker_engine.h"
+#ifdef DBLP_WITH_TRAINING
+#include "training/training_source.h"
+#endif
 
 DEFINE_string(server, "127.0.0.1:9100", "dblp-server's control address");
 DEFINE_string(name, "", "worker name shown by the server (default: host:pid)");
@@ -14,7 +20,8 @@ DEFINE_string(eth_peer, "", "MAC to send data frames to (default: the "
               "server's, from WELCOME)");
 DEFINE_uint32(iterations, 100, "training iterations");
 DEFINE_string(gradient, "synthetic", "synthetic | integer (exact test "
-              "values)");
+              "values) | train (a Fashion-MNIST model, libtorch; the job "
+              "seed is --seed, the same on every worker)");
 DEFINE_uint64(floats, 262144, "gradient size in float32 values (e.g. "
               "25557032 for ResNet-50)");
 DEFINE_string(norm_jumps, "", "synthetic: iterations where the gradient "
@@ -22,6 +29,23 @@ DEFINE_string(norm_jumps, "", "synthetic: iterations where the gradient "
 DEFINE_uint32(jump_length, 10, "synthetic: iterations a norm jump lasts");
 DEFINE_string(bcast_fill, "zero", "fill of chunks missing from the "
               "broadcast: zero | prev");
+// --gradient=train. Defined in every build so that a build without
+// libtorch answers --gradient=train with the fix, not "unknown flag".
+DEFINE_string(model, "mlp", "train: mlp (235k params) | cnn (81k) | resnet "
+              "(152k)");
+DEFINE_string(data_dir, "/usr/share/datasets/fashion-mnist", "train: "
+              "directory of the Fashion-MNIST *-ubyte.gz files (Debian "
+              "package dataset-fashion-mnist)");
+DEFINE_uint32(batch, 64, "train: minibatch size per worker");
+DEFINE_double(lr, 0.05, "train: SGD learning rate (momentum 0.9)");
+DEFINE_uint32(train_threads, 1, "train: torch intra-op threads");
+DEFINE_bool(eval_every_epoch, true, "train: test accuracy after every "
+            "epoch (always after the last iteration)");
+// Not --log_dir: glog, which libtorch links in, owns that flag.
+DEFINE_string(train_log_dir, "", "train: write per-epoch "
+              "<log_dir>/training-w<rank>.csv (epoch, iteration, train_loss, "
+              "test_accuracy, wall_s)");
+DEFINE_uint32(max_eval, 10000, "train: test images used for the accuracy");
 DEFINE_uint32(join_timeout_ms, 30000, "give up joining after this long");
 DEFINE_uint32(hostile_per_round, 0, "test hook: stale and malformed frames "
               "sent at the server each round");
@@ -49,6 +73,21 @@ int main(int argc, char** argv) {
   o.join_timeout_ms = FLAGS_join_timeout_ms;
   o.hostile_per_round = FLAGS_hostile_per_round;
 
+  static const char* const kTrainFlags[] = {
+      "model", "data_dir", "batch", "lr", "train_threads",
+      "eval_every_epoch", "train_log_dir", "max_eval"};
+  const bool train = FLAGS_gradient == "train";
+  for (const char* flag : kTrainFlags) {
+    if (!train && !gflags::GetCommandLineFlagInfoOrDie(flag).is_default) {
+      dblp::FlagError(std::string("--") + flag +
+                      " only applies to --gradient=train");
+    }
+  }
+  if (train && !gflags::GetCommandLineFlagInfoOrDie("floats").is_default) {
+    dblp::FlagError("--floats: with --gradient=train the model sets the "
+                    "gradient size; drop --floats");
+  }
+
   std::unique_ptr<dblp::GradientSource> source;
   try {
     if (FLAGS_gradient == "synthetic") {
@@ -58,12 +97,38 @@ int main(int argc, char** argv) {
       source = dblp::MakeSyntheticSource(FLAGS_floats, FLAGS_seed, trace);
     } else if (FLAGS_gradient == "integer") {
       source = dblp::MakeIntegerSource(FLAGS_floats);
+    } else if (train) {
+#ifdef DBLP_WITH_TRAINING
+      dblp::training::TrainingOptions t;
+      t.model = FLAGS_model;
+      t.data_dir = FLAGS_data_dir;
+      t.batch = FLAGS_batch;
+      t.lr = FLAGS_lr;
+      t.threads = FLAGS_train_threads;
+      t.eval_every_epoch = FLAGS_eval_every_epoch;
+      t.log_dir = FLAGS_train_log_dir;
+      t.max_eval = FLAGS_max_eval;
+      t.seed = FLAGS_seed;
+      t.iterations = FLAGS_iterations;
+      // Reads the dataset now: a missing one fails before the EAL starts.
+      source = std::make_unique<dblp::training::TrainingSource>(t);
+#else
+      dblp::FlagError(
+          "--gradient=train: this dblp-worker was built without training "
+          "(libtorch-dev missing at configure time, or -Dtraining=disabled)."
+          " Install it (apt-get install libtorch-dev dataset-fashion-mnist), "
+          "then reconfigure and rebuild: meson setup --reconfigure build "
+          "-Dtraining=enabled && ninja -C build");
+#endif
     } else {
       dblp::FlagError("--gradient=" + FLAGS_gradient +
-                      ": use synthetic or integer");
+                      ": use synthetic, integer or train");
     }
   } catch (const std::invalid_argument& e) {
     dblp::FlagError(e.what());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
   }
   dblp::InitEalOrDie(argc, argv);
   const int rc = dblp::RunWorker(o, std::move(source));

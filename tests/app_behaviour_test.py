@@ -117,10 +117,15 @@ def main():
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         time.sleep(0.8)
         ws = []
+        # Worker 1's output goes to a file polled for its WELCOME line, so it
+        # is killed mid-job rather than after a fixed delay: a worker linked
+        # with libtorch takes a moment longer to start, more on a busy host.
+        w1_log = os.path.join(tmp, "%s-w1.log" % mode)
         for w in (0, 1):
             # Both long enough that worker 1 is killed mid-job; worker 0
             # finishes alone in continue mode.
-            iters = "4000"
+            iters = "8000"
+            out_to = open(w1_log, "w") if w == 1 else subprocess.PIPE
             ws.append(subprocess.Popen(
                 [worker] + eal("loss-%s-w%d" % (mode, w),
                                "net_memif0,role=client,socket=%s,id=0"
@@ -129,9 +134,17 @@ def main():
                 ["--", "--server=127.0.0.1:%d" % port, "--iterations=" + iters,
                  "--floats=50000", "--stats_period=0",
                  "--idle_sleep_us=100"],
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+                stdout=out_to, stderr=subprocess.STDOUT, text=True))
+            if w == 1:
+                out_to.close()  # the child holds its own descriptor
             time.sleep(0.2)
-        time.sleep(0.8)
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            with open(w1_log) as f:
+                if "dblp-worker: rank" in f.read():
+                    break
+            time.sleep(0.1)
+        time.sleep(0.5)  # a few iterations into the job
         ws[1].send_signal(signal.SIGKILL)  # worker 1 dies mid-job
         ws[1].wait()
         try:

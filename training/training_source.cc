@@ -1,0 +1,395 @@
+#include "training/training_source.h"
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <stdexcept>
+#include <utility>
+
+#include "training/models.h"
+
+namespace dblp::training {
+namespace {
+
+constexpr uint32_t kEvalBatch = 1000;
+
+torch::Tensor ImagesTensor(const Dataset& d) {
+  // clone(): the tensor owns its memory, so the vectors can be released.
+  return torch::from_blob(const_cast<float*>(d.images.data()),
+                          {static_cast<int64_t>(d.count), kImageSide,
+                           kImageSide},
+                          torch::kFloat32)
+      .clone();
+}
+
+torch::Tensor LabelsTensor(const Dataset& d) {
+  return torch::from_blob(const_cast<uint8_t*>(d.labels.data()),
+                          {static_cast<int64_t>(d.count)}, torch::kUInt8)
+      .to(torch::kInt64);
+}
+
+// Seed of worker `rank`'s batch order in `epoch`: distinct per rank and
+// epoch, reproducible from the job seed.
+uint64_t EpochSeed(uint64_t seed, uint32_t rank, uint32_t epoch) {
+  return seed ^ (0x9E3779B97F4A7C15ULL * (uint64_t{rank} + 1)) ^
+         (0xC2B2AE3D27D4EB4FULL * (uint64_t{epoch} + 1));
+}
+
+std::string FormatDouble(double v, int precision) {
+  if (std::isnan(v)) return "nan";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", precision, v);
+  return buf;
+}
+
+}  // namespace
+
+void ValidateTrainingOptions(const TrainingOptions& o) {
+  bool known = false;
+  for (const std::string& n : ModelNames()) known = known || n == o.model;
+  if (!known) {
+    throw std::invalid_argument("--model=" + o.model +
+                                ": use mlp, cnn or resnet");
+  }
+  if (o.batch < 1 || o.batch > 4096) {
+    throw std::invalid_argument("--batch=" + std::to_string(o.batch) +
+                                ": use 1..4096, e.g. 64");
+  }
+  if (!(std::isfinite(o.lr) && o.lr > 0 && o.lr <= 10)) {
+    throw std::invalid_argument("--lr=" + std::to_string(o.lr) +
+                                ": use a learning rate in (0, 10], e.g. "
+                                "0.05");
+  }
+  if (!(std::isfinite(o.momentum) && o.momentum >= 0 && o.momentum < 1)) {
+    throw std::invalid_argument("momentum must be in [0, 1)");
+  }
+  if (o.threads < 1 || o.threads > 256) {
+    throw std::invalid_argument("--train_threads=" +
+                                std::to_string(o.threads) +
+                                ": use 1..256 (1 on a shared machine)");
+  }
+  if (o.max_eval < 1) {
+    throw std::invalid_argument("--max_eval must be >= 1 test image");
+  }
+  if (o.data_dir.empty()) {
+    throw std::invalid_argument(std::string("--data_dir is empty: use ") +
+                                kDefaultFashionMnistDir);
+  }
+}
+
+struct TrainingSource::Impl {
+  TrainingOptions o;
+  Model model;
+  std::vector<torch::Tensor> params;  // flattening order
+  std::vector<std::string> names;
+  uint64_t floats = 0;
+  std::unique_ptr<torch::optim::SGD> optimizer;
+
+  // Training set as read, until Bind takes this worker's shard.
+  RawSplit raw_train;
+  uint32_t train_total = 0;  // images the shards are cut from
+  torch::Tensor test_images, test_labels;
+
+  bool bound = false;
+  uint32_t rank = 0, num_workers = 1;
+  torch::Tensor shard_images, shard_labels;
+  uint32_t shard = 0;
+  uint32_t per_epoch = 0;  // full batches per epoch (the tail is dropped)
+
+  uint32_t epoch = 0;  // epoch in progress, 0-based
+  uint32_t cursor = 0;  // batches taken in this epoch
+  torch::Tensor order;  // this epoch's permutation of the shard
+  bool epoch_done = false;  // the latest batch closed an epoch
+  double loss_sum = 0;
+  uint32_t loss_n = 0;
+  double batch_loss = std::numeric_limits<double>::quiet_NaN();
+  double epoch_loss = std::numeric_limits<double>::quiet_NaN();
+  double accuracy = std::numeric_limits<double>::quiet_NaN();
+  uint32_t completed = 0;
+  uint64_t applied = 0;  // iterations whose step has been taken
+  uint64_t logged_at = UINT64_MAX;  // `applied` of the latest log line
+  bool logged_eval = false;          // ... and whether it evaluated
+  std::chrono::steady_clock::time_point start;
+  std::ofstream csv;
+
+  void NewEpoch() {
+    const std::vector<uint32_t> p =
+        SeededPermutation(shard, EpochSeed(o.seed, rank, epoch));
+    order = torch::tensor(std::vector<int64_t>(p.begin(), p.end()),
+                          torch::kInt64);
+    cursor = 0;
+  }
+
+  // Forward and backward on iteration `it`'s minibatch; leaves the
+  // gradients in the parameters' .grad().
+  void ForwardBackward(uint64_t /*it*/) {
+    if (!bound) throw std::logic_error("training source used before Bind");
+    if (cursor == per_epoch) {
+      ++epoch;
+      NewEpoch();
+    }
+    const torch::Tensor idx = order.slice(0, int64_t{cursor} * o.batch,
+                                          int64_t{cursor + 1} * o.batch);
+    ++cursor;
+    model.module->train();
+    optimizer->zero_grad();
+    const torch::Tensor logits =
+        model.forward(shard_images.index_select(0, idx));
+    const torch::Tensor loss = torch::nn::functional::cross_entropy(
+        logits, shard_labels.index_select(0, idx));
+    loss.backward();
+    batch_loss = loss.item<double>();
+    loss_sum += batch_loss;
+    ++loss_n;
+    epoch_done = cursor == per_epoch;
+  }
+
+  void AfterStep(uint64_t it) {
+    applied = it + 1;
+    const bool last = o.iterations != 0 && applied == o.iterations;
+    if (epoch_done) {
+      epoch_done = false;
+      ++completed;
+      Log(completed, o.eval_every_epoch || last);
+    }
+    if (last) Finish();
+  }
+
+  void Finish() {
+    if (logged_at == applied && logged_eval) return;
+    // A partial epoch at the end is reported as the epoch in progress.
+    Log(completed + (cursor < per_epoch && cursor > 0 ? 1 : 0), true);
+  }
+
+  void Log(uint32_t epoch_number, bool evaluate) {
+    epoch_loss = loss_n > 0 ? loss_sum / loss_n
+                            : std::numeric_limits<double>::quiet_NaN();
+    loss_sum = 0;
+    loss_n = 0;
+    const double acc = evaluate ? Evaluate()
+                                : std::numeric_limits<double>::quiet_NaN();
+    const double wall =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                      start)
+            .count();
+    logged_at = applied;
+    logged_eval = evaluate;
+    if (o.verbose) {
+      std::printf("epoch %u iteration %llu train_loss %s test_accuracy %s\n",
+                  epoch_number, static_cast<unsigned long long>(applied),
+                  FormatDouble(epoch_loss, 4).c_str(),
+                  FormatDouble(acc, 4).c_str());
+      std::fflush(stdout);
+    }
+    if (csv.is_open()) {
+      csv << epoch_number << ',' << applied << ','
+          << FormatDouble(epoch_loss, 6) << ',' << FormatDouble(acc, 6)
+          << ',' << FormatDouble(wall, 3) << '\n';
+      csv.flush();
+    }
+  }
+
+  double Evaluate() {
+    torch::NoGradGuard no_grad;
+    model.module->eval();
+    const int64_t n = test_images.size(0);
+    int64_t correct = 0;
+    for (int64_t b = 0; b < n; b += kEvalBatch) {
+      const int64_t e = std::min<int64_t>(n, b + kEvalBatch);
+      const torch::Tensor pred =
+          model.forward(test_images.slice(0, b, e)).argmax(1);
+      correct += pred.eq(test_labels.slice(0, b, e)).sum().item<int64_t>();
+    }
+    model.module->train();
+    accuracy = static_cast<double>(correct) / static_cast<double>(n);
+    return accuracy;
+  }
+};
+
+TrainingSource::TrainingSource(const TrainingOptions& o)
+    : impl_(std::make_unique<Impl>()) {
+  ValidateTrainingOptions(o);
+  Impl& s = *impl_;
+  s.o = o;
+  torch::set_num_threads(static_cast<int>(o.threads));
+  s.model = MakeModel(o.model, o.seed);
+  for (const auto& item : s.model.module->named_parameters(true)) {
+    s.names.push_back(item.key());
+    s.params.push_back(item.value());
+    s.floats += static_cast<uint64_t>(item.value().numel());
+  }
+  s.optimizer = std::make_unique<torch::optim::SGD>(
+      s.params, torch::optim::SGDOptions(o.lr).momentum(o.momentum));
+
+  // Read everything now: a bad dataset must stop the worker before it
+  // joins, not in the middle of the job.
+  s.raw_train = LoadRawSplit(o.data_dir, Split::kTrain);
+  s.train_total = s.raw_train.images.count;
+  if (o.max_train != 0) s.train_total = std::min(s.train_total, o.max_train);
+  RawSplit test = LoadRawSplit(o.data_dir, Split::kTest);
+  std::vector<uint32_t> first(std::min(o.max_eval, test.images.count));
+  for (uint32_t i = 0; i < first.size(); ++i) first[i] = i;
+  const Dataset t = Normalize(test, first);
+  s.test_images = ImagesTensor(t);
+  s.test_labels = LabelsTensor(t);
+
+  if (!o.log_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(o.log_dir, ec);
+    if (ec || !std::filesystem::is_directory(o.log_dir)) {
+      throw std::runtime_error("--train_log_dir=" + o.log_dir +
+                               ": cannot create the directory (" +
+                               ec.message() + ")");
+    }
+  }
+}
+
+TrainingSource::~TrainingSource() = default;
+
+std::vector<LayerInfo> TrainingSource::Layers() const {
+  std::vector<LayerInfo> layers;
+  for (size_t i = 0; i < impl_->params.size(); ++i) {
+    const auto sizes = impl_->params[i].sizes();
+    layers.push_back({impl_->names[i],
+                      std::vector<int64_t>(sizes.begin(), sizes.end())});
+  }
+  return layers;
+}
+
+uint64_t TrainingSource::floats() const { return impl_->floats; }
+
+void TrainingSource::Bind(uint32_t rank, uint32_t num_workers) {
+  Impl& s = *impl_;
+  if (s.bound) throw std::logic_error("training source bound twice");
+  if (num_workers == 0 || rank >= num_workers) {
+    throw std::invalid_argument("rank " + std::to_string(rank) + " of " +
+                                std::to_string(num_workers) + " workers");
+  }
+  const std::vector<uint32_t> indices =
+      ShardIndices(s.raw_train.images.count, rank, num_workers, s.o.seed,
+                   s.train_total);
+  if (indices.size() < s.o.batch) {
+    throw std::runtime_error(
+        "worker " + std::to_string(rank) + "'s shard holds " +
+        std::to_string(indices.size()) + " images, fewer than --batch=" +
+        std::to_string(s.o.batch) + ": use fewer workers or a smaller batch");
+  }
+  const Dataset d = Normalize(s.raw_train, indices);
+  s.raw_train = RawSplit{};  // the shard is all this worker needs now
+  s.shard_images = ImagesTensor(d);
+  s.shard_labels = LabelsTensor(d);
+  s.shard = d.count;
+  s.per_epoch = s.shard / s.o.batch;
+  s.rank = rank;
+  s.num_workers = num_workers;
+  s.bound = true;
+  s.NewEpoch();
+  if (!s.o.log_dir.empty()) {
+    const std::string path =
+        s.o.log_dir + "/training-w" + std::to_string(rank) + ".csv";
+    s.csv.open(path, std::ios::trunc);
+    if (!s.csv) throw std::runtime_error(path + ": cannot write");
+    s.csv << "epoch,iteration,train_loss,test_accuracy,wall_s\n";
+  }
+  s.start = std::chrono::steady_clock::now();
+}
+
+void TrainingSource::Compute(uint64_t it, std::span<float> grad) {
+  Impl& s = *impl_;
+  if (grad.size() != s.floats) {
+    throw std::invalid_argument("gradient buffer of " +
+                                std::to_string(grad.size()) +
+                                " floats, the model has " +
+                                std::to_string(s.floats));
+  }
+  s.ForwardBackward(it);
+  size_t at = 0;
+  for (const torch::Tensor& p : s.params) {
+    const size_t n = static_cast<size_t>(p.numel());
+    const torch::Tensor& g = p.grad();
+    if (g.defined()) {
+      const torch::Tensor c = g.contiguous();
+      std::memcpy(grad.data() + at, c.data_ptr<float>(), n * sizeof(float));
+    } else {
+      // A parameter the loss does not reach has no gradient: send zeros.
+      std::memset(grad.data() + at, 0, n * sizeof(float));
+    }
+    at += n;
+  }
+}
+
+void TrainingSource::Apply(uint64_t it, std::span<const float> average) {
+  Impl& s = *impl_;
+  if (average.size() != s.floats) {
+    throw std::invalid_argument("averaged gradient of " +
+                                std::to_string(average.size()) +
+                                " floats, the model has " +
+                                std::to_string(s.floats));
+  }
+  if (!s.bound) throw std::logic_error("training source used before Bind");
+  size_t at = 0;
+  {
+    torch::NoGradGuard no_grad;
+    for (torch::Tensor& p : s.params) {
+      if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+      // from_blob only wraps the buffer; copy_ reads it, never writes.
+      const torch::Tensor src = torch::from_blob(
+          const_cast<float*>(average.data() + at), p.sizes(), torch::kFloat32);
+      p.mutable_grad().copy_(src);
+      at += static_cast<size_t>(p.numel());
+    }
+  }
+  s.optimizer->step();
+  s.AfterStep(it);
+}
+
+void TrainingSource::LocalStep(uint64_t it) {
+  impl_->ForwardBackward(it);
+  impl_->optimizer->step();
+  impl_->AfterStep(it);
+}
+
+double TrainingSource::Evaluate() { return impl_->Evaluate(); }
+
+void TrainingSource::Finish() { impl_->Finish(); }
+
+std::string TrainingSource::Describe() const {
+  const Impl& s = *impl_;
+  std::string d = "train(" + s.o.model + ", " + std::to_string(s.floats) +
+                  " params, batch " + std::to_string(s.o.batch) + ", lr " +
+                  FormatDouble(s.o.lr, 4) + ", momentum " +
+                  FormatDouble(s.o.momentum, 2);
+  if (s.bound) {
+    d += ", shard " + std::to_string(s.shard) + "/" +
+         std::to_string(s.train_total) + " images";
+  }
+  return d + ")";
+}
+
+std::vector<float> TrainingSource::FlatParameters() const {
+  std::vector<float> out;
+  out.reserve(impl_->floats);
+  for (const torch::Tensor& p : impl_->params) {
+    const torch::Tensor c = p.detach().contiguous();
+    const float* f = c.data_ptr<float>();
+    out.insert(out.end(), f, f + c.numel());
+  }
+  return out;
+}
+
+double TrainingSource::last_batch_loss() const { return impl_->batch_loss; }
+double TrainingSource::last_epoch_loss() const { return impl_->epoch_loss; }
+double TrainingSource::last_test_accuracy() const { return impl_->accuracy; }
+uint32_t TrainingSource::epochs_completed() const { return impl_->completed; }
+uint32_t TrainingSource::shard_size() const { return impl_->shard; }
+uint32_t TrainingSource::iterations_per_epoch() const {
+  return impl_->per_epoch;
+}
+
+}  // namespace dblp::training
