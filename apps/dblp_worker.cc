@@ -46,6 +46,8 @@ DEFINE_string(train_log_dir, "", "train: write per-epoch "
               "<log_dir>/training-w<rank>.csv (epoch, iteration, train_loss, "
               "test_accuracy, wall_s)");
 DEFINE_uint32(max_eval, 10000, "train: test images used for the accuracy");
+DEFINE_uint32(max_train, 0, "train: use only this many training images "
+              "(before sharding; 0 = all 60000): short epochs for smoke runs");
 DEFINE_uint32(join_timeout_ms, 30000, "give up joining after this long");
 DEFINE_uint32(hostile_per_round, 0, "test hook: stale and malformed frames "
               "sent at the server each round");
@@ -75,7 +77,7 @@ int main(int argc, char** argv) {
 
   static const char* const kTrainFlags[] = {
       "model", "data_dir", "batch", "lr", "train_threads",
-      "eval_every_epoch", "train_log_dir", "max_eval"};
+      "eval_every_epoch", "train_log_dir", "max_eval", "max_train"};
   const bool train = FLAGS_gradient == "train";
   for (const char* flag : kTrainFlags) {
     if (!train && !gflags::GetCommandLineFlagInfoOrDie(flag).is_default) {
@@ -108,6 +110,7 @@ int main(int argc, char** argv) {
       t.eval_every_epoch = FLAGS_eval_every_epoch;
       t.log_dir = FLAGS_train_log_dir;
       t.max_eval = FLAGS_max_eval;
+      t.max_train = FLAGS_max_train;
       t.seed = FLAGS_seed;
       t.iterations = FLAGS_iterations;
       // Reads the dataset now: a missing one fails before the EAL starts.

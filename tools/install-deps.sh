@@ -4,7 +4,8 @@
 set -euo pipefail
 
 PKGS=(meson ninja-build pkg-config g++ libgtest-dev libgflags-dev
-      libgoogle-glog-dev libnuma-dev dpdk dpdk-dev libdpdk-dev python3 iproute2)
+      libgoogle-glog-dev libnuma-dev dpdk dpdk-dev libdpdk-dev python3 iproute2
+      zlib1g-dev libtorch-dev dataset-fashion-mnist python3-matplotlib)
 PKGS+=("$@")
 
 missing=()
