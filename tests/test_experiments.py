@@ -63,9 +63,9 @@ def write_training(path, rows):
 
 class Plans(unittest.TestCase):
     def test_iterations_per_epoch(self):
-        self.assertEqual(X.iterations_per_epoch(3, 64), 313)  # 312.5
+        self.assertEqual(X.iterations_per_epoch(3, 64), 312)  # 312.5
         self.assertEqual(X.iterations_per_epoch(1, 100), 600)  # exact
-        self.assertEqual(X.iterations_per_epoch(7, 64), 134)   # 133.93
+        self.assertEqual(X.iterations_per_epoch(7, 64), 133)   # 133.93
         self.assertEqual(X.iterations_per_epoch(3, 100), 200)  # exact
         self.assertEqual(X.iterations_per_epoch(3, 64, train_images=10), 1)
         with self.assertRaises(ValueError):
@@ -400,7 +400,7 @@ class RunnerCommands(unittest.TestCase):
         i = argv.index("--p_high")
         self.assertEqual(argv[i + 1], "0.408")
         wf = [x for x in argv if x.startswith("--worker_flags=")][0]
-        self.assertIn("--log_dir={worker_dir}", wf)
+        self.assertIn("--train_log_dir={worker_dir}", wf)
         self.assertIn("--gradient=train --model=cnn", wf)
         self.assertIn("--batch=32", wf)
         sf = [x for x in argv if x.startswith("--server_flags=")][0]
@@ -427,13 +427,13 @@ class RunnerCommands(unittest.TestCase):
         lines = p.stdout.splitlines()
         self.assertEqual(len(lines), 5)
         self.assertNotIn("zero_fraction", lines[0])
-        self.assertIn("--zero_fraction=0.4 --zero_iters=313,938", lines[1])
-        self.assertIn("--zero_fraction=0.8 --zero_iters=313,938", lines[2])
-        self.assertIn("--zero_fraction=0.4 --zero_iters=0,312", lines[3])
-        self.assertIn("--zero_fraction=0.8 --zero_iters=0,312", lines[4])
+        self.assertIn("--zero_fraction=0.4 --zero_iters=312,935", lines[1])
+        self.assertIn("--zero_fraction=0.8 --zero_iters=312,935", lines[2])
+        self.assertIn("--zero_fraction=0.4 --zero_iters=0,311", lines[3])
+        self.assertIn("--zero_fraction=0.8 --zero_iters=0,311", lines[4])
         for ln in lines:
             self.assertIn("--policies reliable", ln)
-            self.assertIn("--iterations 939", ln)
+            self.assertIn("--iterations 936", ln)  # 3 epochs x 312
         self.assertFalse(os.path.exists("/nonexistent/x"))
 
 
@@ -632,7 +632,8 @@ class RunnerAnalysis(unittest.TestCase):
 
 
 # Fake dblp-server / dblp-worker: the server writes rows with CLR flags, a
-# worker writes iterations and, given --log_dir, a training.csv there.
+# worker writes iterations and, given --train_log_dir, its training CSV
+# there (named like the real worker's).
 FAKE_APP = textwrap.dedent(r'''
     #!{python}
     import json, os, sys, time
@@ -676,9 +677,10 @@ FAKE_APP = textwrap.dedent(r'''
                 "send_latency_us": 4000.0 if i == burst else 500.0,
                 "passes": 3 if i == burst else 1, "packets_sent": 56,
                 "p": 0.408, "burst": i == burst}}) + "\n")
-    if "log_dir" in flags:
-        os.makedirs(flags["log_dir"], exist_ok=True)
-        with open(os.path.join(flags["log_dir"], "training.csv"), "w") as f:
+    if "train_log_dir" in flags:
+        os.makedirs(flags["train_log_dir"], exist_ok=True)
+        with open(os.path.join(flags["train_log_dir"], "training-w0.csv"),
+                  "w") as f:
             f.write("epoch,iteration,train_loss,test_accuracy,wall_s\n")
             f.write("0,%d,0.7,0.%d,%s\n" % (its - 1, 70 + len(out) % 7,
                                              12.5))
@@ -713,10 +715,11 @@ class RunnerEndToEnd(unittest.TestCase):
             for w in range(2):
                 wd = os.path.join(run, pol, f"worker{w}")
                 self.assertTrue(os.path.isfile(
-                    os.path.join(wd, "training.csv")))
+                    os.path.join(wd, "training-w0.csv")))
                 with open(os.path.join(wd, "argv.json")) as f:
                     argv = json.load(f)
-                self.assertIn(f"--log_dir={wd}", argv)
+                self.assertIn(f"--train_log_dir={wd}", argv)
+                self.assertFalse(any(a.startswith("--floats") for a in argv))
                 self.assertIn("--gradient=train", argv)
                 self.assertIn("--model=cnn", argv)
                 self.assertIn("--link_gbps=1", argv)

@@ -42,11 +42,12 @@ MODEL_FLOATS = {"mlp": 235146, "cnn": 80602, "resnet": 152410}
 
 def iterations_per_epoch(workers: int, batch: int,
                          train_images: int = TRAIN_IMAGES) -> int:
-    """ceil(train_images / workers / batch): each worker trains on its shard
-    of train_images / workers images, one minibatch per iteration."""
+    """floor(floor(train_images / workers) / batch): an epoch is one pass
+    over the worker's shard in full minibatches, the tail dropped
+    (docs/TRAINING.md); the smallest shard sets the count. At least 1."""
     if workers < 1 or batch < 1 or train_images < 1:
         raise ValueError("workers, batch and train_images must be >= 1")
-    return -(-train_images // (workers * batch))  # exact integer ceil
+    return max(1, (train_images // workers) // batch)
 
 
 def total_iterations(epochs: int, ipe: int,
