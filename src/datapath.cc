@@ -3,12 +3,30 @@
 #include <rte_errno.h>
 
 #include <algorithm>
+#include <csignal>
+#include <fstream>
 #include <cstdio>
 #include <rte_ethdev.h>
 
 #include "eal_app.h"
 
 namespace dblp {
+
+namespace {
+std::atomic<bool> g_quit{false};
+void OnQuitSignal(int) { g_quit.store(true); }
+}  // namespace
+
+const std::atomic<bool>& InstallQuitHandlers() {
+  std::signal(SIGINT, OnQuitSignal);
+  std::signal(SIGTERM, OnQuitSignal);
+  return g_quit;
+}
+
+void DumpBinary(const std::string& path, const void* data, size_t n) {
+  std::ofstream f(path, std::ios::binary);
+  f.write(static_cast<const char*>(data), static_cast<std::streamsize>(n));
+}
 
 EventRing::EventRing(const std::string& name, unsigned size) : name_(name) {
   ring_ = rte_ring_create_elem(name.c_str(), sizeof(CtlEvent), size,

@@ -31,6 +31,19 @@
 
 namespace dblp {
 
+// Round counters: iteration i pushes in round 2i and broadcasts in 2i + 1,
+// on both sides, so no message is needed to agree on them.
+constexpr uint32_t PushRound(uint64_t it) {
+  return static_cast<uint32_t>(2 * it);
+}
+
+// SIGINT/SIGTERM set this flag; the poll loops end at their next idle
+// moment and the apps still write their reports.
+const std::atomic<bool>& InstallQuitHandlers();
+
+// Test hook: writes `n` bytes to `path` (dumps of means and bitmaps).
+void DumpBinary(const std::string& path, const void* data, size_t n);
+
 inline uint64_t NowNs() {
   static const double ns_per_cycle = 1e9 / static_cast<double>(rte_get_tsc_hz());
   return static_cast<uint64_t>(static_cast<double>(rte_get_tsc_cycles()) *

@@ -28,11 +28,6 @@
 namespace dblp {
 namespace {
 
-std::atomic<bool> g_quit{false};
-void OnSignal(int) { g_quit.store(true); }
-
-constexpr uint32_t PushRound(uint64_t it) { return static_cast<uint32_t>(2 * it); }
-
 // The server's state for one worker. Writer/reader per field.
 struct WorkerLink {
   // sidecar: wo during join; datapath: ro after `joined`.
@@ -77,16 +72,10 @@ struct ServerShared {
   std::atomic<bool> critical{false};        // datapath: wo; stats: ro
 };
 
-void DumpBinary(const std::string& path, const void* data, size_t n) {
-  std::ofstream f(path, std::ios::binary);
-  f.write(static_cast<const char*>(data), static_cast<std::streamsize>(n));
-}
-
 }  // namespace
 
 int RunServer(const ServerOptions& o) {
-  std::signal(SIGINT, OnSignal);
-  std::signal(SIGTERM, OnSignal);
+  const std::atomic<bool>& g_quit = InstallQuitHandlers();
   if (o.workers == 0 || o.workers >= kServerRank) {
     Die("--workers=" + std::to_string(o.workers) + " is out of range",
         "use 1.." + std::to_string(kServerRank - 1));

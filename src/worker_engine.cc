@@ -24,11 +24,6 @@
 namespace dblp {
 namespace {
 
-std::atomic<bool> g_quit{false};
-void OnSignal(int) { g_quit.store(true); }
-
-constexpr uint32_t PushRound(uint64_t it) { return static_cast<uint32_t>(2 * it); }
-
 // State the sidecar thread and the datapath lcore share. Each field names
 // its writer and reader.
 struct WorkerShared {
@@ -49,16 +44,10 @@ struct WorkerShared {
   std::atomic<uint64_t> iteration{0};        // datapath: wo; stats: ro
 };
 
-void DumpBinary(const std::string& path, const void* data, size_t n) {
-  std::ofstream f(path, std::ios::binary);
-  f.write(static_cast<const char*>(data), static_cast<std::streamsize>(n));
-}
-
 }  // namespace
 
 int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
-  std::signal(SIGINT, OnSignal);
-  std::signal(SIGTERM, OnSignal);
+  const std::atomic<bool>& g_quit = InstallQuitHandlers();
   if (rte_eth_dev_count_avail() == 0) {
     Die("no Ethernet port", "give the worker a port: -a <PCI address> for a "
         "NIC, or --vdev=net_memif0,role=client,socket=/tmp/dblp-w0.sock");
