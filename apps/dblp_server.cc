@@ -91,6 +91,9 @@ int main(int argc, char** argv) {
     dblp::FlagError("--zero_fraction must be in [0, 1]");
   }
   o.zero_fraction = FLAGS_zero_fraction;
+  if (o.zero_fraction == 0 && !FLAGS_zero_iters.empty()) {
+    dblp::FlagError("--zero_iters needs --zero_fraction > 0");
+  }
   if (o.zero_fraction > 0) {
     if (FLAGS_zero_iters.empty()) {
       dblp::FlagError("--zero_fraction needs --zero_iters=FIRST,LAST");

@@ -9,6 +9,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <fstream>
 #include <thread>
 #include <vector>
@@ -222,7 +223,16 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
     shutdown();
     Die("WELCOME is inconsistent (chunk count)", "update both apps");
   }
-  source->Bind(wel.rank, wel.num_workers);
+  try {
+    source->Bind(wel.rank, wel.num_workers);
+  } catch (const std::exception& e) {
+    shutdown();
+    Die(std::string("the gradient source cannot start as rank ") +
+            std::to_string(wel.rank) + " of " +
+            std::to_string(wel.num_workers) + ": " + e.what(),
+        "check the source's flags (e.g. --max_train and --batch for the "
+        "number of workers)");
+  }
 
   Endpoint local, server;
   local.mac = caps.mac;
@@ -344,7 +354,14 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
   loss.StartClock(NowNs());
   for (uint64_t it = 0; it < o.iterations && exit_code == 0; ++it) {
     sh.iteration.store(it, std::memory_order_relaxed);
-    source->Compute(it, grad);
+    try {
+      source->Compute(it, grad);
+    } catch (const std::exception& e) {
+      failure = std::string("computing the gradient of iteration ") +
+                std::to_string(it) + ": " + e.what();
+      exit_code = 1;
+      break;
+    }
     const uint32_t push_round = PushRound(it);
     // Open the broadcast receiver with p = 0 until ROUND_BEGIN announces the
     // broadcast's p: a complete buffer satisfies any p, so an early frame
@@ -531,7 +548,14 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
     Bitmap arrived;
     bcast.SnapshotBitmap(arrived);
     FillMissing(avg, arrived, layout, o.bcast_fill, prev_avg);
-    source->Apply(it, avg);
+    try {
+      source->Apply(it, avg);
+    } catch (const std::exception& e) {
+      failure = std::string("applying the mean of iteration ") +
+                std::to_string(it) + ": " + e.what();
+      exit_code = 1;
+      break;
+    }
     if (!o.dp.dump_dir.empty() && it < o.dp.dump_iterations) {
       const std::string base =
           o.dp.dump_dir + "/w" + std::to_string(wel.rank) + "_it" +

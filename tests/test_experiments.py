@@ -394,7 +394,8 @@ class RunnerCommands(unittest.TestCase):
                     server_flags=["--zero_fraction=0.4", "--zero_iters=0,9"],
                     worker_flags=R.training_worker_flags(a, "cnn"))
         argv = R.cluster_argv(a, run)
-        self.assertEqual(argv[-2:], ["--", "--link_gbps=2.5"])
+        self.assertEqual(argv[-3:], ["--", "--link_gbps=2.5",
+                                     "--round_timeout_ms=300000"])
         for want in ("--burst_random", "--burst_seed", "--p_fixed"):
             self.assertIn(want, argv)
         i = argv.index("--p_high")

@@ -199,12 +199,20 @@ TEST_F(TrainingSourceTest, EpochsEvaluationAndCsv) {
   std::vector<std::string> lines;
   for (std::string l; std::getline(csv, l);) lines.push_back(l);
   ASSERT_EQ(lines.size(), 4u);
-  EXPECT_EQ(lines[0], "epoch,iteration,train_loss,test_accuracy,wall_s");
+  EXPECT_EQ(lines[0],
+            "epoch,iteration,train_loss,test_accuracy,wall_s,train_s");
   EXPECT_EQ(lines[1].rfind("1,6,", 0), 0u) << lines[1];
   EXPECT_EQ(lines[2].rfind("2,12,", 0), 0u) << lines[2];
   EXPECT_EQ(lines[3].rfind("3,14,", 0), 0u) << lines[3];  // partial epoch
   for (size_t i = 1; i < lines.size(); ++i) {
     EXPECT_EQ(lines[i].find("nan"), std::string::npos) << lines[i];
+    // train_s leaves the evaluations out: never above wall_s, never < 0.
+    const size_t c4 = lines[i].rfind(',');
+    const size_t c3 = lines[i].rfind(',', c4 - 1);
+    const double wall = std::stod(lines[i].substr(c3 + 1, c4 - c3 - 1));
+    const double train = std::stod(lines[i].substr(c4 + 1));
+    EXPECT_LE(train, wall) << lines[i];
+    EXPECT_GE(train, 0.0) << lines[i];
   }
 }
 
