@@ -119,9 +119,8 @@ class EventRing {
   // go on correctly, so it ends with a message instead of losing one.
   void Push(CtlEvent e) {
     if (rte_ring_enqueue_elem(ring_, &e, sizeof(CtlEvent)) != 0) {
-      Die("control ring " + name_ + " is full (the " +
-              (name_.find("ev") != std::string::npos ? "datapath" : "sidecar") +
-              " thread stopped consuming)",
+      Die("control ring " + name_ +
+              " is full: the thread that drains it stopped consuming",
           "report this with the command line; a larger --round_timeout_ms "
           "will not help");
     }
@@ -239,6 +238,25 @@ class RxLossInjector {
   uint64_t iteration_ = 0;
   uint64_t start_ns_ = 0;
 };
+
+// The RX step both apps share: validates a received frame's L2-L4 headers
+// for the UDP port `udp_port` and applies the loss injector. Returns true if
+// the frame goes on to the protocol (`*pf` then locates its DBLP bytes);
+// every frame turned away is counted by reason in `ctr`.
+inline bool AdmitFrame(const rte_mbuf* m, uint16_t udp_port,
+                       RxLossInjector& loss, uint64_t now_ns,
+                       DatapathCounters& ctr, ParsedFrame* pf) {
+  const FrameStatus fs = ParseFrame(m, udp_port, udp_port, pf);
+  if (fs != FrameStatus::kOk) {
+    DatapathCounters::Add(ctr.frame_drops[static_cast<int>(fs)]);
+    return false;
+  }
+  if (loss.ShouldDrop(pf->dblp, pf->dblp_len, now_ns)) {
+    DatapathCounters::Add(ctr.injected_drops);
+    return false;
+  }
+  return true;
+}
 
 // Wire bytes of a full data frame at IP MTU `mtu`, for pacing: Ethernet
 // header + IP packet + preamble, FCS and inter-frame gap.

@@ -449,14 +449,7 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
         DatapathCounters::Add(ctr.rx_frames, n);
         for (uint16_t i = 0; i < n; ++i) {
           ParsedFrame pf;
-          const FrameStatus fs =
-              ParseFrame(rx_pkts[i], local.udp_port, local.udp_port, &pf);
-          if (fs != FrameStatus::kOk) {
-            DatapathCounters::Add(ctr.frame_drops[static_cast<int>(fs)]);
-            continue;
-          }
-          if (loss.ShouldDrop(pf.dblp, pf.dblp_len, rx_ns)) {
-            DatapathCounters::Add(ctr.injected_drops);
+          if (!AdmitFrame(rx_pkts[i], local.udp_port, loss, rx_ns, ctr, &pf)) {
             continue;
           }
           DataHeader h;
