@@ -23,6 +23,10 @@ DEFINE_uint32(mtu, 1500, "IP MTU of the data frames (576..9216; jumbo "
 DEFINE_string(checksum, "auto", "auto (device offload when offered, else "
               "software) | sw | none (UDP checksum 0)");
 DEFINE_uint32(burst, 32, "frames per TX burst");
+DEFINE_bool(prefetch, true, "software prefetch on the hot paths (off only "
+            "to measure what it buys)");
+DEFINE_bool(fused_checksum, true, "sum a software UDP checksum while copying "
+            "the payload (off only to measure what it buys)");
 DEFINE_double(link_gbps, 0, "emulated link rate of this app's data frames "
               "in Gb/s (token bucket on TX, wire bytes incl. Ethernet "
               "overhead); 0 = as fast as the port goes");
@@ -113,6 +117,7 @@ inline DatapathOptions DatapathOptionsFromFlags() {
   d.idle_spin = FLAGS_idle_spin;
   d.idle_sleep_us = FLAGS_idle_sleep_us;
   d.realtime = FLAGS_realtime;
+  d.prefetch = FLAGS_prefetch;
   if (d.realtime && d.idle_sleep_us == 0) {
     FlagError("--realtime needs --idle_sleep_us > 0: a real-time thread that "
               "never sleeps starves everything else on its core");
@@ -129,6 +134,7 @@ inline PortOptions PortOptionsFromFlags() {
   PortOptions p;
   p.mtu = FLAGS_mtu;
   p.checksum = FLAGS_checksum;
+  p.fused_checksum = FLAGS_fused_checksum;
   p.nb_rxd = static_cast<uint16_t>(FLAGS_rxd);
   p.nb_txd = static_cast<uint16_t>(FLAGS_txd);
   if (FLAGS_checksum != "auto" && FLAGS_checksum != "sw" &&

@@ -28,7 +28,8 @@ DEFINE_double(ltp_min_fraction, 0.5, "ltp: fraction needed before a "
 DEFINE_string(push_fill, "zero", "server mean of missing chunks: zero | "
               "prev | rescale");
 DEFINE_string(bcast_tolerance, "same", "broadcast with the same p "
-              "(same) or every chunk (reliable)");
+              "(same), every chunk (reliable), or no broadcast at all (none: "
+              "a push benchmark, the workers apply a zero mean)");
 DEFINE_string(on_worker_loss, "abort", "abort | continue (without the "
               "lost worker)");
 DEFINE_uint32(session, 0, "session id (0 = random)");
@@ -72,11 +73,13 @@ int main(int argc, char** argv) {
   } catch (const std::invalid_argument& e) {
     dblp::FlagError(e.what());
   }
-  if (FLAGS_bcast_tolerance != "same" && FLAGS_bcast_tolerance != "reliable") {
+  if (FLAGS_bcast_tolerance != "same" && FLAGS_bcast_tolerance != "reliable" &&
+      FLAGS_bcast_tolerance != "none") {
     dblp::FlagError("--bcast_tolerance=" + FLAGS_bcast_tolerance +
-                    ": use same or reliable");
+                    ": use same, reliable or none");
   }
   o.reliable_broadcast = FLAGS_bcast_tolerance == "reliable";
+  o.push_only = FLAGS_bcast_tolerance == "none";
   if (FLAGS_on_worker_loss != "abort" && FLAGS_on_worker_loss != "continue") {
     dblp::FlagError("--on_worker_loss=" + FLAGS_on_worker_loss +
                     ": use abort or continue");

@@ -23,6 +23,9 @@ struct DatapathOptions {
   uint32_t idle_spin = 512;
   uint32_t idle_sleep_us = 20;
   bool realtime = false;       // datapath lcore under SCHED_FIFO
+  // Software prefetch on the hot paths: the next chunk of the gradient on
+  // TX, the next frames' headers and sum slices on RX.
+  bool prefetch = true;
   double stats_period_s = 1.0;
   uint32_t round_timeout_ms = 30000;  // no progress this long: fail clearly
   std::string out_dir;

@@ -62,6 +62,11 @@ void SidecarThread::Stop() {
   thread_.join();
 }
 
+uint16_t PollRx(uint16_t port, uint16_t queue, rte_mbuf** pkts,
+               uint16_t max) {
+  return rte_eth_rx_burst(port, queue, pkts, max);
+}
+
 uint32_t ChunkTransmitter::Send(FrameTemplate& tmpl, DataHeader proto,
                                 const uint32_t* seqs, uint32_t n,
                                 const uint8_t* buffer,
@@ -80,8 +85,18 @@ uint32_t ChunkTransmitter::Send(FrameTemplate& tmpl, DataHeader proto,
       if (pacer != nullptr) pacer->Refund(k, wire_frame_bytes);
       return consumed;  // no mbufs now: hand this burst back
     }
+    if (prefetch) {
+      const uint32_t first = seqs[consumed];
+      PrefetchBytes(buffer + layout.Offset(first), layout.Length(first));
+    }
     for (uint32_t i = 0; i < k; ++i) {
       const uint32_t seq = seqs[consumed + i];
+      if (prefetch && consumed + i + 1 < n) {
+        // The send order is a permutation: the next chunk is anywhere in
+        // the gradient, too far for the hardware prefetcher to guess.
+        const uint32_t next = seqs[consumed + i + 1];
+        PrefetchBytes(buffer + layout.Offset(next), layout.Length(next));
+      }
       proto.seq = seq;
       proto.payload_len = static_cast<uint16_t>(layout.Length(seq));
       tmpl.Build(mbufs[i], proto, buffer + layout.Offset(seq));

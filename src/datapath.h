@@ -7,6 +7,7 @@
 #include <rte_common.h>
 #include <rte_cycles.h>
 #include <rte_mbuf.h>
+#include <rte_prefetch.h>
 #include <rte_ring.h>
 
 #include <array>
@@ -258,6 +259,31 @@ inline bool AdmitFrame(const rte_mbuf* m, uint16_t udp_port,
   return true;
 }
 
+// Asks for `n` bytes at `p` to be brought into the caches, a line at a
+// time (the chunk a later frame will read, while this one is processed).
+inline void PrefetchBytes(const void* p, size_t n) {
+  const auto* c = static_cast<const char*>(p);
+  for (size_t off = 0; off < n; off += RTE_CACHE_LINE_SIZE) {
+    rte_prefetch0(c + off);
+  }
+}
+
+// The chunk number of a received DBLP frame with plain Ethernet/IPv4/UDP
+// headers, read without validation to prefetch its sum slice early; any
+// value may come back for other frames (callers range-check it).
+inline uint32_t PeekSeq(const rte_mbuf* m) {
+  constexpr uint32_t kAt = kL2L3L4Bytes + offsetof(DataHeaderWire, seq_be);
+  if (rte_pktmbuf_data_len(m) < kAt + 4) return UINT32_MAX;
+  uint32_t be;
+  std::memcpy(&be, rte_pktmbuf_mtod_offset(m, const uint8_t*, kAt), 4);
+  return rte_be_to_cpu_32(be);
+}
+
+// rte_eth_rx_burst, out of line so that profiles attribute the PMD's RX
+// work (for memif, the copy out of the shared ring) to one named caller.
+uint16_t PollRx(uint16_t port, uint16_t queue, rte_mbuf** pkts,
+                uint16_t max);
+
 // Wire bytes of a full data frame at IP MTU `mtu`, for pacing: Ethernet
 // header + IP packet + preamble, FCS and inter-frame gap.
 constexpr uint32_t WireBytesPerFrame(uint32_t mtu) {
@@ -293,6 +319,7 @@ struct ChunkTransmitter {
   TokenBucket* pacer = nullptr;  // emulated link rate; null = line rate
   uint32_t tx_retries = 8;      // bounded retry when the TX ring is full
   uint32_t wire_frame_bytes = WireBytesPerFrame(1500);  // for the pacer
+  bool prefetch = true;  // the next chunk's payload while building this one
 
   // Builds and transmits `n` chunks `seqs` of `buffer` as frames of `proto`
   // (type, session, rank, round; seq and length are filled per chunk).

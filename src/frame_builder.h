@@ -53,12 +53,15 @@ class FrameTemplate {
   // Appends the patched L2-L4 template; returns where the UDP payload goes.
   uint8_t* Begin(rte_mbuf* m, uint32_t udp_payload_len);
   // Checksums (software or offload flags) once the payload is in place.
-  void Finish(rte_mbuf* m);
+  // `payload_sum`: the UDP payload's OnesSum16 when the caller already has
+  // it (fused copy), else Finish sums the datagram itself.
+  void Finish(rte_mbuf* m, const uint16_t* payload_sum = nullptr);
 
   alignas(64) uint8_t hdr_[kL2L3L4Bytes]{};  // template, network order
   Endpoint src_, dst_;
   uint16_t ip_id_ = 0;
   bool ip_offload_ = false, udp_offload_ = false, udp_zero_ = false;
+  bool fused_ = true;  // software UDP checksum summed during the copy
 };
 
 enum class FrameStatus : uint8_t {

@@ -206,6 +206,7 @@ PortCaps SetupPortOrDie(const PortOptions& opts, rte_mempool* pool) {
     caps.tx_udp_cksum_offload = true;
   }
   caps.udp_cksum_zero = opts.checksum == "none";
+  caps.fused_checksum = opts.fused_checksum;
   const uint64_t want_rx =
       RTE_ETH_RX_OFFLOAD_IPV4_CKSUM | RTE_ETH_RX_OFFLOAD_UDP_CKSUM;
   if ((info.rx_offload_capa & want_rx) == want_rx) {

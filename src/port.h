@@ -23,6 +23,9 @@ struct PortOptions {
   // software; "none" sends UDP checksum 0 (legal for IPv4) and treats the
   // IPv4 header checksum like "auto".
   std::string checksum = "auto";
+  // A software UDP checksum is summed while the payload is copied into the
+  // frame (one pass over the gradient) instead of in a second pass.
+  bool fused_checksum = true;
 };
 
 // What the port ended up with after negotiation.
@@ -30,6 +33,7 @@ struct PortCaps {
   bool tx_ipv4_cksum_offload = false;
   bool tx_udp_cksum_offload = false;
   bool udp_cksum_zero = false;  // checksum=none
+  bool fused_checksum = true;   // PortOptions::fused_checksum
   bool rx_cksum_offload = false;  // device validates and flags RX checksums
   uint32_t mtu = 1500;
   rte_ether_addr mac{};

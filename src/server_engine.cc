@@ -72,6 +72,87 @@ struct ServerShared {
   std::atomic<bool> critical{false};        // datapath: wo; stats: ro
 };
 
+
+// Frames ahead of the one being processed whose headers are prefetched.
+constexpr uint16_t kRxPrefetchAhead = 4;
+
+// The sender rank of a DBLP header, read without decoding the rest (the
+// worker's receiver validates everything); 0xFFFF if too short.
+uint16_t PeekRank(const uint8_t* dblp, uint16_t len) {
+  if (len < kDataHeaderBytes) return 0xFFFF;
+  uint16_t be;
+  std::memcpy(&be, dblp + offsetof(DataHeaderWire, sender_rank_be), 2);
+  return rte_be_to_cpu_16(be);
+}
+
+// The server's per-frame push path: L2-L4 admission and loss injection,
+// demux by sender rank, the worker's receiver (verdict, bitmap) and the
+// sum. Datapath lcore only.
+struct PushRxPath {
+  uint16_t udp_port;
+  uint32_t num_workers;
+  uint32_t local_ip;
+  bool prefetch;
+  RxLossInjector* loss;
+  DatapathCounters* ctr;
+  MeanReducer* reducer;
+  std::vector<std::unique_ptr<WorkerLink>>* links;
+  const std::vector<PortCaps>* caps;
+
+  // Named and kept out of line so that profiles (tools/dblp-bench
+  // --callgrind) can attribute the RX path's instructions to it.
+  [[gnu::noinline]] void ReceiveBurst(uint16_t port, rte_mbuf** pkts,
+                                      uint16_t n) {
+    const uint64_t rx_ns = NowNs();
+    if (prefetch) {
+      for (uint16_t j = 0; j < std::min<uint16_t>(n, kRxPrefetchAhead); ++j) {
+        rte_prefetch0(rte_pktmbuf_mtod(pkts[j], const void*));
+      }
+    }
+    for (uint16_t i = 0; i < n; ++i) {
+      if (prefetch) {
+        // Headers a few frames ahead; the next frame's sum slice, which
+        // the permuted send order scatters over the whole gradient.
+        if (i + kRxPrefetchAhead < n) {
+          rte_prefetch0(rte_pktmbuf_mtod(pkts[i + kRxPrefetchAhead],
+                                         const void*));
+        }
+        if (i + 1 < n) reducer->Prefetch(PeekSeq(pkts[i + 1]));
+      }
+      ParsedFrame pf;
+      if (!AdmitFrame(pkts[i], udp_port, *loss, rx_ns, *ctr, &pf)) continue;
+      // Unknown ranks go to worker 0's receiver, which counts them as
+      // wrong-sender (or malformed) without accepting anything.
+      const uint16_t rank = PeekRank(pf.dblp, pf.dblp_len);
+      WorkerLink& l = *(*links)[rank < num_workers ? rank : 0];
+      if (!l.alive) {
+        DatapathCounters::Add(ctr->from_lost_worker);
+        continue;
+      }
+      DataHeader h;
+      const uint8_t* payload = nullptr;
+      if (l.push_rx->OnFrame(pf.dblp, pf.dblp_len, &h, &payload) !=
+          Verdict::kAccepted) {
+        continue;
+      }
+      reducer->Accumulate(h.seq, payload);
+      if (!l.learned) Learn(l, port, rank, pf);
+    }
+  }
+
+  // The worker's return path, from its first accepted frame.
+  void Learn(WorkerLink& l, uint16_t port, uint16_t rank,
+             const ParsedFrame& pf) {
+    l.learned = true;
+    l.port = port;
+    const auto worker_port = static_cast<uint16_t>(udp_port + 1 + rank);
+    const Endpoint local{(*caps)[port].mac, local_ip, worker_port};
+    Endpoint peer = pf.src;
+    peer.udp_port = worker_port;
+    l.tmpl = FrameTemplate(local, peer, (*caps)[port]);
+  }
+};
+
 }  // namespace
 
 int RunServer(const ServerOptions& o) {
@@ -406,49 +487,18 @@ int RunServer(const ServerOptions& o) {
   // found the ring empty, so every frame sent before it is counted.
   uint64_t poll_gen = 0;
   std::vector<uint64_t> drained_gen(nb_ports, 0);
+  PushRxPath rx_path{o.udp_port, W,          local_ip, o.dp.prefetch, &loss,
+                     &ctr,       &reducer,   &sh.links, &caps};
   auto poll_rx = [&]() -> uint32_t {
     uint32_t total = 0;
     ++poll_gen;
     for (uint16_t p = 0; p < nb_ports; ++p) {
-      const uint16_t n = rte_eth_rx_burst(p, 0, rx_pkts, 64);
+      const uint16_t n = PollRx(p, 0, rx_pkts, 64);
       if (n < 64) drained_gen[p] = poll_gen;
       if (n == 0) continue;
       total += n;
-      const uint64_t rx_ns = NowNs();
       DatapathCounters::Add(ctr.rx_frames, n);
-      for (uint16_t i = 0; i < n; ++i) {
-        ParsedFrame pf;
-        if (!AdmitFrame(rx_pkts[i], o.udp_port, loss, rx_ns, ctr, &pf)) {
-          continue;
-        }
-        DataHeader peek;
-        uint16_t rank = 0;
-        if (DecodeDataHeader(pf.dblp, pf.dblp_len, &peek) == DecodeStatus::kOk) {
-          rank = peek.sender_rank;
-        }
-        // Unknown ranks go to worker 0's receiver, which counts them as
-        // wrong-sender (or malformed) without accepting anything.
-        WorkerLink& l = *sh.links[rank < W ? rank : 0];
-        if (!l.alive) {
-          DatapathCounters::Add(ctr.from_lost_worker);
-          continue;
-        }
-        DataHeader h;
-        const uint8_t* payload = nullptr;
-        if (l.push_rx->OnFrame(pf.dblp, pf.dblp_len, &h, &payload) ==
-            Verdict::kAccepted) {
-          reducer.Accumulate(h.seq, payload);
-          if (!l.learned) {
-            l.learned = true;
-            l.port = p;
-            Endpoint local{caps[p].mac, local_ip,
-                           static_cast<uint16_t>(o.udp_port + 1 + rank)};
-            Endpoint peer = pf.src;
-            peer.udp_port = static_cast<uint16_t>(o.udp_port + 1 + rank);
-            l.tmpl = FrameTemplate(local, peer, caps[p]);
-          }
-        }
-      }
+      rx_path.ReceiveBurst(p, rx_pkts, n);
       rte_pktmbuf_free_bulk(rx_pkts, n);
     }
     if (total > 0 || push_tol.deadline_ns) {
@@ -667,8 +717,14 @@ int RunServer(const ServerOptions& o) {
     }
     policy->OnIterationEnd(it, norm, push_ns);
     const RoundTolerance next_tol = policy->Current();
-    const RoundTolerance bcast_tol =
+    RoundTolerance bcast_tol =
         o.reliable_broadcast ? RoundTolerance{} : next_tol;
+    if (o.push_only) {
+      // Closed on arrival: a 1 ns deadline with a floor of zero chunks.
+      bcast_tol = RoundTolerance{};
+      bcast_tol.deadline_ns = 1;
+      bcast_tol.min_fraction = 0;
+    }
     request(CtlEvent{CtlEvent::kSendRoundBegin,
                      static_cast<uint8_t>(Direction::kBroadcast), 0,
                      push_round + 1, DoubleBits(bcast_tol.p),
@@ -679,6 +735,7 @@ int RunServer(const ServerOptions& o) {
     sh.critical.store(push_tol.critical, std::memory_order_relaxed);
     open_push(it + 1, push_tol);
 
+    if (o.push_only) continue;
     // ---- broadcast the mean to every live worker ----
     const uint64_t bcast_start = NowNs();
     for (uint32_t w = 0; w < W; ++w) {
@@ -708,7 +765,8 @@ int RunServer(const ServerOptions& o) {
         const uint32_t k = l.bcast_tx.NextBurst(seqs.data(), o.dp.burst);
         if (k > 0) {
           ChunkTransmitter tx{l.port, 0, pool, &ctr, &links_rate[l.port], 8,
-                              WireBytesPerFrame(caps[l.port].mtu)};
+                              WireBytesPerFrame(caps[l.port].mtu),
+                              o.dp.prefetch};
           const uint32_t sent = tx.Send(
               l.tmpl,
               DataHeader{FrameType::kBroadcast, session, kServerRank, 0,

@@ -267,7 +267,7 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
   TokenBucket link(o.dp.link_gbps,
                    uint64_t{o.dp.burst} * WireBytesPerFrame(caps.mtu));
   ChunkTransmitter tx{0, 0, pool, &ctr, &link, 8,
-                      WireBytesPerFrame(caps.mtu)};
+                      WireBytesPerFrame(caps.mtu), o.dp.prefetch};
   ChunkTransmitter hostile_tx{0, 0, pool, &ctr, nullptr, 64};
   RoundPacer pacer(o.dp.idle_spin, o.dp.idle_sleep_us, o.dp.round_timeout_ms,
                    &g_quit);
@@ -442,7 +442,7 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
       bool work = false;
       // RX first: the broadcast of the mean.
       ++loop_gen;
-      const uint16_t n = rte_eth_rx_burst(0, 0, rx_pkts, 64);
+      const uint16_t n = PollRx(0, 0, rx_pkts, 64);
       if (n > 0) {
         work = true;
         const uint64_t rx_ns = NowNs();
@@ -461,6 +461,10 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
           }
         }
         rte_pktmbuf_free_bulk(rx_pkts, n);
+      }
+      // A deadline (LTP, or a push-only server) may close the round with
+      // nothing arriving.
+      if (n > 0 || bcast.deadline_ns() != 0) {
         const StopTrigger t = bcast.PollStop(NowNs());
         if (t != StopTrigger::kNone) {
           requests.Push(CtlEvent{CtlEvent::kSendStop,

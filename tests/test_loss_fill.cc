@@ -326,6 +326,16 @@ TEST(MeanReducer, BeginRoundResetsSumsAndCounts) {
     const bool in_chunk2 = layout.ChunkOf(i * 4) == 2;
     ASSERT_EQ(mean[i], in_chunk2 ? r.grads[1][i] : 0.0f) << i;
   }
+  // The same under kZero: slices of chunks nobody sent this round still
+  // hold round 1's sums in memory and must not reach the mean.
+  red.BeginRound();
+  red.Accumulate(2, reinterpret_cast<const uint8_t*>(r.grads[1].data() +
+                                                     FirstFloat(layout, 2)));
+  red.Finalize(FillMode::kZero, mean);
+  for (size_t i = 0; i < mean.size(); ++i) {
+    const bool in_chunk2 = layout.ChunkOf(i * 4) == 2;
+    ASSERT_EQ(mean[i], in_chunk2 ? r.grads[1][i] / 3.0f : 0.0f) << i;
+  }
 }
 
 TEST(MeanReducer, PreviousUsesLastFinalizeAndStartsFromZero) {

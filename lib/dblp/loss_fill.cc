@@ -42,6 +42,24 @@ void AddFloats(float* dst, const uint8_t* src, size_t n) {
   }
 }
 
+// dst[i] = 0.0f + float at src + 4 * i: the first contribution of a round
+// is stored, so the sum slice is neither zeroed per round nor read from
+// memory. "0.0f +" keeps the result bit-identical to adding into a zeroed
+// slice (it turns -0.0 into +0.0, as that addition did).
+void StoreFloats(float* dst, const uint8_t* src, size_t n) {
+  size_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) {
+    float tmp[kBlock];
+    std::memcpy(tmp, src + i * sizeof(float), sizeof(tmp));
+    for (size_t j = 0; j < kBlock; ++j) dst[i + j] = 0.0f + tmp[j];
+  }
+  for (; i < n; ++i) {
+    float v;
+    std::memcpy(&v, src + i * sizeof(float), sizeof(v));
+    dst[i] = 0.0f + v;
+  }
+}
+
 // out[i] = sum[i] / d. Division (not a multiply by 1/d) so the result is the
 // correctly rounded mean, identical to what a reference computes. Blocked
 // like AddFloats; each block is computed into a local before it is stored so
@@ -56,10 +74,14 @@ void Divide(float* out, const float* sum, size_t n, float d) {
   for (; i < n; ++i) out[i] = sum[i] / d;
 }
 
-// out[i] = (sum[i] + m * prev[i]) / d.
+// out[i] = (sum[i] + m * prev[i]) / d; a null `sum` is all zeros.
 void DivideWithPrevious(float* out, const float* sum, const float* prev,
                         size_t n, float m, float d) {
   size_t i = 0;
+  if (sum == nullptr) {
+    for (; i < n; ++i) out[i] = (0.0f + m * prev[i]) / d;
+    return;
+  }
   for (; i + kBlock <= n; i += kBlock) {
     float tmp[kBlock];
     for (size_t j = 0; j < kBlock; ++j) {
@@ -156,16 +178,22 @@ MeanReducer::MeanReducer(const ChunkLayout& layout, uint32_t num_workers)
 }
 
 void MeanReducer::BeginRound() {
-  std::fill_n(sums_.get(), stride_floats_ * layout_.num_chunks(), 0.0f);
+  // Sum slices are not cleared: a chunk's first contribution overwrites its
+  // slice, and Finalize never reads the slice of a chunk nobody sent.
   for (CountSlot& slot : counts_) slot.n.store(0, std::memory_order_relaxed);
 }
 
 void MeanReducer::Accumulate(uint32_t seq, const uint8_t* payload) {
   assert(seq < layout_.num_chunks());
-  AddFloats(SumOf(seq), payload, layout_.Length(seq) / sizeof(float));
   // Single writer per slot: load + release store instead of a locked RMW.
   std::atomic<uint32_t>& n = counts_[seq].n;
   const uint32_t k = n.load(std::memory_order_relaxed);
+  const size_t floats = layout_.Length(seq) / sizeof(float);
+  if (k == 0) {
+    StoreFloats(SumOf(seq), payload, floats);
+  } else {
+    AddFloats(SumOf(seq), payload, floats);
+  }
   assert(k < num_workers_ && "more contributions than workers: duplicate?");
   n.store(k + 1, std::memory_order_release);
 }
@@ -184,7 +212,11 @@ void MeanReducer::Finalize(FillMode mode, std::span<float> mean_out) {
     const uint32_t k = counts_[seq].n.load(std::memory_order_acquire);
     switch (mode) {
       case FillMode::kZero:
-        Divide(out + first, sum, n, w);
+        if (k == 0) {
+          std::fill_n(out + first, n, 0.0f);  // 0 / W
+        } else {
+          Divide(out + first, sum, n, w);
+        }
         break;
       case FillMode::kRescale:
         if (k == 0) {
@@ -198,6 +230,10 @@ void MeanReducer::Finalize(FillMode mode, std::span<float> mean_out) {
           // Complete chunk: skip the previous term entirely, so a non-finite
           // previous mean cannot leak in through 0 * inf.
           Divide(out + first, sum, n, w);
+        } else if (k == 0) {
+          // The slice holds an older round: the sum is 0.
+          DivideWithPrevious(out + first, nullptr, prev + first, n,
+                             static_cast<float>(num_workers_), w);
         } else {
           DivideWithPrevious(out + first, sum, prev + first, n,
                              static_cast<float>(num_workers_ - k), w);

@@ -92,6 +92,18 @@ class MeanReducer {
   // mode, so a job can switch modes between rounds.
   void Finalize(FillMode mode, std::span<float> mean_out);
 
+  // Hints the caches to fetch chunk seq's sum slice and count slot (the
+  // server calls it for the next frame of a burst while it adds this one).
+  void Prefetch(uint32_t seq) const {
+    if (seq >= layout_.num_chunks()) return;
+    const char* p = reinterpret_cast<const char*>(SumOf(seq));
+    const size_t bytes = layout_.Length(seq);
+    for (size_t off = 0; off < bytes; off += 64) {
+      __builtin_prefetch(p + off, 1, 3);
+    }
+    __builtin_prefetch(&counts_[seq], 1, 3);
+  }
+
   uint32_t contributions(uint32_t seq) const {
     return counts_[seq].n.load(std::memory_order_acquire);
   }

@@ -79,6 +79,11 @@ class ReceiverRound {
   uint32_t round() const { return round_.load(std::memory_order_acquire); }
   bool open() const { return open_.load(std::memory_order_acquire); }
   double p() const { return p_.load(std::memory_order_acquire); }
+  // Absolute deadline of the round (0 = none): a receiver polls PollStop
+  // even without arrivals while one is set.
+  uint64_t deadline_ns() const {
+    return deadline_ns_.load(std::memory_order_acquire);
+  }
   uint32_t threshold() const {
     return threshold_.load(std::memory_order_acquire);
   }
