@@ -1,0 +1,3 @@
+#include <gtest/gtest.h>
+#include "dblp/udp_transport.h"
+TEST(UdpSocketPort, Opens) {}
