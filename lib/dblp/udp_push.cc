@@ -464,7 +464,10 @@ UdpPushServerResult RunUdpPushServer(const UdpPushServerOptions& o) {
   Bitmap snap;
   open_round();
   for (;;) {
-    bool work = false;
+    // `work` ends the idle back-off; only `progress` (a new chunk, a new
+    // round) feeds the watchdog, so a round whose every frame is lost
+    // still times out.
+    bool work = false, progress = false;
     ++poll_gen;
     const uint16_t n = port.RxBurst(pkts.data(), kRxBurst);
     if (n < kRxBurst) drained_gen = poll_gen;
@@ -486,6 +489,7 @@ UdpPushServerResult RunUdpPushServer(const UdpPushServerOptions& o) {
       const uint8_t* payload = nullptr;
       if (r.OnFrame(buf, len, &h, &payload) == Verdict::kAccepted) {
         reducer.Accumulate(h.seq, payload);
+        progress = true;
       }
     }
     if (n > 0) {
@@ -558,14 +562,15 @@ UdpPushServerResult RunUdpPushServer(const UdpPushServerOptions& o) {
       if (o.on_round) o.on_round(UdpServerRoundView{it, mean, arrived});
       ++it;
       open_round();
-      work = true;
+      work = progress = true;
     }
+    if (progress) watchdog.Progress();
     if (work) {
       backoff.Work();
-      watchdog.Progress();
-      continue;
+    } else {
+      backoff.Idle();
     }
-    if (watchdog.Expired()) {
+    if (!progress && watchdog.Expired()) {
       failure = "push round " + std::to_string(PushRound(it)) +
                 " made no progress for " +
                 std::to_string(o.round_timeout_ms) + " ms; chunks received:";
@@ -576,7 +581,6 @@ UdpPushServerResult RunUdpPushServer(const UdpPushServerOptions& o) {
       }
       break;
     }
-    backoff.Idle();
   }
   if (!failure.empty()) {
     res.exit_code = 1;
@@ -1004,7 +1008,8 @@ UdpPushBenchResult RunUdpPushBench(const UdpPushBenchOptions& o) {
   // Option errors (2) win over the run failures they cause on the peer.
   if (sres.exit_code == 2 || wres.exit_code == 2) res.exit_code = 2;
   if (!sres.error.empty()) res.error = "server: " + sres.error;
-  if (!wres.error.empty()) {
+  // A worker that failed because the server did repeats the server's cause.
+  if (!wres.error.empty() && wres.error != "server: " + sres.error) {
     res.error += (res.error.empty() ? "" : "; ") + std::string("worker: ") +
                  wres.error;
   }
