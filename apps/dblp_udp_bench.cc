@@ -212,6 +212,10 @@ int main(int argc, char** argv) {
     r.chunks = w.chunks;
     r.rounds = w.rounds;
     r.counters = w.counters;
+    // The server decides p and injects loss: report the p it announced
+    // (the loss spec is the server's and unknown here).
+    o.p = w.p;
+    o.loss = "server-side";
   }
   return Finish(o, r);
 }

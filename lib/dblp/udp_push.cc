@@ -140,7 +140,8 @@ class Watchdog {
   uint64_t last_ = NowNs();
 };
 
-bool PinThisThread(int cpu, std::string* error) {
+// Checked before any socket opens, so a bad CPU fails fast on both sides.
+bool CheckCpu(int cpu, std::string* error) {
   if (cpu < 0) return true;
   cpu_set_t allowed;
   CPU_ZERO(&allowed);
@@ -151,6 +152,11 @@ bool PinThisThread(int cpu, std::string* error) {
              " allowed): pick another CPU, or -1 for no pinning";
     return false;
   }
+  return true;
+}
+
+bool PinThisThread(int cpu, std::string* error) {
+  if (cpu < 0) return true;
   cpu_set_t set;
   CPU_ZERO(&set);
   CPU_SET(cpu, &set);
@@ -236,6 +242,8 @@ UdpPushServerResult RunUdpPushServer(const UdpPushServerOptions& o) {
   if (!(o.p >= 0 && o.p < 1)) {
     return fail(2, "p=" + std::to_string(o.p) + " must be in [0, 1)");
   }
+  std::string err;
+  if (!CheckCpu(o.cpu, &err)) return fail(2, "server datapath: " + err);
   LossSpec loss_spec;
   try {
     loss_spec = ParseLossSpec(o.loss);
@@ -246,7 +254,6 @@ UdpPushServerResult RunUdpPushServer(const UdpPushServerOptions& o) {
   UdpSocketPort port;
   UdpPortOptions popts;
   popts.max_datagram = o.mtu - kIpUdpHeaders;
-  std::string err;
   if (!port.Open(o.data, popts, &err)) return fail(1, err);
   const uint32_t session =
       static_cast<uint32_t>(HashMix(NowNs(), 0x5E55)) | 1u;
@@ -638,6 +645,7 @@ UdpPushWorkerResult RunUdpPushWorker(const UdpPushWorkerOptions& o) {
   }
   sockaddr_in server_ctrl{};
   std::string err;
+  if (!CheckCpu(o.cpu, &err)) return fail(2, "worker datapath: " + err);
   if (!ParseIpv4Endpoint(o.server, false, false, &server_ctrl, &err)) {
     return fail(2, "server: " + err);
   }
@@ -796,6 +804,7 @@ UdpPushWorkerResult RunUdpPushWorker(const UdpPushWorkerOptions& o) {
         case Event::kRoundBegin:
           have_go = true;
           go_round = e.round;
+          res.p = e.p;
           break;
         case Event::kStop:
           if (e.round == round && push.round() == round && !stop_seen) {
@@ -945,6 +954,24 @@ UdpPushBenchResult RunUdpPushBench(const UdpPushBenchOptions& o) {
       4, static_cast<uint64_t>(o.size_mb * 1048576.0) / 4 * 4);
   sockaddr_in ctrl{};
   std::string err;
+  // Both sides' option errors up front: a side that fails alone would
+  // leave the other waiting for its join timeout.
+  if (!CheckCpu(o.server_cpu, &err) || !CheckCpu(o.worker_cpu, &err)) {
+    res.exit_code = 2;
+    res.error = err;
+    return res;
+  }
+  if (std::string e = CheckCommon(o.mtu, o.round_timeout_ms); !e.empty()) {
+    res.exit_code = 2;
+    res.error = e;
+    return res;
+  }
+  if (o.burst == 0 || o.burst > UdpSocketPort::kMaxBurst) {
+    res.exit_code = 2;
+    res.error = "burst must be in 1.." +
+                std::to_string(UdpSocketPort::kMaxBurst);
+    return res;
+  }
   if (!ParseIpv4Endpoint(o.control, true, true, &ctrl, &err)) {
     res.exit_code = 2;
     res.error = "control: " + err;

@@ -102,6 +102,7 @@ struct UdpPushWorkerResult {
   std::string error;
   uint32_t rank = 0;
   uint32_t chunks = 0;
+  double p = 0;  // the tolerance the server announced (last ROUND_BEGIN)
   std::vector<UdpRoundRecord> rounds;
   // tx_frames, tx_eagain, tx_errors, bitmaps, probes.
   std::map<std::string, uint64_t> counters;
