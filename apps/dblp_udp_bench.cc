@@ -1,0 +1,221 @@
+// dblp-udp-bench: the DBLP push direction over kernel UDP sockets, the
+// comparison point for the DPDK apps. By default one server and one worker
+// run in this process over 127.0.0.1, each datapath on its own CPU; with
+// --role=server / --role=worker the two halves run as separate processes.
+//
+// Exit codes: 0 done, 1 a run failure (e.g. a round without progress for
+// --round_timeout_ms), 2 bad flags.
+#include <gflags/gflags.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+#include "dblp/chunking.h"
+#include "dblp/loss_model.h"
+#include "dblp/udp_push.h"
+
+DEFINE_string(role, "both", "both (server + worker in this process) | "
+              "server | worker");
+DEFINE_double(size_mb, 1, "gradient size in MiB (rounded down to whole "
+              "float32 values)");
+DEFINE_uint32(iterations, 10, "push rounds to run");
+DEFINE_string(loss, "none", "software loss at the server's receive side: "
+              "none | bernoulli:P | ge:P_GB,P_BG,LOSS_GOOD,LOSS_BAD");
+DEFINE_double(p, 0, "loss tolerance: a round stops once (1 - p) of the "
+              "chunks arrived (0: every chunk is needed)");
+DEFINE_uint32(mtu, 1500, "IP MTU of the data frames (576..9216)");
+DEFINE_uint32(burst, 32, "frames per sendmmsg() (1..128)");
+DEFINE_uint64(seed, 1, "seed of the loss injector and the send order");
+DEFINE_int32(server_cpu, 0, "CPU of the server's datapath thread (-1: none)");
+DEFINE_int32(worker_cpu, 1, "CPU of the worker's datapath thread (-1: none)");
+DEFINE_string(control, "127.0.0.1:0", "TCP control: the server listens here "
+              "(port 0 = ephemeral, both only); a worker connects here");
+DEFINE_uint32(udp_port, 0, "the server's UDP port (0 = ephemeral)");
+DEFINE_string(data, "", "UDP bind ip:port for --role=server|worker "
+              "(default: 0.0.0.0:--udp_port for the server, 0.0.0.0:0 for "
+              "the worker)");
+DEFINE_uint32(round_timeout_ms, 30000, "fail (exit 1) when a round makes no "
+              "progress for this long");
+DEFINE_uint32(idle_sleep_us, 20, "idle back-off sleep of the datapath "
+              "threads in us (0 = busy polling with yield)");
+DEFINE_string(out, "", "write the JSON report here");
+
+namespace {
+
+[[noreturn]] void FlagError(const std::string& msg) {
+  std::fprintf(stderr, "error: %s\n", msg.c_str());
+  std::exit(2);
+}
+
+void CheckFlags() {
+  if (FLAGS_role != "both" && FLAGS_role != "server" &&
+      FLAGS_role != "worker") {
+    FlagError("--role=" + FLAGS_role + ": use both, server or worker");
+  }
+  if (!(FLAGS_size_mb > 0) || !std::isfinite(FLAGS_size_mb) ||
+      FLAGS_size_mb > 4096) {
+    FlagError("--size_mb must be in (0, 4096], e.g. --size_mb=25");
+  }
+  if (FLAGS_iterations == 0) FlagError("--iterations must be >= 1");
+  try {
+    dblp::ParseLossSpec(FLAGS_loss);
+  } catch (const std::exception& e) {
+    FlagError(std::string("--loss=") + FLAGS_loss + ": " + e.what());
+  }
+  if (!(FLAGS_p >= 0 && FLAGS_p < 1)) {
+    FlagError("--p must be in [0, 1), e.g. --p=0.02");
+  }
+  if (FLAGS_mtu < dblp::kMinMtu || FLAGS_mtu > dblp::kMaxMtu) {
+    FlagError("--mtu=" + std::to_string(FLAGS_mtu) + " is outside " +
+              std::to_string(dblp::kMinMtu) + ".." +
+              std::to_string(dblp::kMaxMtu) + ", e.g. --mtu=1500");
+  }
+  if (FLAGS_burst == 0 || FLAGS_burst > 128) {
+    FlagError("--burst must be in 1..128, e.g. --burst=32");
+  }
+  if (FLAGS_udp_port > 65535) FlagError("--udp_port must be <= 65535");
+  if (FLAGS_round_timeout_ms == 0) {
+    FlagError("--round_timeout_ms must be > 0, e.g. 30000");
+  }
+  if (FLAGS_server_cpu < -1 || FLAGS_worker_cpu < -1) {
+    FlagError("--server_cpu/--worker_cpu: a CPU number, or -1 for none");
+  }
+}
+
+void PrintRound(const dblp::UdpRoundRecord& r) {
+  std::printf("iteration %4llu  latency %10.1f us  packets %8llu  passes %2u"
+              "  delivered %.4f\n",
+              static_cast<unsigned long long>(r.iteration), r.latency_us,
+              static_cast<unsigned long long>(r.packets_sent), r.passes,
+              r.delivered_fraction);
+  std::fflush(stdout);
+}
+
+int Finish(const dblp::UdpPushBenchOptions& o,
+           const dblp::UdpPushBenchResult& r) {
+  auto c = [&](const char* k) {
+    const auto f = r.counters.find(k);
+    return static_cast<unsigned long long>(f == r.counters.end() ? 0
+                                                                 : f->second);
+  };
+  if (!r.rounds.empty()) {
+    double sum = 0;
+    for (const auto& x : r.rounds) sum += x.latency_us;
+    const double mean_us = sum / static_cast<double>(r.rounds.size());
+    std::printf("kernel-udp: %llu bytes, %u chunks, mean latency %.1f us "
+                "(%.2f Gb/s goodput); rx %llu tx %llu injected drops %llu "
+                "socket drops %llu tx eagain %llu\n",
+                static_cast<unsigned long long>(r.size_bytes), r.chunks,
+                mean_us,
+                mean_us > 0 ? static_cast<double>(r.size_bytes) * 8 /
+                                  (mean_us * 1e3)
+                            : 0,
+                c("rx_frames"), c("tx_frames"), c("injected_drops"),
+                c("socket_drops"), c("tx_eagain"));
+  }
+  if (!FLAGS_out.empty()) {
+    std::ofstream f(FLAGS_out);
+    f << dblp::FormatUdpBenchJson(o, r);
+    if (!f.good()) {
+      std::fprintf(stderr, "error: cannot write --out=%s: check the "
+                   "directory exists and is writable\n", FLAGS_out.c_str());
+      return r.exit_code ? r.exit_code : 1;
+    }
+  }
+  if (r.exit_code != 0) {
+    std::fprintf(stderr, "dblp-udp-bench: %s\n", r.error.c_str());
+  }
+  return r.exit_code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  gflags::SetUsageMessage(
+      "DBLP push rounds over kernel UDP sockets (no DPDK).\n"
+      "  dblp-udp-bench --size_mb=25 --iterations=5 [--loss=bernoulli:0.01 "
+      "--p=0.02] [--out=run.json]");
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  if (argc > 1) {
+    FlagError(std::string("unexpected argument ") + argv[1] +
+              " (flags are --name=value)");
+  }
+  CheckFlags();
+
+  dblp::UdpPushBenchOptions o;
+  o.size_mb = FLAGS_size_mb;
+  o.iterations = FLAGS_iterations;
+  o.loss = FLAGS_loss;
+  o.p = FLAGS_p;
+  o.mtu = FLAGS_mtu;
+  o.burst = FLAGS_burst;
+  o.seed = FLAGS_seed;
+  o.server_cpu = FLAGS_server_cpu;
+  o.worker_cpu = FLAGS_worker_cpu;
+  o.control = FLAGS_control;
+  o.udp_port = static_cast<uint16_t>(FLAGS_udp_port);
+  o.round_timeout_ms = FLAGS_round_timeout_ms;
+  o.idle_sleep_us = FLAGS_idle_sleep_us;
+  o.on_round = PrintRound;
+
+  if (FLAGS_role == "both") return Finish(o, dblp::RunUdpPushBench(o));
+
+  dblp::UdpPushBenchResult r;
+  if (FLAGS_role == "server") {
+    dblp::UdpPushServerOptions so;
+    so.control = FLAGS_control;
+    so.data = FLAGS_data.empty()
+                  ? "0.0.0.0:" + std::to_string(FLAGS_udp_port)
+                  : FLAGS_data;
+    so.mtu = o.mtu;
+    so.p = o.p;
+    so.loss = o.loss;
+    so.seed = o.seed;
+    so.round_timeout_ms = o.round_timeout_ms;
+    so.join_timeout_ms = o.round_timeout_ms;
+    so.cpu = o.server_cpu;
+    so.idle_sleep_us = o.idle_sleep_us;
+    so.quiet = false;
+    so.on_round = [](const dblp::UdpServerRoundView& v) {
+      std::printf("iteration %4llu  closed\n",
+                  static_cast<unsigned long long>(v.iteration));
+      std::fflush(stdout);
+    };
+    const dblp::UdpPushServerResult s = dblp::RunUdpPushServer(so);
+    r.exit_code = s.exit_code;
+    r.error = s.error;
+    r.chunks = s.chunks;
+    r.server_rounds = s.rounds;
+    r.counters = s.counters;
+  } else {
+    dblp::UdpPushWorkerOptions wo;
+    wo.server = FLAGS_control;
+    wo.data = FLAGS_data.empty() ? "0.0.0.0:0" : FLAGS_data;
+    wo.size_bytes = std::max<uint64_t>(
+        4, static_cast<uint64_t>(FLAGS_size_mb * 1048576.0) / 4 * 4);
+    wo.mtu = o.mtu;
+    wo.burst = o.burst;
+    wo.iterations = o.iterations;
+    wo.seed = o.seed;
+    wo.round_timeout_ms = o.round_timeout_ms;
+    wo.join_timeout_ms = o.round_timeout_ms;
+    wo.cpu = o.worker_cpu;
+    wo.idle_sleep_us = o.idle_sleep_us;
+    wo.on_round = PrintRound;
+    const dblp::UdpPushWorkerResult w = dblp::RunUdpPushWorker(wo);
+    r.exit_code = w.exit_code;
+    r.error = w.error;
+    r.size_bytes = wo.size_bytes;
+    r.chunks = w.chunks;
+    r.rounds = w.rounds;
+    r.counters = w.counters;
+    // The server decides p and injects loss: report the p it announced
+    // (the loss spec is the server's and unknown here).
+    o.p = w.p;
+    o.loss = "server-side";
+  }
+  return Finish(o, r);
+}
