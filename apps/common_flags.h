@@ -21,7 +21,8 @@
 DEFINE_uint32(mtu, 1500, "IP MTU of the data frames (576..9216; jumbo "
               "needs a device that supports it)");
 DEFINE_string(checksum, "auto", "auto (device offload when offered, else "
-              "software) | sw | none (UDP checksum 0)");
+              "software; on net_memif, shared memory, UDP checksum 0) | sw | "
+              "none (UDP checksum 0)");
 DEFINE_uint32(burst, 32, "frames per TX burst");
 DEFINE_bool(prefetch, true, "software prefetch on the hot paths (off only "
             "to measure what it buys)");
@@ -58,7 +59,9 @@ DEFINE_double(burst_loss, 0.7, "loss rate inside a burst");
 DEFINE_uint64(seed, 1, "job seed, the same on every app: loss injector, "
               "send order and, for dblp-worker --gradient=train, the model's "
               "initial weights, the data shards and the batch order");
-DEFINE_string(send_order, "permuted", "sequential | rotating | permuted");
+DEFINE_string(send_order, "permuted", "sequential | rotating | permuted | "
+              "blocked (shuffled blocks of 32 chunks: faster for large "
+              "gradients)");
 DEFINE_uint32(round_timeout_ms, 30000, "fail with a clear error when a round "
               "makes no progress for this long");
 DEFINE_string(dump_dir, "", "test hook: dump what arrived (means, bitmaps)");

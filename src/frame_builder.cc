@@ -79,6 +79,9 @@ FrameTemplate::FrameTemplate(const Endpoint& src, const Endpoint& dst,
   udp->dst_port = rte_cpu_to_be_16(dst.udp_port);
   udp->dgram_len = 0;    // per packet
   udp->dgram_cksum = 0;  // per packet
+  // Length, id and checksum are still 0 here.
+  ip_template_sum_ = OnesSum16(reinterpret_cast<const uint8_t*>(ip),
+                               sizeof(rte_ipv4_hdr));
 }
 
 uint8_t* FrameTemplate::Begin(rte_mbuf* m, uint32_t udp_payload_len) {
@@ -107,7 +110,11 @@ void FrameTemplate::Finish(rte_mbuf* m, const uint16_t* payload_sum) {
   if (ip_offload_) {
     flags |= RTE_MBUF_F_TX_IPV4 | RTE_MBUF_F_TX_IP_CKSUM;
   } else {
-    ip->hdr_checksum = rte_ipv4_cksum(ip);
+    // The template's sum plus the two fields patched per frame (RFC 1624
+    // style): three additions instead of a pass over the header.
+    const uint16_t sum = AddSum16(AddSum16(ip_template_sum_, ip->total_length),
+                                  ip->packet_id);
+    ip->hdr_checksum = static_cast<uint16_t>(~sum);
   }
   if (udp_zero_) {
     // Already 0 from the template: "no checksum", legal in IPv4.

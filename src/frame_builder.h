@@ -60,6 +60,7 @@ class FrameTemplate {
   alignas(64) uint8_t hdr_[kL2L3L4Bytes]{};  // template, network order
   Endpoint src_, dst_;
   uint16_t ip_id_ = 0;
+  uint16_t ip_template_sum_ = 0;  // ones' sum of the IPv4 template header
   bool ip_offload_ = false, udp_offload_ = false, udp_zero_ = false;
   bool fused_ = true;  // software UDP checksum summed during the copy
 };

@@ -205,7 +205,14 @@ PortCaps SetupPortOrDie(const PortOptions& opts, rte_mempool* pool) {
     conf.txmode.offloads |= want_tx_udp;
     caps.tx_udp_cksum_offload = true;
   }
-  caps.udp_cksum_zero = opts.checksum == "none";
+  // memif is shared memory between two processes of one host: a frame
+  // never crosses a wire, so "auto" sends it without a UDP checksum (as
+  // Linux does for veth), like testpmd's txonly, instead of paying two
+  // passes over every payload. --checksum=sw still forces one.
+  caps.udp_cksum_zero =
+      opts.checksum == "none" ||
+      (opts.checksum == "auto" && !caps.tx_udp_cksum_offload &&
+       caps.driver == "net_memif");
   caps.fused_checksum = opts.fused_checksum;
   const uint64_t want_rx =
       RTE_ETH_RX_OFFLOAD_IPV4_CKSUM | RTE_ETH_RX_OFFLOAD_UDP_CKSUM;

@@ -19,9 +19,10 @@ struct PortOptions {
   uint32_t mtu = 1500;         // IP MTU; validated against the device
   bool promiscuous = true;     // vdevs and shared L2 segments need it
   // Checksum offload policy: "auto" uses the device's IPv4/UDP TX checksum
-  // offloads when offered and software otherwise; "sw" always computes in
-  // software; "none" sends UDP checksum 0 (legal for IPv4) and treats the
-  // IPv4 header checksum like "auto".
+  // offloads when offered and software otherwise, except on net_memif
+  // (shared memory, no wire), where it sends UDP checksum 0; "sw" always
+  // computes in software; "none" sends UDP checksum 0 (legal for IPv4) and
+  // treats the IPv4 header checksum like "auto".
   std::string checksum = "auto";
   // A software UDP checksum is summed while the payload is copied into the
   // frame (one pass over the gradient) instead of in a second pass.

@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "dblp/float_ops.h"
 #include "dblp/loss_fill.h"
 #include "dblp/rng.h"
 
@@ -441,6 +443,40 @@ TEST(ZeroRandomChunks, ZeroesAboutTheFractionSameChunksForTheSameSeed) {
   EXPECT_THROW(ZeroRandomChunks(c, layout, 1.5, 1), std::invalid_argument);
   std::vector<float> small(10);
   EXPECT_THROW(ZeroRandomChunks(small, layout, 0.5, 1), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace dblp
+
+namespace dblp {
+namespace {
+
+// The vectorised per-frame loops against the scalar definition, for every
+// length up to a jumbo chunk and every source alignment, -0.0 included.
+TEST(FloatOps, AddAndStoreMatchScalarForEveryLengthAndAlignment) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> dist(-4.0f, 4.0f);
+  std::vector<float> src_f(2300);
+  for (auto& v : src_f) v = dist(rng);
+  src_f[3] = -0.0f;
+  std::vector<uint8_t> src((src_f.size() + 1) * 4);
+  for (size_t off : {0u, 1u, 2u, 3u}) {
+    std::memcpy(src.data() + off, src_f.data(), src_f.size() * 4);
+    for (size_t n : {0u, 1u, 7u, 8u, 9u, 15u, 16u, 17u, 363u, 2273u}) {
+      std::vector<float> base(n), got(n);
+      for (auto& v : base) v = dist(rng);
+      got = base;
+      AddFloats(got.data(), src.data() + off, n);
+      for (size_t i = 0; i < n; ++i) {
+        ASSERT_EQ(got[i], base[i] + src_f[i]) << n << " " << off << " " << i;
+      }
+      StoreFloats(got.data(), src.data() + off, n);
+      for (size_t i = 0; i < n; ++i) {
+        const float want = 0.0f + src_f[i];
+        ASSERT_EQ(std::memcmp(&got[i], &want, 4), 0) << "bit-exact at " << i;
+      }
+    }
+  }
 }
 
 }  // namespace

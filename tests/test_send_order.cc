@@ -18,7 +18,8 @@ namespace {
 
 constexpr SendOrderKind kAllKinds[] = {SendOrderKind::kSequential,
                                        SendOrderKind::kRotating,
-                                       SendOrderKind::kPermuted};
+                                       SendOrderKind::kPermuted,
+                                       SendOrderKind::kBlocked};
 
 ::testing::AssertionResult IsPermutation(const std::vector<uint32_t>& v,
                                          uint32_t n) {
@@ -84,8 +85,8 @@ TEST(SendOrderTest, SequentialIsIdentityWhateverTheRoundAndRank) {
 
 TEST(SendOrderTest, DeterministicPerSeedAndVariesWithSeedAndRound) {
   constexpr uint32_t kN = 200;
-  for (SendOrderKind kind :
-       {SendOrderKind::kRotating, SendOrderKind::kPermuted}) {
+  for (SendOrderKind kind : {SendOrderKind::kRotating, SendOrderKind::kPermuted,
+                             SendOrderKind::kBlocked}) {
     SCOPED_TRACE(SendOrderName(kind));
     const SendOrder a(kind, 1, 3, 12345);
     const SendOrder b(kind, 1, 3, 12345);
@@ -125,12 +126,37 @@ TEST(SendOrderTest, PermutedDiffersAcrossRoundsAndIsAShuffle) {
   }
 }
 
+TEST(SendOrderTest, BlockedShufflesWholeContiguousBlocks) {
+  constexpr uint32_t kN = 32 * 40 + 7;  // a short last block
+  const SendOrder order(SendOrderKind::kBlocked, 0, 1, 99);
+  std::vector<std::vector<uint32_t>> seen;
+  std::vector<uint32_t> out;
+  for (uint32_t round = 0; round < 30; ++round) {
+    order.Fill(round, kN, out);
+    ASSERT_TRUE(IsPermutation(out, kN));
+    // Every block starts at a multiple of the block size and runs up by +1:
+    // the only breaks between neighbours are block boundaries.
+    uint32_t breaks = 0;
+    for (uint32_t i = 1; i < kN; ++i) {
+      if (out[i] != out[i - 1] + 1) {
+        ++breaks;
+        ASSERT_EQ(out[i] % kSendBlockChunks, 0u) << "round " << round;
+      }
+    }
+    EXPECT_LE(breaks, kN / kSendBlockChunks);
+    // The block order is a real shuffle, new every round.
+    EXPECT_GE(breaks, kN / kSendBlockChunks / 2);
+    for (const auto& prev : seen) ASSERT_NE(out, prev) << "round " << round;
+    seen.push_back(out);
+  }
+}
+
 // Ranks split the shared per-round order: the first n / S entries of each
 // rank's order are disjoint, so S early-stopped senders start on different
 // chunks.
 TEST(SendOrderTest, RanksStartOnDisjointStretches) {
-  for (SendOrderKind kind :
-       {SendOrderKind::kRotating, SendOrderKind::kPermuted}) {
+  for (SendOrderKind kind : {SendOrderKind::kRotating, SendOrderKind::kPermuted,
+                             SendOrderKind::kBlocked}) {
     for (uint32_t senders : {2u, 3u, 4u}) {
       for (uint32_t n : {12u, 100u, 181u}) {
         for (uint32_t round = 0; round < 10; ++round) {

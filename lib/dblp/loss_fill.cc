@@ -1,5 +1,6 @@
 #include "dblp/loss_fill.h"
 
+#include "dblp/float_ops.h"
 #include "dblp/rng.h"
 
 #include <algorithm>
@@ -14,7 +15,7 @@ namespace {
 
 constexpr size_t kCacheLine = 64;
 constexpr size_t kFloatsPerLine = kCacheLine / sizeof(float);
-// Floats handled per block in the hot loops. A fixed-size inner block is
+// Floats per block in Finalize's loops. A fixed-size inner block is
 // vectorised by GCC's -O2 "very cheap" cost model, which refuses loops whose
 // trip count is unknown; the tail (< 8 floats) is scalar.
 constexpr size_t kBlock = 8;
@@ -23,41 +24,6 @@ constexpr size_t kBlock = 8;
   throw std::invalid_argument(
       std::string(what) + " holds " + std::to_string(got) +
       " floats, the layout needs " + std::to_string(want));
-}
-
-// dst[i] += float at src + 4 * i, for i < n. `src` may be unaligned and may
-// alias anything (it is a byte pointer), so every block is first copied into
-// a local: the compiler then needs no runtime overlap check to vectorise.
-void AddFloats(float* dst, const uint8_t* src, size_t n) {
-  size_t i = 0;
-  for (; i + kBlock <= n; i += kBlock) {
-    float tmp[kBlock];
-    std::memcpy(tmp, src + i * sizeof(float), sizeof(tmp));
-    for (size_t j = 0; j < kBlock; ++j) dst[i + j] += tmp[j];
-  }
-  for (; i < n; ++i) {
-    float v;
-    std::memcpy(&v, src + i * sizeof(float), sizeof(v));
-    dst[i] += v;
-  }
-}
-
-// dst[i] = 0.0f + float at src + 4 * i: the first contribution of a round
-// is stored, so the sum slice is neither zeroed per round nor read from
-// memory. "0.0f +" keeps the result bit-identical to adding into a zeroed
-// slice (it turns -0.0 into +0.0, as that addition did).
-void StoreFloats(float* dst, const uint8_t* src, size_t n) {
-  size_t i = 0;
-  for (; i + kBlock <= n; i += kBlock) {
-    float tmp[kBlock];
-    std::memcpy(tmp, src + i * sizeof(float), sizeof(tmp));
-    for (size_t j = 0; j < kBlock; ++j) dst[i + j] = 0.0f + tmp[j];
-  }
-  for (; i < n; ++i) {
-    float v;
-    std::memcpy(&v, src + i * sizeof(float), sizeof(v));
-    dst[i] = 0.0f + v;
-  }
 }
 
 // out[i] = sum[i] / d. Division (not a multiply by 1/d) so the result is the

@@ -13,8 +13,10 @@ SendOrderKind ParseSendOrder(std::string_view name) {
   if (name == "sequential") return SendOrderKind::kSequential;
   if (name == "rotating") return SendOrderKind::kRotating;
   if (name == "permuted") return SendOrderKind::kPermuted;
+  if (name == "blocked") return SendOrderKind::kBlocked;
   throw std::invalid_argument("unknown send order '" + std::string(name) +
-                              "': use sequential, rotating or permuted");
+                              "': use sequential, rotating, permuted or "
+                              "blocked");
 }
 
 const char* SendOrderName(SendOrderKind kind) {
@@ -25,6 +27,8 @@ const char* SendOrderName(SendOrderKind kind) {
       return "rotating";
     case SendOrderKind::kPermuted:
       return "permuted";
+    case SendOrderKind::kBlocked:
+      return "blocked";
   }
   return "unknown";
 }
@@ -70,6 +74,24 @@ void SendOrder::Fill(uint32_t round, uint32_t n,
       Rng rng(HashMix(seed_, round));
       for (uint32_t i = n - 1; i > 0; --i) {
         std::swap(out[i], out[rng.NextBelow(i + 1)]);
+      }
+      std::rotate(out.begin(), out.begin() + RankOffset(n), out.end());
+      return;
+    }
+    case SendOrderKind::kBlocked: {
+      // The same shuffle over blocks, expanded in place, then rotated.
+      const uint32_t blocks = (n + kSendBlockChunks - 1) / kSendBlockChunks;
+      std::vector<uint32_t> block(blocks);
+      std::iota(block.begin(), block.end(), 0u);
+      Rng rng(HashMix(seed_, round));
+      for (uint32_t i = blocks - 1; i > 0; --i) {
+        std::swap(block[i], block[rng.NextBelow(i + 1)]);
+      }
+      uint32_t k = 0;
+      for (uint32_t b : block) {
+        const uint32_t first = b * kSendBlockChunks;
+        const uint32_t last = std::min(n, first + kSendBlockChunks);
+        for (uint32_t c = first; c < last; ++c) out[k++] = c;
       }
       std::rotate(out.begin(), out.begin() + RankOffset(n), out.end());
       return;

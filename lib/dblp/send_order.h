@@ -18,10 +18,17 @@ enum class SendOrderKind : uint8_t {
   kSequential,  // 0..N-1 every round (the paper's prototype)
   kRotating,    // 0..N-1 rotated by a per-round start, offset by rank
   kPermuted,    // a seeded per-round shuffle, rotated by rank (default)
+  // A seeded per-round shuffle of blocks of kSendBlockChunks consecutive
+  // chunks, rotated by rank: the same spreading at block granularity, while
+  // each TX burst reads (and the server sums) one contiguous stretch of
+  // memory, which the caches, TLB and prefetchers handle far better than
+  // single chunks scattered over the gradient (docs/BENCHMARKS.md).
+  kBlocked,
 };
+inline constexpr uint32_t kSendBlockChunks = 32;
 inline constexpr SendOrderKind kDefaultSendOrder = SendOrderKind::kPermuted;
 
-// "sequential" | "rotating" | "permuted"; throws std::invalid_argument naming
+// "sequential" | "rotating" | "permuted" | "blocked"; throws std::invalid_argument naming
 // the choices.
 SendOrderKind ParseSendOrder(std::string_view name);
 const char* SendOrderName(SendOrderKind kind);
