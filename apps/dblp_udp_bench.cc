@@ -7,6 +7,7 @@
 // --round_timeout_ms), 2 bad flags.
 #include <gflags/gflags.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -17,29 +18,37 @@
 #include "dblp/loss_model.h"
 #include "dblp/udp_push.h"
 
-DEFINE_string(role, "both", "both (server + worker in this process) | "
+DEFINE_string(role, "both",
+              "both (server + worker in this process) | "
               "server | worker");
-DEFINE_double(size_mb, 1, "gradient size in MiB (rounded down to whole "
+DEFINE_double(size_mb, 1,
+              "gradient size in MiB (rounded down to whole "
               "float32 values)");
 DEFINE_uint32(iterations, 10, "push rounds to run");
-DEFINE_string(loss, "none", "software loss at the server's receive side: "
+DEFINE_string(loss, "none",
+              "software loss at the server's receive side: "
               "none | bernoulli:P | ge:P_GB,P_BG,LOSS_GOOD,LOSS_BAD");
-DEFINE_double(p, 0, "loss tolerance: a round stops once (1 - p) of the "
+DEFINE_double(p, 0,
+              "loss tolerance: a round stops once (1 - p) of the "
               "chunks arrived (0: every chunk is needed)");
 DEFINE_uint32(mtu, 1500, "IP MTU of the data frames (576..9216)");
 DEFINE_uint32(burst, 32, "frames per sendmmsg() (1..128)");
 DEFINE_uint64(seed, 1, "seed of the loss injector and the send order");
 DEFINE_int32(server_cpu, 0, "CPU of the server's datapath thread (-1: none)");
 DEFINE_int32(worker_cpu, 1, "CPU of the worker's datapath thread (-1: none)");
-DEFINE_string(control, "127.0.0.1:0", "TCP control: the server listens here "
+DEFINE_string(control, "127.0.0.1:0",
+              "TCP control: the server listens here "
               "(port 0 = ephemeral, both only); a worker connects here");
 DEFINE_uint32(udp_port, 0, "the server's UDP port (0 = ephemeral)");
-DEFINE_string(data, "", "UDP bind ip:port for --role=server|worker "
+DEFINE_string(data, "",
+              "UDP bind ip:port for --role=server|worker "
               "(default: 0.0.0.0:--udp_port for the server, 0.0.0.0:0 for "
               "the worker)");
-DEFINE_uint32(round_timeout_ms, 30000, "fail (exit 1) when a round makes no "
+DEFINE_uint32(round_timeout_ms, 30000,
+              "fail (exit 1) when a round makes no "
               "progress for this long");
-DEFINE_uint32(idle_sleep_us, 20, "idle back-off sleep of the datapath "
+DEFINE_uint32(idle_sleep_us, 20,
+              "idle back-off sleep of the datapath "
               "threads in us (0 = busy polling with yield)");
 DEFINE_string(out, "", "write the JSON report here");
 
@@ -86,11 +95,12 @@ void CheckFlags() {
 }
 
 void PrintRound(const dblp::UdpRoundRecord& r) {
-  std::printf("iteration %4llu  latency %10.1f us  packets %8llu  passes %2u"
-              "  delivered %.4f\n",
-              static_cast<unsigned long long>(r.iteration), r.latency_us,
-              static_cast<unsigned long long>(r.packets_sent), r.passes,
-              r.delivered_fraction);
+  std::printf(
+      "iteration %4llu  latency %10.1f us  packets %8llu  passes %2u"
+      "  delivered %.4f\n",
+      static_cast<unsigned long long>(r.iteration), r.latency_us,
+      static_cast<unsigned long long>(r.packets_sent), r.passes,
+      r.delivered_fraction);
   std::fflush(stdout);
 }
 
@@ -105,23 +115,24 @@ int Finish(const dblp::UdpPushBenchOptions& o,
     double sum = 0;
     for (const auto& x : r.rounds) sum += x.latency_us;
     const double mean_us = sum / static_cast<double>(r.rounds.size());
-    std::printf("kernel-udp: %llu bytes, %u chunks, mean latency %.1f us "
-                "(%.2f Gb/s goodput); rx %llu tx %llu injected drops %llu "
-                "socket drops %llu tx eagain %llu\n",
-                static_cast<unsigned long long>(r.size_bytes), r.chunks,
-                mean_us,
-                mean_us > 0 ? static_cast<double>(r.size_bytes) * 8 /
-                                  (mean_us * 1e3)
-                            : 0,
-                c("rx_frames"), c("tx_frames"), c("injected_drops"),
-                c("socket_drops"), c("tx_eagain"));
+    std::printf(
+        "kernel-udp: %llu bytes, %u chunks, mean latency %.1f us "
+        "(%.2f Gb/s goodput); rx %llu tx %llu injected drops %llu "
+        "socket drops %llu tx eagain %llu\n",
+        static_cast<unsigned long long>(r.size_bytes), r.chunks, mean_us,
+        mean_us > 0 ? static_cast<double>(r.size_bytes) * 8 / (mean_us * 1e3)
+                    : 0,
+        c("rx_frames"), c("tx_frames"), c("injected_drops"), c("socket_drops"),
+        c("tx_eagain"));
   }
   if (!FLAGS_out.empty()) {
     std::ofstream f(FLAGS_out);
     f << dblp::FormatUdpBenchJson(o, r);
     if (!f.good()) {
-      std::fprintf(stderr, "error: cannot write --out=%s: check the "
-                   "directory exists and is writable\n", FLAGS_out.c_str());
+      std::fprintf(stderr,
+                   "error: cannot write --out=%s: check the "
+                   "directory exists and is writable\n",
+                   FLAGS_out.c_str());
       return r.exit_code ? r.exit_code : 1;
     }
   }
@@ -167,9 +178,8 @@ int main(int argc, char** argv) {
   if (FLAGS_role == "server") {
     dblp::UdpPushServerOptions so;
     so.control = FLAGS_control;
-    so.data = FLAGS_data.empty()
-                  ? "0.0.0.0:" + std::to_string(FLAGS_udp_port)
-                  : FLAGS_data;
+    so.data = FLAGS_data.empty() ? "0.0.0.0:" + std::to_string(FLAGS_udp_port)
+                                 : FLAGS_data;
     so.mtu = o.mtu;
     so.p = o.p;
     so.loss = o.loss;

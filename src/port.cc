@@ -205,14 +205,8 @@ PortCaps SetupPortOrDie(const PortOptions& opts, rte_mempool* pool) {
     conf.txmode.offloads |= want_tx_udp;
     caps.tx_udp_cksum_offload = true;
   }
-  // memif is shared memory between two processes of one host: a frame
-  // never crosses a wire, so "auto" sends it without a UDP checksum (as
-  // Linux does for veth), like testpmd's txonly, instead of paying two
-  // passes over every payload. --checksum=sw still forces one.
-  caps.udp_cksum_zero =
-      opts.checksum == "none" ||
-      (opts.checksum == "auto" && !caps.tx_udp_cksum_offload &&
-       caps.driver == "net_memif");
+  caps.udp_cksum_zero = SendsUdpChecksumZero(opts.checksum, caps.driver,
+                                             caps.tx_udp_cksum_offload);
   caps.fused_checksum = opts.fused_checksum;
   const uint64_t want_rx =
       RTE_ETH_RX_OFFLOAD_IPV4_CKSUM | RTE_ETH_RX_OFFLOAD_UDP_CKSUM;
@@ -279,6 +273,15 @@ PortCaps SetupPortOrDie(const PortOptions& opts, rte_mempool* pool) {
         "check the device");
   }
   return caps;
+}
+
+bool SendsUdpChecksumZero(const std::string& policy, const std::string& driver,
+                          bool udp_offload) {
+  if (policy == "none") return true;
+  // memif frames are copied between two processes of one host and never
+  // cross a wire: "auto" skips the software pass over every payload, like
+  // testpmd's txonly. --checksum=sw still forces one.
+  return policy == "auto" && !udp_offload && driver == "net_memif";
 }
 
 std::string DescribePortCaps(const PortCaps& caps) {

@@ -45,6 +45,14 @@ struct PortCaps {
 // tiny pools); MbufsNeeded accounts for it.
 inline constexpr uint32_t kPoolCacheSize = 256;
 
+// Whether frames go out with UDP checksum 0 under checksum policy `policy`
+// on driver `driver`: always for "none"; for "auto" on net_memif without a
+// UDP offload (shared memory between two processes: no wire to protect
+// against; a memif peer that forwards to a network, such as VPP, should be
+// given --checksum=sw).
+bool SendsUdpChecksumZero(const std::string& policy, const std::string& driver,
+                          bool udp_offload);
+
 // One line for logs: driver, MAC, MTU and which checksums are offloaded.
 std::string DescribePortCaps(const PortCaps& caps);
 

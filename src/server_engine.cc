@@ -72,18 +72,8 @@ struct ServerShared {
   std::atomic<bool> critical{false};        // datapath: wo; stats: ro
 };
 
-
 // Frames ahead of the one being processed whose headers are prefetched.
 constexpr uint16_t kRxPrefetchAhead = 4;
-
-// The sender rank of a DBLP header, read without decoding the rest (the
-// worker's receiver validates everything); 0xFFFF if too short.
-uint16_t PeekRank(const uint8_t* dblp, uint16_t len) {
-  if (len < kDataHeaderBytes) return 0xFFFF;
-  uint16_t be;
-  std::memcpy(&be, dblp + offsetof(DataHeaderWire, sender_rank_be), 2);
-  return rte_be_to_cpu_16(be);
-}
 
 // The server's per-frame push path: L2-L4 admission and loss injection,
 // demux by sender rank, the worker's receiver (verdict, bitmap) and the
@@ -123,7 +113,7 @@ struct PushRxPath {
       if (!AdmitFrame(pkts[i], udp_port, *loss, rx_ns, *ctr, &pf)) continue;
       // Unknown ranks go to worker 0's receiver, which counts them as
       // wrong-sender (or malformed) without accepting anything.
-      const uint16_t rank = PeekRank(pf.dblp, pf.dblp_len);
+      const uint16_t rank = PeekSenderRank(pf.dblp, pf.dblp_len);
       WorkerLink& l = *(*links)[rank < num_workers ? rank : 0];
       if (!l.alive) {
         DatapathCounters::Add(ctr->from_lost_worker);
@@ -487,8 +477,15 @@ int RunServer(const ServerOptions& o) {
   // found the ring empty, so every frame sent before it is counted.
   uint64_t poll_gen = 0;
   std::vector<uint64_t> drained_gen(nb_ports, 0);
-  PushRxPath rx_path{o.udp_port, W,          local_ip, o.dp.prefetch, &loss,
-                     &ctr,       &reducer,   &sh.links, &caps};
+  PushRxPath rx_path{.udp_port = o.udp_port,
+                     .num_workers = W,
+                     .local_ip = local_ip,
+                     .prefetch = o.dp.prefetch,
+                     .loss = &loss,
+                     .ctr = &ctr,
+                     .reducer = &reducer,
+                     .links = &sh.links,
+                     .caps = &caps};
   auto poll_rx = [&]() -> uint32_t {
     uint32_t total = 0;
     ++poll_gen;

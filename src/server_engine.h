@@ -22,8 +22,8 @@ struct ServerOptions {
   FillMode push_fill = FillMode::kZero;
   bool reliable_broadcast = false;  // broadcast with p = 0
   // Benchmark mode: no broadcast. The broadcast round is announced with a
-  // deadline that has already passed and a floor of zero chunks, so every
-  // worker closes it at once and the job measures pushes only.
+  // 1 ns deadline and a floor of zero chunks, so every worker closes it as
+  // soon as the announcement arrives and the job measures pushes only.
   bool push_only = false;
   bool continue_on_worker_loss = false;
   uint32_t session = 0;        // 0 = derived from the clock

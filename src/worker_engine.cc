@@ -305,6 +305,18 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
   // Frames of the previous push kept for the hostile replay test hook.
   std::vector<uint32_t> replay_seqs;
 
+  // The p that decides our broadcast STOP is the one announced now.
+  auto apply_bcast_begin = [&](const CtlEvent& e) {
+    bcast.SetTolerance(BitsDouble(e.value));
+    bcast.SetDeadline(e.value2 ? NowNs() + e.value2 : 0, BitsDouble(e.value3));
+    if (bcast.PollStop(NowNs()) != StopTrigger::kNone) {
+      requests.Push(CtlEvent{CtlEvent::kSendStop, 1, 0, bcast.round(),
+                             bcast.received(), 0, 0});
+      sidecar.Wakeup();
+    }
+  };
+  CtlEvent early_bcast_begin{};  // a broadcast ROUND_BEGIN ahead of Begin
+
   auto handle_event = [&](const CtlEvent& e, uint64_t* t_stop,
                           uint64_t* t_probe, double* rtt_sum, int* rtt_n,
                           bool* probe_out) {
@@ -315,15 +327,11 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
           have_go = true;
           announced_p = BitsDouble(e.value);
         } else if (e.round == bcast.round()) {
-          // The p that decides our STOP is the one announced now.
-          bcast.SetTolerance(BitsDouble(e.value));
-          bcast.SetDeadline(e.value2 ? NowNs() + e.value2 : 0,
-                            BitsDouble(e.value3));
-          if (bcast.PollStop(NowNs()) != StopTrigger::kNone) {
-            requests.Push(CtlEvent{CtlEvent::kSendStop, 1, 0, bcast.round(),
-                                   bcast.received(), 0, 0});
-            sidecar.Wakeup();
-          }
+          apply_bcast_begin(e);
+        } else if (static_cast<int32_t>(e.round - bcast.round()) > 0) {
+          // The server closed our push and announced the broadcast before
+          // this iteration opened its receiver: kept for Begin.
+          early_bcast_begin = e;
         }
         break;
       case CtlEvent::kStopSeen:
@@ -367,6 +375,10 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
     // broadcast's p: a complete buffer satisfies any p, so an early frame
     // can never trigger a STOP under a stale tolerance.
     bcast.Begin(push_round + 1, 0.0);
+    if (early_bcast_begin.kind == CtlEvent::kRoundBegin &&
+        early_bcast_begin.round == push_round + 1) {
+      apply_bcast_begin(early_bcast_begin);
+    }
     uint64_t t_stop = 0, t_probe = 0;
     double rtt_sum = 0;
     int rtt_n = 0;

@@ -50,7 +50,10 @@ def main():
     check("nearest-rank percentile",
           b.percentile([5, 1, 4, 2, 3], 50) == 3 and
           b.percentile([5, 1, 4, 2, 3], 99) == 5 and
-          b.percentile([7], 99) == 7)
+          b.percentile([7], 99) == 7 and
+          b.percentile(list(range(1, 11)), 50) == 5 and
+          b.percentile(list(range(1, 11)), 99) == 10 and
+          b.percentile(list(range(1, 101)), 99) == 99)
     passes = [({"pps": 2.0, "p50_us": 10.0, "delivered_min": 0.99}, 4.0),
               ({"pps": 3.0, "p50_us": 20.0, "delivered_min": 0.98}, 4.0),
               ({"pps": 1.0, "p50_us": 30.0, "delivered_min": 1.0}, 2.0)]

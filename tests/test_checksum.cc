@@ -1,14 +1,14 @@
 // The fused copy + ones'-complement sum against a plain 16-bit reference,
 // over every length and both alignments a frame can hand it.
-#include "dblp/checksum.h"
-
 #include <gtest/gtest.h>
 
-#include <cstdint>
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <random>
 #include <vector>
+
+#include "dblp/checksum.h"
 
 namespace dblp {
 namespace {

@@ -208,6 +208,19 @@ TEST(PortTest, NetRingNegotiatesSoftwareChecksums) {
   EXPECT_NE(d.find("udp sw"), std::string::npos) << d;
 }
 
+TEST(PortTest, UdpChecksumZeroOnlyForNoneOrAutoOnMemif) {
+  EXPECT_TRUE(SendsUdpChecksumZero("none", "net_ring", false));
+  EXPECT_TRUE(SendsUdpChecksumZero("none", "net_ice", true));
+  EXPECT_TRUE(SendsUdpChecksumZero("auto", "net_memif", false));
+  // Software is forced, an offload is used, other drivers checksum.
+  EXPECT_FALSE(SendsUdpChecksumZero("sw", "net_memif", false));
+  EXPECT_FALSE(SendsUdpChecksumZero("auto", "net_memif", true));
+  EXPECT_FALSE(SendsUdpChecksumZero("auto", "net_ring", false));
+  EXPECT_FALSE(SendsUdpChecksumZero("auto", "net_af_packet", false));
+  // And the port this suite set up (net_ring, auto) really checksums.
+  EXPECT_FALSE(g_caps.udp_cksum_zero);
+}
+
 TEST(PortTest, PoolAndMbufsNeeded) {
   ASSERT_NE(g_pool, nullptr);
   EXPECT_EQ(g_pool->size, MbufsNeeded(g_opts, 32, 512));

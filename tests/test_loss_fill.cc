@@ -445,12 +445,6 @@ TEST(ZeroRandomChunks, ZeroesAboutTheFractionSameChunksForTheSameSeed) {
   EXPECT_THROW(ZeroRandomChunks(small, layout, 0.5, 1), std::invalid_argument);
 }
 
-}  // namespace
-}  // namespace dblp
-
-namespace dblp {
-namespace {
-
 // The vectorised per-frame loops against the scalar definition, for every
 // length up to a jumbo chunk and every source alignment, -0.0 included.
 TEST(FloatOps, AddAndStoreMatchScalarForEveryLengthAndAlignment) {

@@ -1,12 +1,10 @@
 // Kernel UDP transport (UdpSocketPort) and the push protocol over it
 // (udp_push.h): real sockets on 127.0.0.1, real TCP control.
-#include "dblp/udp_transport.h"
-
 #include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <chrono>
 #include <cstring>
@@ -16,6 +14,7 @@
 
 #include "dblp/chunking.h"
 #include "dblp/udp_push.h"
+#include "dblp/udp_transport.h"
 
 namespace dblp {
 namespace {
@@ -88,7 +87,10 @@ TEST(UdpSocketPort, BurstRoundTripChecksEveryFrame) {
   EXPECT_EQ(a.tx_frames(), kFrames);
   EXPECT_EQ(b.rx_frames(), kFrames);
   EXPECT_EQ(b.socket_drops(), 0u);
-  EXPECT_GT(b.rcvbuf_bytes(), 1 << 20);
+  // SO_RCVBUFFORCE needs root; as a user the kernel's rmem_max caps it.
+  if (geteuid() == 0) {
+    EXPECT_GT(b.rcvbuf_bytes(), 1 << 20);
+  }
 }
 
 TEST(UdpSocketPort, UnknownSourceAndDestination) {
@@ -148,12 +150,10 @@ TEST(UdpSocketPort, ErrorsNameTheFix) {
   EXPECT_FALSE(a.Open("127.0.0.1:70000", {}, &err));
   EXPECT_NE(err.find("65535"), std::string::npos) << err;
   ASSERT_TRUE(a.Open("127.0.0.1:0", {}, &err)) << err;
-  EXPECT_FALSE(b.Open("127.0.0.1:" + std::to_string(a.bound_port()), {},
-                      &err));
+  EXPECT_FALSE(b.Open("127.0.0.1:" + std::to_string(a.bound_port()), {}, &err));
   EXPECT_NE(err.find("already in use"), std::string::npos) << err;
   EXPECT_FALSE(b.Open("192.0.2.77:0", {}, &err));
-  EXPECT_NE(err.find("not an address of this host"), std::string::npos)
-      << err;
+  EXPECT_NE(err.find("not an address of this host"), std::string::npos) << err;
   // Not open: bursts do nothing rather than crash.
   Packet p;
   EXPECT_EQ(b.TxBurst(&p, 1), 0);
@@ -227,8 +227,13 @@ TEST(UdpPushBench, ZeroToleranceDeliversEveryChunkDespiteLoss) {
   o.iterations = 3;
   o.loss = "bernoulli:0.05";
   o.p = 0;
-  o.server_cpu = 0;  // the pinned path too
-  o.worker_cpu = 1;
+  // The pinned path too, where this process may run on CPUs 0 and 1.
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const bool both = sched_getaffinity(0, sizeof(set), &set) == 0 &&
+                    CPU_ISSET(0, &set) && CPU_ISSET(1, &set);
+  o.server_cpu = both ? 0 : -1;
+  o.worker_cpu = both ? 1 : -1;
   const UdpPushBenchResult r = RunUdpPushBench(o);
   ASSERT_EQ(r.exit_code, 0) << r.error;
   ASSERT_EQ(r.rounds.size(), 3u);

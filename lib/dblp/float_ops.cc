@@ -2,12 +2,9 @@
 
 #include <cstring>
 
-namespace dblp {
+#include "dblp/vector_clones.h"
 
-// AVX-512 and AVX2 clones, chosen once by the CPU at load time (an ifunc);
-// the baseline clone for anything else.
-#define DBLP_VECTOR_CLONES \
-  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+namespace dblp {
 
 DBLP_VECTOR_CLONES void AddFloats(float* __restrict dst,
                                   const uint8_t* __restrict src, size_t n) {

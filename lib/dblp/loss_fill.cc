@@ -27,8 +27,8 @@ constexpr size_t kBlock = 8;
 }
 
 // out[i] = sum[i] / d. Division (not a multiply by 1/d) so the result is the
-// correctly rounded mean, identical to what a reference computes. Blocked
-// like AddFloats; each block is computed into a local before it is stored so
+// correctly rounded mean, identical to what a reference computes. In blocks
+// of kBlock; each block is computed into a local before it is stored so
 // that `out` and `sum` need no overlap check.
 void Divide(float* out, const float* sum, size_t n, float d) {
   size_t i = 0;

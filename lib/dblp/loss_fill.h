@@ -73,7 +73,9 @@ class MeanReducer {
   // num_workers is 0. Starts with a clean round (BeginRound not required).
   MeanReducer(const ChunkLayout& layout, uint32_t num_workers);
 
-  // Zeroes the sums and counts. Keeps the previous Finalize output.
+  // Starts a round: zeroes the contribution counts (a chunk's first
+  // contribution then overwrites its sum slice). Keeps the previous
+  // Finalize output.
   void BeginRound();
 
   // Adds chunk seq's Length(seq) / 4 floats from `payload` into the sum and

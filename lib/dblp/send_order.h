@@ -28,8 +28,8 @@ enum class SendOrderKind : uint8_t {
 inline constexpr uint32_t kSendBlockChunks = 32;
 inline constexpr SendOrderKind kDefaultSendOrder = SendOrderKind::kPermuted;
 
-// "sequential" | "rotating" | "permuted" | "blocked"; throws std::invalid_argument naming
-// the choices.
+// "sequential" | "rotating" | "permuted" | "blocked"; throws
+// std::invalid_argument naming the choices.
 SendOrderKind ParseSendOrder(std::string_view name);
 const char* SendOrderName(SendOrderKind kind);
 

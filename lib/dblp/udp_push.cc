@@ -147,8 +147,10 @@ bool CheckCpu(int cpu, std::string* error) {
   CPU_ZERO(&allowed);
   if (sched_getaffinity(0, sizeof allowed, &allowed) == 0 &&
       (cpu >= CPU_SETSIZE || !CPU_ISSET(cpu, &allowed))) {
-    *error = "CPU " + std::to_string(cpu) + " is not available to this "
-             "process (" + std::to_string(CPU_COUNT(&allowed)) +
+    *error = "CPU " + std::to_string(cpu) +
+             " is not available to this "
+             "process (" +
+             std::to_string(CPU_COUNT(&allowed)) +
              " allowed): pick another CPU, or -1 for no pinning";
     return false;
   }
@@ -214,9 +216,8 @@ void FillBenchGradient(uint32_t rank, std::span<float> out) {
   // Exact in float32 (multiples of 1/1024 below 2^13), so a mean over one
   // worker reproduces it bit for bit; distinct per rank and per position.
   for (size_t i = 0; i < out.size(); ++i) {
-    out[i] = static_cast<float>(static_cast<int>((i * 7919 + rank * 104729) %
-                                                 8191) -
-                                4095) /
+    out[i] = static_cast<float>(
+                 static_cast<int>((i * 7919 + rank * 104729) % 8191) - 4095) /
              1024.0f;
   }
 }
@@ -255,8 +256,7 @@ UdpPushServerResult RunUdpPushServer(const UdpPushServerOptions& o) {
   UdpPortOptions popts;
   popts.max_datagram = o.mtu - kIpUdpHeaders;
   if (!port.Open(o.data, popts, &err)) return fail(1, err);
-  const uint32_t session =
-      static_cast<uint32_t>(HashMix(NowNs(), 0x5E55)) | 1u;
+  const uint32_t session = static_cast<uint32_t>(HashMix(NowNs(), 0x5E55)) | 1u;
 
   // Join state: written by the sidecar until `joined`, read-only after.
   struct Link {
@@ -290,14 +290,16 @@ UdpPushServerResult RunUdpPushServer(const UdpPushServerOptions& o) {
       std::lock_guard<std::mutex> lock(join_mu);
       if (joined.load()) return refuse(c, "job already has all workers");
       if (j->protocol_version != kControlVersion) {
-        return refuse(c, "control protocol version mismatch: run the same "
-                         "DBLP build everywhere");
+        return refuse(c,
+                      "control protocol version mismatch: run the same "
+                      "DBLP build everywhere");
       }
       if (j->total_bytes == 0 || j->total_bytes % 4 != 0 ||
           j->total_bytes > o.max_gradient_bytes) {
         return refuse(c, "gradient of " + std::to_string(j->total_bytes) +
                              " bytes: must be a positive multiple of 4 up "
-                             "to " + std::to_string(o.max_gradient_bytes));
+                             "to " +
+                             std::to_string(o.max_gradient_bytes));
       }
       if (j->mtu != o.mtu) {
         return refuse(c, "worker MTU " + std::to_string(j->mtu) +
@@ -366,22 +368,20 @@ UdpPushServerResult RunUdpPushServer(const UdpPushServerOptions& o) {
     for (Event& e : out_events) {
       switch (e.kind) {
         case Event::kSendRoundBegin: {
-          const RoundBeginMsg rb{e.round, e.round / 2, Direction::kPush, e.p,
-                                 0, 0};
+          const RoundBeginMsg rb{e.round, e.round / 2, Direction::kPush,
+                                 e.p,     0,           0};
           for (const Link& l : links) sc->Send(l.conn, rb);
           break;
         }
         case Event::kSendStop:
-          sc->Send(links[e.peer].conn,
-                   StopMsg{e.round, Direction::kPush,
-                           static_cast<uint32_t>(e.value),
-                           StopReason::kThreshold});
+          sc->Send(links[e.peer].conn, StopMsg{e.round, Direction::kPush,
+                                               static_cast<uint32_t>(e.value),
+                                               StopReason::kThreshold});
           break;
         case Event::kSendBitmap:
-          sc->Send(links[e.peer].conn,
-                   BitmapMsg{e.round, Direction::kPush,
-                             static_cast<uint32_t>(e.value),
-                             std::move(e.words)});
+          sc->Send(links[e.peer].conn, BitmapMsg{e.round, Direction::kPush,
+                                                 static_cast<uint32_t>(e.value),
+                                                 std::move(e.words)});
           break;
         case Event::kFinish:
           for (const Link& l : links) {
@@ -401,8 +401,8 @@ UdpPushServerResult RunUdpPushServer(const UdpPushServerOptions& o) {
     return fail(1, "control: " + err);
   }
   if (!o.quiet) {
-    std::printf("udp-server: control %s port %u, data %s\n",
-                o.control.c_str(), sidecar.bound_port(),
+    std::printf("udp-server: control %s port %u, data %s\n", o.control.c_str(),
+                sidecar.bound_port(),
                 FormatIpv4Endpoint(port.bound_addr()).c_str());
     std::fflush(stdout);
   }
@@ -443,8 +443,18 @@ UdpPushServerResult RunUdpPushServer(const UdpPushServerOptions& o) {
     rl[w].rx = std::make_unique<ReceiverRound>(ReceiverConfig{
         session, FrameType::kPush, static_cast<int32_t>(w), layout});
   }
-  MeanReducer reducer(layout, W);
-  std::vector<float> mean(layout.total_bytes() / sizeof(float), 0.0f);
+  std::unique_ptr<MeanReducer> reducer_holder;
+  std::vector<float> mean;
+  try {
+    reducer_holder = std::make_unique<MeanReducer>(layout, W);
+    mean.assign(layout.total_bytes() / sizeof(float), 0.0f);
+  } catch (const std::bad_alloc&) {
+    return fail(1, "cannot allocate the sums of a " +
+                       std::to_string(layout.total_bytes()) +
+                       "-byte gradient: lower the workers' size or give the "
+                       "server more memory");
+  }
+  MeanReducer& reducer = *reducer_holder;
   std::vector<Bitmap> arrived(W);
   LossInjector loss(loss_spec, BurstSchedule{}, HashMix(o.seed, 0xB0));
   std::vector<Packet> pkts(kRxBurst);
@@ -484,11 +494,7 @@ UdpPushServerResult RunUdpPushServer(const UdpPushServerOptions& o) {
       // A frame too short to be one is never "lost": the receiver counts it
       // malformed.
       if (len >= kDataHeaderBytes && loss.ShouldDrop()) continue;
-      DataHeader peek;
-      uint32_t rank = 0;
-      if (DecodeDataHeader(buf, len, &peek) == DecodeStatus::kOk) {
-        rank = peek.sender_rank;
-      }
+      const uint32_t rank = PeekSenderRank(buf, len);
       // Unknown ranks go to worker 0's receiver, which counts them as
       // wrong-sender (or malformed) without accepting anything.
       ReceiverRound& r = *rl[rank < W ? rank : 0].rx;
@@ -579,8 +585,8 @@ UdpPushServerResult RunUdpPushServer(const UdpPushServerOptions& o) {
     }
     if (!progress && watchdog.Expired()) {
       failure = "push round " + std::to_string(PushRound(it)) +
-                " made no progress for " +
-                std::to_string(o.round_timeout_ms) + " ms; chunks received:";
+                " made no progress for " + std::to_string(o.round_timeout_ms) +
+                " ms; chunks received:";
       for (uint32_t w = 0; w < W; ++w) {
         failure += " w" + std::to_string(w) + "=" +
                    std::to_string(rl[w].rx->received()) + "/" +
@@ -655,12 +661,12 @@ UdpPushWorkerResult RunUdpPushWorker(const UdpPushWorkerOptions& o) {
   if (!port.Open(o.data, popts, &err)) return fail(1, err);
 
   // Shared with the sidecar; each field's writer noted.
-  WelcomeMsg welcome;                 // sidecar: wo before `welcomed`
+  WelcomeMsg welcome;  // sidecar: wo before `welcomed`
   std::atomic<bool> welcomed{false};
   std::atomic<bool> server_gone{false};
-  std::string gone_why;               // sidecar: wo before `server_gone`
+  std::string gone_why;  // sidecar: wo before `server_gone`
   std::atomic<bool> closed{false};
-  SenderRound push;                   // sidecar: RequestStop(round) only
+  SenderRound push;  // sidecar: RequestStop(round) only
   EventQueue events, requests;
   ControlSidecar* sc = nullptr;
   ConnId conn = 0;
@@ -749,18 +755,31 @@ UdpPushWorkerResult RunUdpPushWorker(const UdpPushWorkerOptions& o) {
   if (!WaitFor([&] { return welcomed.load() || server_gone.load(); },
                o.join_timeout_ms) ||
       !welcomed.load()) {
-    return fail(1, "no WELCOME from the server at " + o.server +
-                       (server_gone.load() ? " (" + gone_why + ")"
-                                           : " within " +
-                                                 std::to_string(
-                                                     o.join_timeout_ms) +
-                                                 " ms"));
+    return fail(
+        1, "no WELCOME from the server at " + o.server +
+               (server_gone.load()
+                    ? " (" + gone_why + ")"
+                    : " within " + std::to_string(o.join_timeout_ms) + " ms"));
+  }
+  // A WELCOME the codec accepted may still describe an impossible job.
+  if (welcome.total_bytes != o.size_bytes || welcome.chunk_payload == 0 ||
+      welcome.chunk_payload % 4 != 0 ||
+      welcome.chunk_payload + kDataHeaderBytes + 28 > o.mtu ||
+      welcome.num_workers == 0 || welcome.rank >= welcome.num_workers) {
+    return fail(1, "WELCOME is invalid (" +
+                       std::to_string(welcome.total_bytes) +
+                       " bytes, chunk "
+                       "payload " +
+                       std::to_string(welcome.chunk_payload) + ", rank " +
+                       std::to_string(welcome.rank) + " of " +
+                       std::to_string(welcome.num_workers) +
+                       "): run the same build on both sides");
   }
   const ChunkLayout layout(welcome.total_bytes, welcome.chunk_payload);
-  if (welcome.total_bytes != o.size_bytes ||
-      layout.num_chunks() != welcome.num_chunks) {
-    return fail(1, "WELCOME is inconsistent with our JOIN: run the same "
-                   "build on both sides");
+  if (layout.num_chunks() != welcome.num_chunks) {
+    return fail(1,
+                "WELCOME is inconsistent with our JOIN: run the same "
+                "build on both sides");
   }
   const uint32_t N = layout.num_chunks();
   res.rank = welcome.rank;
@@ -880,8 +899,7 @@ UdpPushWorkerResult RunUdpPushWorker(const UdpPushWorkerOptions& o) {
           push.Unsend(k - sent);  // a full socket buffer: again next turn
           work = work || sent > 0;
         }
-        if (push.state() == SenderRound::State::kAwaitingBitmap &&
-            !probe_out) {
+        if (push.state() == SenderRound::State::kAwaitingBitmap && !probe_out) {
           probe_out = true;
           ++probes;
           request(Event{Event::kSendProbe, 0, round, push.passes()});
@@ -968,8 +986,8 @@ UdpPushBenchResult RunUdpPushBench(const UdpPushBenchOptions& o) {
   }
   if (o.burst == 0 || o.burst > UdpSocketPort::kMaxBurst) {
     res.exit_code = 2;
-    res.error = "burst must be in 1.." +
-                std::to_string(UdpSocketPort::kMaxBurst);
+    res.error =
+        "burst must be in 1.." + std::to_string(UdpSocketPort::kMaxBurst);
     return res;
   }
   if (!ParseIpv4Endpoint(o.control, true, true, &ctrl, &err)) {
@@ -1037,8 +1055,8 @@ UdpPushBenchResult RunUdpPushBench(const UdpPushBenchOptions& o) {
   if (!sres.error.empty()) res.error = "server: " + sres.error;
   // A worker that failed because the server did repeats the server's cause.
   if (!wres.error.empty() && wres.error != "server: " + sres.error) {
-    res.error += (res.error.empty() ? "" : "; ") + std::string("worker: ") +
-                 wres.error;
+    res.error +=
+        (res.error.empty() ? "" : "; ") + std::string("worker: ") + wres.error;
   }
   res.counters = sres.counters;
   for (const auto& [k, v] : wres.counters) res.counters[k] = v;
@@ -1074,8 +1092,7 @@ std::string FormatUdpBenchJson(const UdpPushBenchOptions& o,
     const UdpRoundRecord& x = r.rounds[i];
     s << (i ? "," : "") << "{\"iteration\":" << x.iteration
       << ",\"latency_us\":" << num(x.latency_us)
-      << ",\"packets_sent\":" << x.packets_sent
-      << ",\"passes\":" << x.passes
+      << ",\"packets_sent\":" << x.packets_sent << ",\"passes\":" << x.passes
       << ",\"delivered_fraction\":" << num(x.delivered_fraction) << "}";
   }
   s << "],\"counters\":{\"rx_frames\":" << counter("rx_frames")

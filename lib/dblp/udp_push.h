@@ -57,12 +57,14 @@ struct UdpPushServerOptions {
   std::string data = "127.0.0.1:0";     // UDP bind ip:port (0: ephemeral)
   uint32_t workers = 1;
   uint32_t mtu = 1500;
-  double p = 0;                 // loss tolerance of every round, [0, 1)
-  std::string loss = "none";    // ParseLossSpec spelling, at the receive side
+  double p = 0;               // loss tolerance of every round, [0, 1)
+  std::string loss = "none";  // ParseLossSpec spelling, at the receive side
   uint64_t seed = 1;
   uint32_t round_timeout_ms = 30000;
   uint32_t join_timeout_ms = 30000;
-  uint64_t max_gradient_bytes = 1ull << 32;
+  // A JOIN asking for more is refused (the server holds the sums and the
+  // mean: about two copies of the gradient).
+  uint64_t max_gradient_bytes = uint64_t{1} << 30;
   int cpu = -1;  // pin the datapath thread (-1: no pinning)
   uint32_t idle_sleep_us = 20;
   // Called once both sockets are bound (ports resolved), before any JOIN.
@@ -84,7 +86,7 @@ struct UdpPushServerResult {
 struct UdpPushWorkerOptions {
   std::string server = "127.0.0.1:9100";  // the server's control ip:port
   std::string data = "127.0.0.1:0";       // our UDP bind ip:port
-  uint64_t size_bytes = 1 << 20;           // gradient bytes (multiple of 4)
+  uint64_t size_bytes = 1 << 20;          // gradient bytes (multiple of 4)
   uint32_t mtu = 1500;
   uint32_t burst = 32;
   uint32_t iterations = 10;
@@ -138,7 +140,7 @@ struct UdpPushBenchResult {
   std::string error;
   uint64_t size_bytes = 0;
   uint32_t chunks = 0;
-  std::vector<UdpRoundRecord> rounds;           // the worker's
+  std::vector<UdpRoundRecord> rounds;  // the worker's
   std::vector<UdpServerRound> server_rounds;
   // rx_frames, tx_frames, injected_drops, socket_drops, tx_eagain,
   // malformed, ...

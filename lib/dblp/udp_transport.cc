@@ -94,8 +94,8 @@ bool UdpSocketPort::Open(const std::string& bind_addr,
     Close();
     return false;
   };
-  if (fd_ >= 0) return fail("already open (port " +
-                            std::to_string(bound_port_) + ")");
+  if (fd_ >= 0)
+    return fail("already open (port " + std::to_string(bound_port_) + ")");
   if (opts.max_datagram == 0 || opts.max_datagram > 65507) {
     return fail("max_datagram " + std::to_string(opts.max_datagram) +
                 " is not in 1..65507");
@@ -113,14 +113,17 @@ bool UdpSocketPort::Open(const std::string& bind_addr,
     const int err = errno;
     switch (err) {
       case EADDRINUSE:
-        return fail("port already in use (another process has it: stop it "
-                    "or pick another port, 0 = any free one)");
+        return fail(
+            "port already in use (another process has it: stop it "
+            "or pick another port, 0 = any free one)");
       case EADDRNOTAVAIL:
-        return fail("not an address of this host (use 0.0.0.0, 127.0.0.1 "
-                    "or a local IP)");
+        return fail(
+            "not an address of this host (use 0.0.0.0, 127.0.0.1 "
+            "or a local IP)");
       case EACCES:
-        return fail("permission denied (ports below 1024 need root; use a "
-                    "higher port)");
+        return fail(
+            "permission denied (ports below 1024 need root; use a "
+            "higher port)");
       default:
         return fail("bind(): " + ErrnoText(err));
     }
@@ -132,10 +135,10 @@ bool UdpSocketPort::Open(const std::string& bind_addr,
   bound_port_ = ntohs(bound_.sin_port);
   // A burst arrives faster than one thread drains it: without room for
   // many bursts the kernel drops them before the protocol ever sees them.
-  rcvbuf_ = EnlargeBuffer(fd_, SO_RCVBUFFORCE, SO_RCVBUF,
-                          opts.socket_buffer_bytes);
-  sndbuf_ = EnlargeBuffer(fd_, SO_SNDBUFFORCE, SO_SNDBUF,
-                          opts.socket_buffer_bytes);
+  rcvbuf_ =
+      EnlargeBuffer(fd_, SO_RCVBUFFORCE, SO_RCVBUF, opts.socket_buffer_bytes);
+  sndbuf_ =
+      EnlargeBuffer(fd_, SO_SNDBUFFORCE, SO_SNDBUF, opts.socket_buffer_bytes);
   // Kernel drop counter on each datagram; without it socket_drops stays 0.
   int one = 1;
   setsockopt(fd_, SOL_SOCKET, SO_RXQ_OVFL, &one, sizeof one);

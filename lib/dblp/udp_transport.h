@@ -114,7 +114,7 @@ class UdpSocketPort {
   std::vector<mmsghdr> tx_msgs_, rx_msgs_;
   std::vector<iovec> tx_iov_, rx_iov_;
   std::vector<sockaddr_in> rx_names_;
-  std::vector<uint16_t> tx_index_;  // msg -> packet index
+  std::vector<uint16_t> tx_index_;   // msg -> packet index
   std::vector<uint8_t> rx_control_;  // cmsg space per message
   std::atomic<uint64_t> tx_frames_{0}, rx_frames_{0}, tx_eagain_{0},
       tx_errors_{0}, tx_no_route_{0}, rx_truncated_{0}, socket_drops_{0};

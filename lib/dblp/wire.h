@@ -40,6 +40,14 @@ struct __attribute__((packed)) DataHeaderWire {
 static_assert(sizeof(DataHeaderWire) == 20, "DBLP header must be 20 bytes");
 inline constexpr uint32_t kDataHeaderBytes = sizeof(DataHeaderWire);
 
+// The sender rank of a DBLP header, read without decoding the rest, to pick
+// the receiver that validates everything; 0xFFFF if `len` is too short.
+inline uint16_t PeekSenderRank(const uint8_t* dblp, size_t len) {
+  if (len < kDataHeaderBytes) return 0xFFFF;
+  const uint8_t* p = dblp + offsetof(DataHeaderWire, sender_rank_be);
+  return static_cast<uint16_t>((p[0] << 8) | p[1]);
+}
+
 // Host-order view of the header.
 struct DataHeader {
   FrameType type = FrameType::kPush;
