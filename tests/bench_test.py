@@ -63,6 +63,17 @@ def main():
           c["ratio_min"] == 0.5 and c["ratio_max"] == 0.75 and
           c["delivered_min"] == 0.98 and c["reference_pps"] == 4.0, c)
 
+    check("two link states are told apart, one state is not split",
+          b.link_states([4e6, 3.9e6, 20e6, 21e6]) is not None and
+          3.9e6 < b.link_states([4e6, 3.9e6, 20e6, 21e6]) < 20e6 and
+          b.link_states([4e6, 3.9e6, 4.2e6]) is None)
+    pairs = [[1.0, 4.0, 10.0], [2.0, 20.0, 5.0], [3.0, 4.0, 9.0]]
+    check("ratio cell per state",
+          b.split_ratio(pairs, None).startswith("0.25x [0.10-0.75] (3)") and
+          b.split_ratio(pairs, 9.0) ==
+          "fast 0.10x [0.10-0.10] (1) · slow 0.50x [0.25-0.75] (2)",
+          b.split_ratio(pairs, 9.0))
+
     # Usage errors.
     for bad in (["--sizes_mb=abc"], ["--cpus=0"], ["--p=1"],
                 ["--build=/nonexistent"]):
