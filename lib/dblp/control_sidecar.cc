@@ -20,6 +20,8 @@
 #include <thread>
 #include <utility>
 
+#include "dblp/ipv4_endpoint.h"
+
 namespace dblp {
 
 namespace {
@@ -56,50 +58,13 @@ std::string DescribeIoError(const char* op, int err) {
   }
 }
 
-std::string FormatAddr(const sockaddr_in& sa) {
-  char ip[INET_ADDRSTRLEN] = {};
-  inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof ip);
-  return std::string(ip) + ":" + std::to_string(ntohs(sa.sin_port));
-}
-
-// Parses "ip:port". Only IPv4 literals and "localhost": the data plane is
-// IPv4, and a name lookup could block the sidecar thread on DNS.
+// Parses "ip:port" (see ParseIpv4Endpoint): any address and port 0 only
+// for a listening socket.
 bool ParseAddr(const std::string& addr, bool listen, sockaddr_in* sa,
                std::string* error) {
-  const std::string example =
-      listen ? "127.0.0.1:9100 or 0.0.0.0:9100" : "127.0.0.1:9100";
-  auto fail = [&](const std::string& why) {
-    if (error) {
-      *error = "bad address '" + addr + "': " + why +
-               " (expected IPv4 ip:port, e.g. " + example + ")";
-    }
-    return false;
-  };
-  const size_t colon = addr.rfind(':');
-  if (colon == std::string::npos) return fail("no ':port'");
-  const std::string host = addr.substr(0, colon);
-  const std::string port_s = addr.substr(colon + 1);
-  if (port_s.empty() || port_s.size() > 5 ||
-      !std::all_of(port_s.begin(), port_s.end(),
-                   [](char ch) { return ch >= '0' && ch <= '9'; })) {
-    return fail("port '" + port_s + "' is not a number in 0..65535");
-  }
-  const unsigned long port = std::stoul(port_s);
-  if (port > 65535) return fail("port " + port_s + " > 65535");
-  if (!listen && port == 0) return fail("port 0 cannot be connected to");
-
-  *sa = sockaddr_in{};
-  sa->sin_family = AF_INET;
-  sa->sin_port = htons(static_cast<uint16_t>(port));
-  if (host.empty() || host == "*") {
-    if (!listen) return fail("no host");
-    sa->sin_addr.s_addr = htonl(INADDR_ANY);
-  } else if (host == "localhost") {
-    sa->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  } else if (inet_pton(AF_INET, host.c_str(), &sa->sin_addr) != 1) {
-    return fail("host '" + host + "' is not an IPv4 address");
-  }
-  return true;
+  return ParseIpv4Endpoint(
+      addr, /*allow_any=*/listen, /*allow_any_port=*/listen,
+      listen ? "127.0.0.1:9100 or 0.0.0.0:9100" : "127.0.0.1:9100", sa, error);
 }
 
 void SetNoDelay(int fd) {
@@ -294,7 +259,7 @@ bool ControlSidecar::Connect(const std::string& addr, uint32_t timeout_ms,
     }
     if (err == 0 && IsSelfConnect(fd)) err = ECONNREFUSED;
     if (err == 0) {
-      const ConnId cid = AddConn(fd, FormatAddr(sa));
+      const ConnId cid = AddConn(fd, FormatIpv4Endpoint(sa));
       if (cid == 0) {
         if (error)
           *error = "cannot connect to " + addr + ": epoll_ctl() failed";
@@ -605,7 +570,7 @@ void ControlSidecar::HandleAccept() {
       Log("control sidecar: accept() failed: " + ErrnoText(err));
       return;
     }
-    const ConnId id = AddConn(fd, FormatAddr(sa));
+    const ConnId id = AddConn(fd, FormatIpv4Endpoint(sa));
     if (id != 0 && cb_.on_accept) cb_.on_accept(id);
   }
 }

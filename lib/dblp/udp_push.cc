@@ -652,7 +652,8 @@ UdpPushWorkerResult RunUdpPushWorker(const UdpPushWorkerOptions& o) {
   sockaddr_in server_ctrl{};
   std::string err;
   if (!CheckCpu(o.cpu, &err)) return fail(2, "worker datapath: " + err);
-  if (!ParseIpv4Endpoint(o.server, false, false, &server_ctrl, &err)) {
+  if (!ParseIpv4Endpoint(o.server, false, false, "127.0.0.1:9100",
+                         &server_ctrl, &err)) {
     return fail(2, "server: " + err);
   }
   UdpSocketPort port;
@@ -990,7 +991,8 @@ UdpPushBenchResult RunUdpPushBench(const UdpPushBenchOptions& o) {
         "burst must be in 1.." + std::to_string(UdpSocketPort::kMaxBurst);
     return res;
   }
-  if (!ParseIpv4Endpoint(o.control, true, true, &ctrl, &err)) {
+  if (!ParseIpv4Endpoint(o.control, true, true, "127.0.0.1:9100", &ctrl,
+                         &err)) {
     res.exit_code = 2;
     res.error = "control: " + err;
     return res;

@@ -18,17 +18,10 @@
 #include <string>
 #include <vector>
 
+#include "dblp/ipv4_endpoint.h"
 #include "dblp/transport.h"
 
 namespace dblp {
-
-// Parses "ip:port" (IPv4 literal, "localhost", or "*"/"" for any address
-// when `allow_any`). Port 0 is accepted only with `allow_any_port`. On
-// failure returns false with *error naming an accepted form.
-bool ParseIpv4Endpoint(const std::string& text, bool allow_any,
-                       bool allow_any_port, sockaddr_in* out,
-                       std::string* error);
-std::string FormatIpv4Endpoint(const sockaddr_in& sa);
 
 struct UdpPortOptions {
   // Largest datagram RxBurst accepts; longer ones are counted and dropped.
