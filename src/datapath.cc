@@ -92,8 +92,8 @@ uint32_t ChunkTransmitter::Send(FrameTemplate& tmpl, DataHeader proto,
     for (uint32_t i = 0; i < k; ++i) {
       const uint32_t seq = seqs[consumed + i];
       if (prefetch && consumed + i + 1 < n) {
-        // The send order is a permutation: the next chunk is anywhere in
-        // the gradient, too far for the hardware prefetcher to guess.
+        // In the permuted send order the next chunk is anywhere in the
+        // gradient, too far for the hardware prefetcher to guess.
         const uint32_t next = seqs[consumed + i + 1];
         PrefetchBytes(buffer + layout.Offset(next), layout.Length(next));
       }
