@@ -1,0 +1,428 @@
+// The send and receive sides driven over a fake transport, no EAL: early
+// stop mid-pass, lost BITMAPs, stale frames, TX backpressure, the PROBE
+// drain rule and ROUND_BEGIN ordering.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <array>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <vector>
+
+#include "dblp/loss_model.h"
+#include "dblp/receive_side.h"
+#include "dblp/round_control.h"
+#include "dblp/rng.h"
+#include "dblp/send_side.h"
+#include "dblp/send_order.h"
+
+namespace dblp {
+namespace {
+
+constexpr uint32_t kSession = 0xABCD1234u;
+
+// Frames go into `wire`; `accept` caps how many one Send takes (TX
+// backpressure); `drop` loses a frame after it was taken (a lossy link).
+struct FakeFrames {
+  const uint8_t* buffer = nullptr;
+  const ChunkLayout* layout = nullptr;
+  std::deque<std::vector<uint8_t>> wire;
+  uint32_t accept = UINT32_MAX;
+  std::function<bool(uint32_t seq)> drop;
+  std::vector<uint32_t> sent_seqs;  // every frame that left
+
+  uint32_t Send(const DataHeader& proto, const uint32_t* seqs, uint32_t n) {
+    const uint32_t k = std::min(n, accept);
+    for (uint32_t i = 0; i < k; ++i) {
+      DataHeader h = proto;
+      h.seq = seqs[i];
+      h.payload_len = static_cast<uint16_t>(layout->Length(h.seq));
+      std::vector<uint8_t> f(kDataHeaderBytes + h.payload_len);
+      BuildDataFrame(h, buffer + layout->Offset(h.seq), f.data());
+      sent_seqs.push_back(h.seq);
+      if (drop && drop(h.seq)) continue;
+      wire.push_back(std::move(f));
+    }
+    return k;
+  }
+};
+
+struct FakeOutbox {
+  std::vector<ControlRequest> posted;
+  void Post(const ControlRequest& r) { posted.push_back(r); }
+};
+
+// One direction: a sender, a receiver, the wire between them and a control
+// channel that delivers each request at the next Turn.
+class Link : public ::testing::Test {
+ protected:
+  void SetUpLink(uint32_t floats, uint32_t burst, uint32_t rx_poll = 16) {
+    layout_ = ChunkLayout(uint64_t{floats} * 4, 64);
+    grad_.resize(floats);
+    std::iota(grad_.begin(), grad_.end(), 1.0f);
+    got_.assign(floats, 0.0f);
+    frames_ = FakeFrames{};
+    frames_.buffer = reinterpret_cast<const uint8_t*>(grad_.data());
+    frames_.layout = &layout_;
+    SendSideConfig sc;
+    sc.type = FrameType::kPush;
+    sc.session = kSession;
+    sc.sender_rank = 3;
+    sc.burst = burst;
+    sc.probe_retry_ns = 1000;
+    send_ = std::make_unique<SendSide>(sc);
+    ReceiveSideConfig rc;
+    rc.receiver = ReceiverConfig{kSession, FrameType::kPush, 3, layout_};
+    recv_ = std::make_unique<ReceiveSide>(rc);
+    rx_poll_ = rx_poll;
+  }
+  void Begin(uint32_t round, double p) {
+    order_.resize(layout_.num_chunks());
+    std::iota(order_.begin(), order_.end(), 0u);
+    recv_->Begin(round, p, 0, 0, now_);
+    send_->Begin(round, order_, now_);
+  }
+  // One loop turn on each side: RX (at most rx_poll_ frames), then the
+  // receive side's step, the control channel, then the send side's step.
+  bool Turn() {
+    now_ += 100;
+    ++poll_gen_;
+    uint32_t n = 0;
+    while (n < rx_poll_ && !frames_.wire.empty()) {
+      const std::vector<uint8_t> f = std::move(frames_.wire.front());
+      frames_.wire.pop_front();
+      ++n;
+      auto* out = reinterpret_cast<uint8_t*>(got_.data());
+      const Verdict v = recv_->OnFrame(
+          f.data(), f.size(), [&](const DataHeader& h, const uint8_t* pl) {
+            ++consumed_[h.seq];
+            std::memcpy(out + layout_.Offset(h.seq), pl, h.payload_len);
+          });
+      ++verdicts_[static_cast<int>(v)];
+    }
+    if (n < rx_poll_) drained_gen_ = poll_gen_;
+    const bool r = recv_->Step(now_, RxProgress{n > 0, poll_gen_, drained_gen_},
+                               rx_out_);
+    Deliver();
+    const bool s = send_->Step(now_, frames_, tx_out_);
+    Deliver();
+    return r || s || n > 0;
+  }
+  // Control: what the sides asked for reaches the other side.
+  void Deliver() {
+    for (const ControlRequest& q : tx_out_.posted) {
+      auto m = SideRequestMessage(q, nullptr);
+      ASSERT_TRUE(m.has_value());
+      ++probes_;
+      if (!lose_probes_) DeliverToSides(*m, send_.get(), recv_.get(), now_);
+    }
+    tx_out_.posted.clear();
+    for (const ControlRequest& q : rx_out_.posted) {
+      auto m = SideRequestMessage(q, recv_.get());
+      ASSERT_TRUE(m.has_value());
+      if (std::holds_alternative<StopMsg>(*m)) ++stops_;
+      if (std::holds_alternative<BitmapMsg>(*m)) {
+        ++bitmaps_;
+        if (lose_bitmaps_ > 0) {
+          --lose_bitmaps_;
+          continue;
+        }
+      }
+      DeliverToSides(*m, send_.get(), recv_.get(), now_);
+    }
+    rx_out_.posted.clear();
+  }
+  void RunUntilDone(int max_turns = 100000) {
+    for (int i = 0; i < max_turns && !send_->done(); ++i) Turn();
+    ASSERT_TRUE(send_->done()) << "round did not finish";
+    // Frames still on the wire land as in a real receiver.
+    while (!frames_.wire.empty()) Turn();
+  }
+  void ExpectNothingTwice() {
+    for (const auto& [seq, n] : consumed_) EXPECT_EQ(n, 1) << "seq " << seq;
+    EXPECT_EQ(consumed_.size(), recv_->receiver().received());
+  }
+
+  ChunkLayout layout_;
+  std::vector<float> grad_, got_;
+  std::vector<uint32_t> order_;
+  FakeFrames frames_;
+  FakeOutbox tx_out_, rx_out_;
+  std::unique_ptr<SendSide> send_;
+  std::unique_ptr<ReceiveSide> recv_;
+  std::map<uint32_t, int> consumed_;
+  std::array<int, kNumVerdicts> verdicts_{};
+  uint64_t now_ = 1000, poll_gen_ = 0, drained_gen_ = 0;
+  uint32_t rx_poll_ = 16;
+  int probes_ = 0, stops_ = 0, bitmaps_ = 0, lose_bitmaps_ = 0;
+  bool lose_probes_ = false;
+};
+
+TEST_F(Link, CleanReliableRoundDeliversEverythingOnce) {
+  SetUpLink(1000, 8);
+  Begin(0, 0.0);
+  RunUntilDone();
+  EXPECT_EQ(recv_->receiver().received(), layout_.num_chunks());
+  EXPECT_EQ(got_, grad_);
+  EXPECT_EQ(stops_, 1);
+  EXPECT_EQ(send_->stop_received(), layout_.num_chunks());
+  EXPECT_EQ(send_->sender().passes(), 1u);
+  ExpectNothingTwice();
+}
+
+TEST_F(Link, EarlyStopMidPassStopsTheSenderAtOnce) {
+  SetUpLink(4000, 4, /*rx_poll=*/4);  // 63 chunks
+  const double p = 0.5;
+  Begin(0, p);
+  RunUntilDone();
+  const uint32_t n = layout_.num_chunks();
+  const uint32_t threshold = StopThreshold(n, p);
+  EXPECT_GE(recv_->receiver().received(), threshold);
+  // STOP came mid-pass: the sender never finished its first pass, and sent
+  // at most one burst after the STOP left the receiver.
+  EXPECT_LT(frames_.sent_seqs.size(), n);
+  EXPECT_LE(frames_.sent_seqs.size(), threshold + 4u);
+  EXPECT_EQ(send_->sender().passes(), 1u);
+  EXPECT_EQ(probes_, 0);
+  EXPECT_EQ(stops_, 1);
+  EXPECT_EQ(send_->done_ns(), recv_->stop_ns());
+  ExpectNothingTwice();
+}
+
+TEST_F(Link, LossyRoundsDeliverAtLeastOneMinusPEveryRound) {
+  for (double p : {0.0, 0.05, 0.3}) {
+    for (uint64_t seed = 1; seed <= 20; ++seed) {
+      SetUpLink(3000, 8);
+      consumed_.clear();
+      Rng rng(seed);
+      frames_.drop = [&](uint32_t) { return rng.NextDouble() < 0.3; };
+      Begin(static_cast<uint32_t>(seed * 2), p);
+      RunUntilDone();
+      EXPECT_GE(recv_->receiver().received(),
+                StopThreshold(layout_.num_chunks(), p))
+          << "p=" << p << " seed=" << seed;
+      ExpectNothingTwice();
+      // 30% loss leaves more than p missing after the first pass.
+      if (p < 0.2) {
+        EXPECT_GE(send_->sender().passes(), 2u);
+      }
+      // No chunk is re-sent once the receiver reported it.
+      std::map<uint32_t, int> sends;
+      for (uint32_t s : frames_.sent_seqs) ++sends[s];
+      for (const auto& [seq, k] : sends) {
+        if (consumed_.count(seq) != 0) {
+          EXPECT_LE(k, static_cast<int>(send_->sender().passes()));
+        }
+      }
+    }
+  }
+}
+
+TEST_F(Link, ProbeIsAnsweredOnlyAfterAPollThatDrained) {
+  SetUpLink(640, 10, /*rx_poll=*/3);  // a slow receiver: frames queue up
+  Begin(0, 0.0);
+  // The sender finishes its pass long before the receiver drains.
+  for (int i = 0; i < 3; ++i) Turn();
+  while (send_->sender().state() == SenderRound::State::kSending) Turn();
+  EXPECT_FALSE(frames_.wire.empty());
+  RunUntilDone();
+  // Had the receiver answered at once, the BITMAP would have missed the
+  // queued frames and the sender would have re-sent them.
+  EXPECT_EQ(frames_.sent_seqs.size(), layout_.num_chunks());
+  EXPECT_EQ(send_->sender().packets_resent(), 0u);
+  ExpectNothingTwice();
+}
+
+TEST_F(Link, LostBitmapIsRecoveredByAProbeRetry) {
+  SetUpLink(2000, 8);
+  Rng rng(7);
+  frames_.drop = [&](uint32_t) { return rng.NextDouble() < 0.5; };
+  lose_bitmaps_ = 2;
+  Begin(0, 0.0);
+  RunUntilDone();
+  EXPECT_EQ(recv_->receiver().received(), layout_.num_chunks());
+  EXPECT_GE(send_->probes_sent(), 3u);  // the lost answers were asked again
+  EXPECT_EQ(got_, grad_);
+  ExpectNothingTwice();
+}
+
+TEST_F(Link, BusyBitmapMailboxCountsTheDropAndTheRoundGoesOn) {
+  SetUpLink(640, 8);
+  Begin(0, 0.0);
+  BitmapMsg bm{0, Direction::kPush, layout_.num_chunks(),
+               std::vector<uint64_t>((layout_.num_chunks() + 63) / 64, 0)};
+  EXPECT_TRUE(send_->BitmapArrived(bm, now_));
+  EXPECT_FALSE(send_->BitmapArrived(bm, now_));  // still unread
+  EXPECT_EQ(send_->bitmaps_dropped(), 1u);
+  RunUntilDone();
+  EXPECT_EQ(recv_->receiver().received(), layout_.num_chunks());
+}
+
+TEST_F(Link, TxBackpressureDelaysFramesButLosesNone) {
+  SetUpLink(3000, 16);
+  frames_.accept = 5;  // the ring takes 5 of every 16
+  Begin(0, 0.0);
+  RunUntilDone();
+  EXPECT_EQ(recv_->receiver().received(), layout_.num_chunks());
+  EXPECT_EQ(frames_.sent_seqs.size(), layout_.num_chunks());  // no re-send
+  EXPECT_EQ(send_->sender().passes(), 1u);
+  EXPECT_EQ(got_, grad_);
+}
+
+TEST_F(Link, FullRingIsNoProgress) {
+  SetUpLink(640, 8);
+  frames_.accept = 0;
+  Begin(0, 0.0);
+  EXPECT_FALSE(send_->Step(now_, frames_, tx_out_));
+  EXPECT_TRUE(frames_.sent_seqs.empty());
+  EXPECT_EQ(send_->sender().pass_remaining(), layout_.num_chunks());
+}
+
+TEST_F(Link, StaleAndForeignFramesAreNeverConsumed) {
+  SetUpLink(640, 8);
+  // Frames of round 2, kept to replay during round 4.
+  Begin(2, 0.0);
+  RunUntilDone();
+  std::vector<std::vector<uint8_t>> old;
+  {
+    FakeFrames keep = frames_;
+    keep.wire.clear();
+    keep.Send(DataHeader{FrameType::kPush, kSession, 3, 0, 2, 0},
+              order_.data(), 5);
+    keep.Send(DataHeader{FrameType::kPush, kSession ^ 1, 3, 0, 4, 0},
+              order_.data(), 2);  // another job
+    keep.Send(DataHeader{FrameType::kPush, kSession, 2, 0, 4, 0},
+              order_.data(), 2);  // another worker
+    keep.Send(DataHeader{FrameType::kPush, kSession, 3, 0, 6, 0},
+              order_.data(), 2);  // a round not begun
+    for (auto& f : keep.wire) old.push_back(f);
+  }
+  consumed_.clear();
+  verdicts_ = {};
+  recv_->Close();
+  Begin(4, 0.0);
+  for (auto& f : old) frames_.wire.push_front(f);
+  RunUntilDone();
+  EXPECT_EQ(verdicts_[static_cast<int>(Verdict::kStaleRound)], 5);
+  EXPECT_EQ(verdicts_[static_cast<int>(Verdict::kWrongSession)], 2);
+  EXPECT_EQ(verdicts_[static_cast<int>(Verdict::kWrongSender)], 2);
+  EXPECT_EQ(verdicts_[static_cast<int>(Verdict::kFutureRound)], 2);
+  EXPECT_EQ(recv_->receiver().received(), layout_.num_chunks());
+  ExpectNothingTwice();
+}
+
+TEST_F(Link, AStopOfAnotherRoundStopsNothing) {
+  SetUpLink(640, 8);
+  Begin(4, 0.0);
+  EXPECT_FALSE(send_->StopArrived(2, now_));  // a late STOP
+  EXPECT_FALSE(send_->StopArrived(6, now_));  // a future one
+  Turn();
+  EXPECT_FALSE(send_->done());
+  EXPECT_TRUE(send_->StopArrived(4, now_ + 5, 3));
+  EXPECT_FALSE(send_->StopArrived(4, now_ + 9, 7));  // a second one
+  Turn();
+  EXPECT_TRUE(send_->done());
+  EXPECT_EQ(send_->done_ns(), 1000 + 100 + 5);
+  EXPECT_EQ(send_->stop_received(), 3u);
+}
+
+TEST_F(Link, ProbeOfAnOldRoundGetsNoAnswer) {
+  SetUpLink(640, 8);
+  Begin(4, 0.0);
+  recv_->ProbeArrived(2);
+  for (int i = 0; i < 3; ++i) {
+    recv_->Step(now_, RxProgress{false, poll_gen_ + i, poll_gen_ + i + 1},
+                rx_out_);
+  }
+  EXPECT_TRUE(rx_out_.posted.empty());
+}
+
+TEST_F(Link, AnnouncedPIsTheOneThatStops) {
+  SetUpLink(640, 8);  // 40 chunks
+  const uint32_t n = layout_.num_chunks();
+  lose_probes_ = true;  // keep the round open after its first pass
+  frames_.drop = [&](uint32_t seq) { return seq % 4 == 0; };  // 25% lost
+  Begin(1, 0.0);  // opened before its ROUND_BEGIN: p = 0
+  while (send_->sender().state() == SenderRound::State::kSending) Turn();
+  for (int i = 0; i < 5; ++i) Turn();
+  EXPECT_FALSE(recv_->stopped()) << "a stale p must not stop the round";
+  EXPECT_EQ(recv_->receiver().received(), n - n / 4);
+  recv_->Announce(RoundBeginEvent{Direction::kPush, 1, 0.3, 0, 0}, now_);
+  Turn();  // no new frame: the announcement alone decides
+  EXPECT_TRUE(recv_->stopped());
+  EXPECT_EQ(stops_, 1);
+  EXPECT_TRUE(send_->done());
+}
+
+TEST_F(Link, EarlyAnnouncementIsKeptForItsRound) {
+  SetUpLink(640, 8);
+  Begin(1, 0.0);
+  recv_->Close();
+  recv_->Announce(RoundBeginEvent{Direction::kPush, 3, 0.25, 0, 0}, now_);
+  recv_->Announce(RoundBeginEvent{Direction::kPush, 1, 0.9, 0, 0}, now_);
+  recv_->Begin(3, 0.0, 0, 0, now_);
+  EXPECT_DOUBLE_EQ(recv_->receiver().p(), 0.25);
+  recv_->Begin(5, 0.0, 0, 0, now_);
+  EXPECT_DOUBLE_EQ(recv_->receiver().p(), 0.0);  // not carried further
+}
+
+TEST_F(Link, DeadlineClosesWithoutArrivals) {
+  SetUpLink(640, 8);
+  order_.resize(layout_.num_chunks());
+  std::iota(order_.begin(), order_.end(), 0u);
+  recv_->Begin(0, 0.0, now_ + 500, 0.0, now_);
+  FakeOutbox out;
+  EXPECT_FALSE(recv_->Step(now_ + 100, RxProgress{}, out));
+  EXPECT_TRUE(recv_->Step(now_ + 600, RxProgress{}, out));
+  ASSERT_EQ(out.posted.size(), 1u);
+  const auto& s = std::get<StopRequest>(out.posted[0]);
+  EXPECT_EQ(s.trigger, StopTrigger::kDeadline);
+  EXPECT_EQ(s.received, 0u);
+}
+
+TEST(RoundControl, RequestsBecomeTheirMessages) {
+  const auto probe = SideRequestMessage(
+      ProbeRequest{1, Direction::kBroadcast, 9, 2}, nullptr);
+  ASSERT_TRUE(probe.has_value());
+  EXPECT_EQ(std::get<ProbeMsg>(*probe), (ProbeMsg{9, Direction::kBroadcast, 2}));
+  const auto stop = SideRequestMessage(
+      StopRequest{0, Direction::kPush, StopTrigger::kDeadline, 4, 17}, nullptr);
+  EXPECT_EQ(std::get<StopMsg>(*stop),
+            (StopMsg{4, Direction::kPush, 17, StopReason::kDeadline}));
+  EXPECT_FALSE(SideRequestMessage(BitmapRequest{}, nullptr).has_value());
+  EXPECT_FALSE(SideRequestMessage(FinishRequest{}, nullptr).has_value());
+}
+
+TEST(RoundControl, MessagesOfTheOtherDirectionAreNotHandedOver) {
+  const ChunkLayout layout(640, 64);
+  SendSide send(SendSideConfig{FrameType::kPush, 1, 0, 0, Direction::kPush, 8,
+                               0});
+  ReceiveSide recv(ReceiveSideConfig{
+      ReceiverConfig{1, FrameType::kBroadcast, kAnySender, layout},
+      Direction::kBroadcast, 0});
+  std::vector<uint32_t> order(layout.num_chunks());
+  std::iota(order.begin(), order.end(), 0u);
+  send.Begin(0, order, 0);
+  // A STOP for the broadcast direction is not our push's STOP.
+  EXPECT_TRUE(DeliverToSides(StopMsg{0, Direction::kBroadcast, 1,
+                                     StopReason::kThreshold},
+                             &send, &recv, 5));
+  FakeOutbox out;
+  struct NoFrames {
+    uint32_t Send(const DataHeader&, const uint32_t*, uint32_t n) { return n; }
+  } nf;
+  send.Step(10, nf, out);
+  EXPECT_FALSE(send.done());
+  EXPECT_TRUE(DeliverToSides(StopMsg{0, Direction::kPush, 1,
+                                     StopReason::kThreshold},
+                             &send, &recv, 5));
+  send.Step(20, nf, out);
+  EXPECT_TRUE(send.done());
+  EXPECT_FALSE(DeliverToSides(ByeMsg{"x"}, &send, &recv, 5));
+}
+
+}  // namespace
+}  // namespace dblp
