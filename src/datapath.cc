@@ -41,25 +41,18 @@ EventRing::EventRing(const std::string& name, unsigned size) : name_(name) {
 
 EventRing::~EventRing() { rte_ring_free(ring_); }
 
-SidecarThread::SidecarThread(ControlSidecar& sidecar, const char* app,
-                             bool realtime_datapath)
-    : sidecar_(sidecar), thread_([this] { sidecar_.Run(); }) {
+void SetControlPriorities(SidecarThread& sidecar, const char* app,
+                          bool realtime_datapath) {
   if (realtime_datapath &&
       !SetRealtime(pthread_self(), kDatapathRtPriority)) {
     std::fprintf(stderr, "%s: --realtime needs CAP_SYS_NICE (root); the "
                  "datapath runs at normal priority\n", app);
   }
-  if (!SetRealtime(thread_.native_handle(), kSidecarRtPriority)) {
+  if (!SetRealtime(sidecar.native_handle(), kSidecarRtPriority)) {
     std::fprintf(stderr, "%s: control thread runs at normal priority (no "
                  "CAP_SYS_NICE): control latency may grow when cores are "
                  "shared\n", app);
   }
-}
-
-void SidecarThread::Stop() {
-  if (!thread_.joinable()) return;
-  sidecar_.RequestStop();
-  thread_.join();
 }
 
 uint16_t PollRx(uint16_t port, uint16_t queue, rte_mbuf** pkts,

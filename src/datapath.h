@@ -32,12 +32,6 @@
 
 namespace dblp {
 
-// Round counters: iteration i pushes in round 2i and broadcasts in 2i + 1,
-// on both sides, so no message is needed to agree on them.
-constexpr uint32_t PushRound(uint64_t it) {
-  return static_cast<uint32_t>(2 * it);
-}
-
 // SIGINT/SIGTERM set this flag; the poll loops end at their next idle
 // moment and the apps still write their reports.
 const std::atomic<bool>& InstallQuitHandlers();
@@ -290,25 +284,13 @@ constexpr uint32_t WireBytesPerFrame(uint32_t mtu) {
   return kEthernetHeaderBytes + mtu + kEthernetWireOverhead;
 }
 
-// The control sidecar's thread, started once setup is done. It inherits
-// the process's CPU set and, when allowed, runs under SCHED_FIFO one level
-// above the datapath so that a PROBE or STOP is handled at once even on a
-// shared core. With `realtime_datapath` the calling (datapath) thread gets
+// Priorities for the control sidecar's thread (started once setup is
+// done): when allowed it runs under SCHED_FIFO one level above the
+// datapath, so that a PROBE or STOP is handled at once even on a shared
+// core. With `realtime_datapath` the calling (datapath) thread gets
 // SCHED_FIFO too. Missing privileges are reported once, naming the effect.
-class SidecarThread {
- public:
-  SidecarThread(ControlSidecar& sidecar, const char* app,
-                bool realtime_datapath);
-  ~SidecarThread() { Stop(); }
-  SidecarThread(const SidecarThread&) = delete;
-  SidecarThread& operator=(const SidecarThread&) = delete;
-  // Any time after start: stops the event loop and joins the thread.
-  void Stop();
-
- private:
-  ControlSidecar& sidecar_;
-  std::thread thread_;
-};
+void SetControlPriorities(SidecarThread& sidecar, const char* app,
+                          bool realtime_datapath);
 
 // Sends the chunks a SenderRound hands out, built straight into mbufs.
 struct ChunkTransmitter {

@@ -18,7 +18,8 @@
 
 #include "datapath.h"
 #include "dblp/control_sidecar.h"
-#include "dblp/memory_cluster.h"  // kServerRank, L2Norm
+#include "dblp/clr_detector.h"  // L2Norm
+#include "dblp/loss_fill.h"
 #include "dblp/receiver_round.h"
 #include "dblp/sender_round.h"
 #include "eal_app.h"
@@ -387,7 +388,8 @@ int RunServer(const ServerOptions& o) {
               nb_ports, o.workers, o.listen.c_str(), session,
               policy->Describe().c_str());
   std::fflush(stdout);
-  SidecarThread sidecar_thread(sidecar, "dblp-server", o.dp.realtime);
+  SidecarThread sidecar_thread(sidecar);
+  SetControlPriorities(sidecar_thread, "dblp-server", o.dp.realtime);
   auto shutdown = [&] { sidecar_thread.Stop(); };
 
   const auto join_deadline = std::chrono::steady_clock::now() +

@@ -200,7 +200,8 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
   join.mtu = caps.mtu;
   join.layers = source->Layers();
   sidecar.Send(server_conn, join);
-  SidecarThread sidecar_thread(sidecar, "dblp-worker", o.dp.realtime);
+  SidecarThread sidecar_thread(sidecar);
+  SetControlPriorities(sidecar_thread, "dblp-worker", o.dp.realtime);
   auto shutdown = [&] { sidecar_thread.Stop(); };
 
   // ---- wait for WELCOME ----------------------------------------------------

@@ -4,6 +4,7 @@
 // Gradients are small integers, so every partial sum the server forms is
 // exact in float whatever the arrival order, and the expected mean can be
 // computed independently from the arrival bitmaps and compared bit for bit.
+#include "dblp/clr_detector.h"
 #include "dblp/memory_cluster.h"
 
 #include <gtest/gtest.h>

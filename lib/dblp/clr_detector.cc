@@ -6,6 +6,12 @@
 
 namespace dblp {
 
+double L2Norm(std::span<const float> v) {
+  double sum = 0;
+  for (float x : v) sum += static_cast<double>(x) * x;
+  return std::sqrt(sum);
+}
+
 void ValidateClrParams(const ClrParams& params) {
   if (params.freq < 1) {
     throw std::invalid_argument(

@@ -33,8 +33,12 @@
 
 #include <cstdint>
 #include <limits>
+#include <span>
 
 namespace dblp {
+
+// The L2 norm of a gradient, accumulated in double: what the detector is fed.
+double L2Norm(std::span<const float> v);
 
 struct ClrParams {
   uint32_t freq = 10;  // iterations per detection window (DBLP_freq)

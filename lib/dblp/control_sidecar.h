@@ -28,6 +28,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -170,6 +171,30 @@ class ControlSidecar {
   std::vector<ConnId> dead_;
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> messages_in_{0}, messages_out_{0}, protocol_errors_{0};
+};
+
+// Runs a sidecar's event loop on a thread of its own; Stop() (or the
+// destructor) ends and joins it. Started before a datapath thread pins
+// itself, so the sidecar does not inherit the datapath's CPU.
+class SidecarThread {
+ public:
+  explicit SidecarThread(ControlSidecar& sidecar)
+      : sidecar_(sidecar), thread_([&sidecar] { sidecar.Run(); }) {}
+  ~SidecarThread() { Stop(); }
+  SidecarThread(const SidecarThread&) = delete;
+  SidecarThread& operator=(const SidecarThread&) = delete;
+  void Stop() {
+    if (!thread_.joinable()) return;
+    sidecar_.RequestStop();
+    thread_.join();
+  }
+  std::thread::native_handle_type native_handle() {
+    return thread_.native_handle();
+  }
+
+ private:
+  ControlSidecar& sidecar_;
+  std::thread thread_;
 };
 
 }  // namespace dblp

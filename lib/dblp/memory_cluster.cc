@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "dblp/clr_detector.h"
 #include "dblp/control.h"
 #include "dblp/loopback_transport.h"
 #include "dblp/receiver_round.h"
@@ -15,12 +16,6 @@
 #include "dblp/wire.h"
 
 namespace dblp {
-
-double L2Norm(std::span<const float> v) {
-  double sum = 0;
-  for (float x : v) sum += static_cast<double>(x) * x;
-  return std::sqrt(sum);
-}
 
 namespace {
 

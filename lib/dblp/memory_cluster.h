@@ -23,11 +23,9 @@
 #include "dblp/loss_model.h"
 #include "dblp/send_order.h"
 #include "dblp/tolerance.h"
+#include "dblp/wire.h"
 
 namespace dblp {
-
-// The sender rank the server puts in its broadcast frames.
-inline constexpr uint16_t kServerRank = 0xFFFF;
 
 struct ClusterConfig {
   uint32_t num_workers = 3;
@@ -110,7 +108,5 @@ class MemoryCluster {
   std::unique_ptr<Impl> impl_;
 };
 
-// L2 norm, accumulated in double.
-double L2Norm(std::span<const float> v);
 
 }  // namespace dblp

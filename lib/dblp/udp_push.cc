@@ -44,10 +44,6 @@ uint64_t NowNs() {
           .count());
 }
 
-constexpr uint32_t PushRound(uint64_t it) {
-  return static_cast<uint32_t>(2 * it);
-}
-
 // A control event between the sidecar and the datapath, either way. Fat
 // (a bitmap, a text) but rare: a few per round, never per packet.
 struct Event {
@@ -170,24 +166,6 @@ bool PinThisThread(int cpu, std::string* error) {
   }
   return true;
 }
-
-// Runs a sidecar's event loop on its own thread; Stop() (or the
-// destructor) ends and joins it.
-class SidecarThread {
- public:
-  explicit SidecarThread(ControlSidecar& s)
-      : sidecar_(s), thread_([&s] { s.Run(); }) {}
-  ~SidecarThread() { Stop(); }
-  void Stop() {
-    if (!thread_.joinable()) return;
-    sidecar_.RequestStop();
-    thread_.join();
-  }
-
- private:
-  ControlSidecar& sidecar_;
-  std::thread thread_;
-};
 
 std::string CheckCommon(uint32_t mtu, uint32_t round_timeout_ms) {
   try {

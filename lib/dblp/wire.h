@@ -96,6 +96,16 @@ DecodeStatus DecodeDataFrame(const uint8_t* buf, size_t len,
 // Round counters are u32 and wrap. `RoundDistance(a, b)` is how many rounds
 // `a` is ahead of `b` (negative: behind), correct across the wrap as long as
 // the two are within 2^31 rounds of each other.
+// The sender rank the server puts in its broadcast frames.
+inline constexpr uint16_t kServerRank = 0xFFFF;
+
+// Round counters: iteration i pushes in round 2i and broadcasts in 2i + 1,
+// on both sides, so no message is needed to agree on them.
+constexpr uint32_t PushRound(uint64_t it) {
+  return static_cast<uint32_t>(2 * it);
+}
+constexpr uint32_t BroadcastRound(uint64_t it) { return PushRound(it) + 1; }
+
 constexpr int32_t RoundDistance(uint32_t a, uint32_t b) {
   return static_cast<int32_t>(a - b);
 }
