@@ -1,5 +1,5 @@
-// Options both apps' engines take: ports, pools, the loss injector on this
-// app's data TX, pacing, outputs and test hooks.
+// Options both apps' engines take: ports, pools, the loss injector on the
+// frames this app receives, pacing, outputs and test hooks.
 #pragma once
 
 #include <cstdint>
@@ -16,7 +16,8 @@ struct DatapathOptions {
   uint32_t mbufs = 0;          // 0 = sized from the ports
   uint32_t burst = 32;         // frames per TX burst
   double link_gbps = 0;        // emulated link rate of data TX; 0 = line rate
-  LossSpec loss;               // this app's data TX outside bursts
+  LossSpec loss;               // frames this app receives, outside bursts
+                               // (dropped at RX after crossing the link)
   BurstSchedule bursts;
   uint64_t seed = 1;           // loss injector and send order
   SendOrderKind send_order = kDefaultSendOrder;

@@ -28,19 +28,6 @@ void DumpBinary(const std::string& path, const void* data, size_t n) {
   f.write(static_cast<const char*>(data), static_cast<std::streamsize>(n));
 }
 
-EventRing::EventRing(const std::string& name, unsigned size) : name_(name) {
-  ring_ = rte_ring_create_elem(name.c_str(), sizeof(CtlEvent), size,
-                               static_cast<int>(rte_socket_id()),
-                               RING_F_SP_ENQ | RING_F_SC_DEQ);
-  if (ring_ == nullptr) {
-    Die("cannot create control ring " + name + ": " +
-            rte_strerror(rte_errno),
-        "give the EAL more memory (-m) or check --file-prefix clashes");
-  }
-}
-
-EventRing::~EventRing() { rte_ring_free(ring_); }
-
 void SetControlPriorities(SidecarThread& sidecar, const char* app,
                           bool realtime_datapath) {
   if (realtime_datapath &&

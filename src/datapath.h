@@ -8,6 +8,7 @@
 #include <rte_cycles.h>
 #include <rte_mbuf.h>
 #include <rte_prefetch.h>
+#include <rte_errno.h>
 #include <rte_ring.h>
 
 #include <array>
@@ -18,12 +19,14 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <type_traits>
 
 #include "dblp/bitmap.h"
 #include "dblp/chunking.h"
 #include "dblp/control.h"
 #include "dblp/control_sidecar.h"
 #include "dblp/loss_model.h"
+#include "dblp/round_events.h"
 #include "dblp/sender_round.h"
 #include "dblp/token_bucket.h"
 #include "dblp/wire.h"
@@ -63,106 +66,60 @@ struct alignas(RTE_CACHE_LINE_SIZE) DatapathCounters {
   }
 };
 
-// A message between the sidecar and the datapath, passed by value through
-// an SPSC rte_ring (one ring per direction).
-struct CtlEvent {
-  enum Kind : uint8_t {
-    // sidecar -> datapath
-    kRoundBegin = 1,  // round, direction, value = p as double bits
-    kBitmap,          // a BITMAP for sender `peer` is in its slot
-    kStopSeen,        // STOP arrived for sender `peer` at value = ns
-    kProbe,           // a PROBE for `round` of our receiver of `peer`
-    kPeerGone,        // the control connection of `peer` closed
-    kFatal,           // the control plane failed; stop
-    // datapath -> sidecar
-    kSendProbe,       // PROBE for `round` of `peer`, value = pass
-    kSendStop,        // STOP for `round` of `peer`, value = received
-    kSendBitmap,      // the BITMAP for `round` of `peer` is in its mailbox
-    kSendRoundBegin,  // ROUND_BEGIN to every peer (server)
-    kIterationDone,   // a worker finished its last iteration: send BYE
-  };
-  uint8_t kind = 0;
-  uint8_t direction = 0;  // Direction
-  uint16_t peer = 0;
-  uint32_t round = 0;
-  uint64_t value = 0;
-  uint64_t value2 = 0;
-  uint64_t value3 = 0;
-};
-static_assert(sizeof(CtlEvent) == 32, "CtlEvent is passed by value in rings");
+// One SPSC ring of typed messages between the control sidecar and a
+// datapath lcore (round_events.h: ControlRequest one way, DatapathEvent the
+// other), passed by value. Created at setup.
+template <class T>
+class TypedRing {
+  static_assert(std::is_trivially_copyable_v<T> && sizeof(T) % 4 == 0,
+                "rte_ring elements are copied as 4-byte words");
 
-inline uint64_t DoubleBits(double d) {
-  uint64_t u;
-  std::memcpy(&u, &d, sizeof(u));
-  return u;
-}
-inline double BitsDouble(uint64_t u) {
-  double d;
-  std::memcpy(&d, &u, sizeof(d));
-  return d;
-}
-
-// One SPSC ring of CtlEvents, created at setup.
-class EventRing {
  public:
-  EventRing(const std::string& name, unsigned size);
-  ~EventRing();
-  EventRing(const EventRing&) = delete;
-  EventRing& operator=(const EventRing&) = delete;
-  // By value: the ring API takes a non-const pointer. A full ring means the
-  // other side stopped consuming for thousands of messages: the job cannot
-  // go on correctly, so it ends with a message instead of losing one.
-  void Push(CtlEvent e) {
-    if (rte_ring_enqueue_elem(ring_, &e, sizeof(CtlEvent)) != 0) {
+  TypedRing(const std::string& name, unsigned size) : name_(name) {
+    ring_ = rte_ring_create_elem(name.c_str(), sizeof(T), size,
+                                 static_cast<int>(rte_socket_id()),
+                                 RING_F_SP_ENQ | RING_F_SC_DEQ);
+    if (ring_ == nullptr) {
+      Die("cannot create control ring " + name + ": " +
+              rte_strerror(rte_errno),
+          "give the EAL more memory (-m) or check --file-prefix clashes");
+    }
+  }
+  ~TypedRing() { rte_ring_free(ring_); }
+  TypedRing(const TypedRing&) = delete;
+  TypedRing& operator=(const TypedRing&) = delete;
+  // A full ring means the other side stopped consuming for thousands of
+  // messages: the job cannot go on correctly, so it ends with a message
+  // instead of losing one.
+  void Push(const T& e) {
+    if (rte_ring_enqueue_elem(ring_, const_cast<T*>(&e), sizeof(T)) != 0) {
       Die("control ring " + name_ +
               " is full: the thread that drains it stopped consuming",
           "report this with the command line; a larger --round_timeout_ms "
           "will not help");
     }
   }
-  bool Pop(CtlEvent* e) {
-    return rte_ring_dequeue_elem(ring_, e, sizeof(CtlEvent)) == 0;
-  }
+  bool Pop(T* e) { return rte_ring_dequeue_elem(ring_, e, sizeof(T)) == 0; }
 
  private:
   rte_ring* ring_ = nullptr;
   std::string name_;
 };
 
-// A bitmap handed between the sidecar and the datapath, either way: the
-// sidecar posts a BITMAP it received for a sender, the datapath posts the
-// snapshot it answers a PROBE with. One per peer and direction suffices: a
-// sender has at most one PROBE outstanding. A post while the previous one
-// is unread is counted and dropped.
-class BitmapMailbox {
- public:
-  // Producer. Returns false (counted) if the slot is busy or the words do
-  // not fit `num_bits`.
-  bool Post(uint32_t num_bits, std::span<const uint64_t> words) {
-    if (busy_.load(std::memory_order_acquire)) {
-      dropped_.fetch_add(1, std::memory_order_relaxed);
-      return false;
-    }
-    if (slot_.size() != num_bits) slot_.Resize(num_bits);
-    if (!slot_.AssignWords(words)) {
-      dropped_.fetch_add(1, std::memory_order_relaxed);
-      return false;
-    }
-    busy_.store(true, std::memory_order_release);
-    return true;
+// Where a datapath lcore's round sides post their control requests: the
+// ring to the sidecar, then a wakeup (one eventfd write; per pass or round,
+// never per packet).
+struct RingOutbox {
+  TypedRing<ControlRequest>* ring;
+  ControlSidecar* sidecar;
+  void Post(const ControlRequest& r) {
+    ring->Push(r);
+    sidecar->Wakeup();
   }
-  // Consumer, after the event announcing the post: read, then Release.
-  const Bitmap& slot() const { return slot_; }
-  void Release() { busy_.store(false, std::memory_order_release); }
-  uint64_t dropped() const { return dropped_.load(std::memory_order_relaxed); }
-
- private:
-  Bitmap slot_;                          // producer: wo while !busy
-  std::atomic<bool> busy_{false};        // producer: sets; consumer: clears
-  std::atomic<uint64_t> dropped_{0};     // producer: wo
 };
 
-// The idle back-off and no-progress watchdog of a round's poll loop.
+// The idle back-off and no-progress watchdog of a poll loop. The loop reads
+// the clock once per turn and passes it in.
 class RoundPacer {
  public:
   enum class Step : uint8_t { kContinue, kTimedOut, kQuit };
@@ -172,17 +129,17 @@ class RoundPacer {
         timeout_ns_(uint64_t{timeout_ms} * 1000000),
         timeout_ms_(timeout_ms),
         quit_(quit) {}
-  void Start() { last_progress_ = NowNs(); }
-  // After one loop iteration; `work` = anything was received, sent or
-  // handled. Sleeps when idle (sharing few cores with other processes).
-  Step After(bool work) {
+  void Start(uint64_t now_ns) { last_progress_ = now_ns; }
+  // After one loop turn; `work` = anything was received, sent or handled.
+  // Sleeps when idle (sharing few cores with other processes).
+  Step After(bool work, uint64_t now_ns) {
     if (work) {
       backoff_.Work();
-      last_progress_ = NowNs();
+      last_progress_ = now_ns;
       return Step::kContinue;
     }
     if (quit_->load(std::memory_order_relaxed)) return Step::kQuit;
-    if (NowNs() - last_progress_ > timeout_ns_) return Step::kTimedOut;
+    if (now_ns - last_progress_ > timeout_ns_) return Step::kTimedOut;
     backoff_.Idle();
     return Step::kContinue;
   }
@@ -311,6 +268,18 @@ struct ChunkTransmitter {
   // back (SenderRound::Unsend) to send later.
   uint32_t Send(FrameTemplate& tmpl, DataHeader proto, const uint32_t* seqs,
                 uint32_t n, const uint8_t* buffer, const ChunkLayout& layout);
+};
+
+// The send side's frames over a DPDK TX queue (send_side.h's ChunkFrames):
+// chunks of `buffer` built straight into mbufs from the peer's template.
+struct MbufFrames {
+  ChunkTransmitter* tx;
+  FrameTemplate* tmpl;
+  const uint8_t* buffer;
+  const ChunkLayout* layout;
+  uint32_t Send(const DataHeader& proto, const uint32_t* seqs, uint32_t n) {
+    return tx->Send(*tmpl, proto, seqs, n, buffer, *layout);
+  }
 };
 
 }  // namespace dblp

@@ -17,7 +17,7 @@ struct ServerOptions {
   uint32_t workers = 3;
   std::string local_ip = "10.0.0.1";
   uint16_t udp_port = 47000;   // pushes arrive here; worker r gets +1+r
-  DatapathOptions dp;          // loss applies to the broadcast direction
+  DatapathOptions dp;          // loss: on the push frames it receives
   PolicyConfig policy;
   FillMode push_fill = FillMode::kZero;
   bool reliable_broadcast = false;  // broadcast with p = 0

@@ -19,7 +19,7 @@ struct WorkerOptions {
   std::string local_ip;     // default 10.0.0.(2 + rank)
   std::string eth_peer;     // server MAC override ("" = from WELCOME)
   uint32_t iterations = 100;
-  DatapathOptions dp;       // loss applies to the push direction
+  DatapathOptions dp;       // loss: on the broadcast frames it receives
   FillMode bcast_fill = FillMode::kZero;
   uint32_t join_timeout_ms = 30000;
   // Test hook: frames of the previous round and malformed frames sent at

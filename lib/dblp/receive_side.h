@@ -85,6 +85,7 @@ class ReceiveSide {
   }
   // Control: the BITMAP a BitmapRequest refers to; Release() once sent.
   BitmapMailbox& answer() { return answer_; }
+  const BitmapMailbox& answer() const { return answer_; }
 
   // The round's STOP went out (the side needs nothing more).
   bool stopped() const { return rx_.stop_taken(); }

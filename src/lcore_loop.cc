@@ -1,0 +1,400 @@
+#include "lcore_loop.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <variant>
+
+namespace dblp {
+
+// ---- dblp-worker ------------------------------------------------------------
+
+WorkerLcore::WorkerLcore(LcoreConf& conf, WorkerControl& control,
+                         SendSide& push, ReceiveSide& bcast,
+                         const Setup& setup)
+    : conf_(conf),
+      control_(control),
+      push_(push),
+      bcast_(bcast),
+      setup_(setup),
+      frames_{setup.tx, setup.to_server, setup.gradient, setup.layout},
+      outbox_(control.outbox()) {}
+
+uint16_t WorkerLcore::PollBroadcast(uint64_t now_ns) {
+  const uint16_t n =
+      PollRx(setup_.port, conf_.rx_queue, conf_.rx_pkts, kRxBurst);
+  ++conf_.poll_gen;
+  if (n < kRxBurst) drained_gen_ = conf_.poll_gen;
+  if (n == 0) return 0;
+  DatapathCounters::Add(conf_.counters.rx_frames, n);
+  const ChunkLayout& layout = *setup_.layout;
+  for (uint16_t i = 0; i < n; ++i) {
+    ParsedFrame pf;
+    if (!AdmitFrame(conf_.rx_pkts[i], setup_.udp_port, *setup_.loss, now_ns,
+                    conf_.counters, &pf)) {
+      continue;
+    }
+    bcast_.OnFrame(pf.dblp, pf.dblp_len,
+                   [&](const DataHeader& h, const uint8_t* payload) {
+                     std::memcpy(setup_.mean + layout.Offset(h.seq), payload,
+                                 h.payload_len);
+                   });
+  }
+  rte_pktmbuf_free_bulk(conf_.rx_pkts, n);
+  return n;
+}
+
+bool WorkerLcore::HandleEvents(uint64_t now_ns) {
+  bool any = false;
+  DatapathEvent e;
+  while (control_.events().Pop(&e)) {
+    any = true;
+    if (const auto* rb = std::get_if<RoundBeginEvent>(&e)) {
+      if (rb->direction == Direction::kPush) {
+        have_go_ = true;
+        go_round_ = rb->round;
+        go_p_ = rb->p;
+      } else {
+        bcast_.Announce(*rb, now_ns);
+      }
+    }
+  }
+  return any;
+}
+
+bool WorkerLcore::Turn(uint64_t now_ns) {
+  const uint16_t n = PollBroadcast(now_ns);
+  bool work = n > 0;
+  work |= HandleEvents(now_ns);
+  work |= bcast_.Step(now_ns, RxProgress{n > 0, conf_.poll_gen, drained_gen_},
+                      outbox_);
+  work |= push_.Step(now_ns, frames_, outbox_);
+  return work;
+}
+
+template <class Done>
+bool WorkerLcore::RunUntil(Done done, const char* waiting_for, uint64_t it,
+                           std::string* failure) {
+  RoundPacer& pacer = *setup_.pacer;
+  pacer.Start(NowNs());
+  for (;;) {
+    const uint64_t now = NowNs();
+    const bool work = Turn(now);
+    if (bcast_.stopped() && bcast_.receiver().open()) {
+      times_.bcast_done_ns = bcast_.stop_ns();
+      bcast_.Close();
+    }
+    if (done()) return true;
+    if (control_.server_gone()) {
+      *failure = control_.failure();
+      return false;
+    }
+    switch (pacer.After(work, now)) {
+      case RoundPacer::Step::kContinue:
+        continue;
+      case RoundPacer::Step::kQuit:
+        *failure = "interrupted";
+        return false;
+      case RoundPacer::Step::kTimedOut:
+        *failure = "iteration " + std::to_string(it) + ": " + waiting_for +
+                   ": no progress for " + std::to_string(pacer.timeout_ms()) +
+                   " ms (push " + (push_.done() ? "done" : "pending") +
+                   ", broadcast " + std::to_string(bcast_.receiver().received()) +
+                   "/" + std::to_string(setup_.layout->num_chunks()) + ")";
+        return false;
+    }
+  }
+}
+
+bool WorkerLcore::AwaitPushRound(uint64_t it, std::string* failure) {
+  // Until its ROUND_BEGIN announces the broadcast's p, the receiver may
+  // only STOP on a complete buffer (p = 0), which satisfies any p.
+  bcast_.Begin(BroadcastRound(it), 0.0, 0, 0, NowNs());
+  times_ = WorkerIterationTimes{};
+  const uint32_t round = PushRound(it);
+  return RunUntil([&] { return have_go_ && go_round_ == round; },
+                  "the server never opened the push round", it, failure);
+}
+
+bool WorkerLcore::Exchange(uint64_t it, std::span<const uint32_t> order,
+                           std::string* failure) {
+  times_.announced_p = go_p_;
+  times_.push_begin_ns = NowNs();
+  push_.Begin(PushRound(it), order, times_.push_begin_ns);
+  const bool ok =
+      RunUntil([&] { return push_.done() && !bcast_.receiver().open(); },
+               "the exchange stalled", it, failure);
+  times_.push_done_ns = push_.done_ns();
+  return ok;
+}
+
+// ---- dblp-server ------------------------------------------------------------
+
+namespace {
+// Frames ahead of the one being processed whose headers are prefetched.
+constexpr uint16_t kRxPrefetchAhead = 4;
+}  // namespace
+
+ServerLcore::ServerLcore(LcoreConf& conf, ServerControl& control,
+                         std::vector<std::unique_ptr<ServerLink>>& links,
+                         const Setup& setup)
+    : conf_(conf),
+      control_(control),
+      links_(links),
+      setup_(setup),
+      outbox_(control.outbox()),
+      drained_gen_(setup.nb_ports, 0) {
+  tx_.queue = conf.tx_queue;
+  tx_.pool = setup.pool;
+  tx_.counters = &conf.counters;
+  tx_.prefetch = setup.prefetch;
+}
+
+uint32_t ServerLcore::live_count() const {
+  uint32_t n = 0;
+  for (const auto& l : links_) n += l->alive ? 1 : 0;
+  return n;
+}
+
+void ServerLcore::ReceiveBurst(uint16_t port, rte_mbuf** pkts, uint16_t n,
+                               uint64_t now_ns) {
+  const bool prefetch = setup_.prefetch;
+  MeanReducer& reducer = *setup_.reducer;
+  if (prefetch) {
+    for (uint16_t j = 0; j < std::min<uint16_t>(n, kRxPrefetchAhead); ++j) {
+      rte_prefetch0(rte_pktmbuf_mtod(pkts[j], const void*));
+    }
+  }
+  const auto accumulate = [&](const DataHeader& h, const uint8_t* payload) {
+    reducer.Accumulate(h.seq, payload);
+  };
+  const uint32_t num_workers = static_cast<uint32_t>(links_.size());
+  for (uint16_t i = 0; i < n; ++i) {
+    if (prefetch) {
+      // Headers a few frames ahead; the next frame's sum slice, which the
+      // permuted send order scatters over the whole gradient.
+      if (i + kRxPrefetchAhead < n) {
+        rte_prefetch0(rte_pktmbuf_mtod(pkts[i + kRxPrefetchAhead],
+                                       const void*));
+      }
+      if (i + 1 < n) reducer.Prefetch(PeekSeq(pkts[i + 1]));
+    }
+    ParsedFrame pf;
+    if (!AdmitFrame(pkts[i], setup_.udp_port, *setup_.loss, now_ns,
+                    conf_.counters, &pf)) {
+      continue;
+    }
+    // Unknown ranks go to worker 0's receiver, which counts them as
+    // wrong-sender (or malformed) without accepting anything.
+    const uint16_t rank = PeekSenderRank(pf.dblp, pf.dblp_len);
+    ServerLink& l = *links_[rank < num_workers ? rank : 0];
+    if (!l.alive) {
+      DatapathCounters::Add(conf_.counters.from_lost_worker);
+      continue;
+    }
+    if (l.push.OnFrame(pf.dblp, pf.dblp_len, accumulate) !=
+        Verdict::kAccepted) {
+      continue;
+    }
+    l.arrivals = true;
+    if (!l.learned) Learn(l, port, rank, pf);
+  }
+}
+
+void ServerLcore::Learn(ServerLink& l, uint16_t port, uint16_t rank,
+                        const ParsedFrame& pf) {
+  l.learned = true;
+  l.port = port;
+  const auto worker_port = static_cast<uint16_t>(setup_.udp_port + 1 + rank);
+  const PortCaps& caps = (*setup_.caps)[port];
+  const Endpoint local{caps.mac, setup_.local_ip, worker_port};
+  Endpoint peer = pf.src;
+  peer.udp_port = worker_port;
+  l.tmpl = FrameTemplate(local, peer, caps);
+}
+
+uint32_t ServerLcore::PollPushes(uint64_t now_ns) {
+  uint32_t total = 0;
+  ++conf_.poll_gen;
+  for (uint16_t p = 0; p < setup_.nb_ports; ++p) {
+    const uint16_t n = PollRx(p, conf_.rx_queue, conf_.rx_pkts, kRxBurst);
+    if (n < kRxBurst) drained_gen_[p] = conf_.poll_gen;
+    if (n == 0) continue;
+    total += n;
+    DatapathCounters::Add(conf_.counters.rx_frames, n);
+    ReceiveBurst(p, conf_.rx_pkts, n, now_ns);
+    rte_pktmbuf_free_bulk(conf_.rx_pkts, n);
+  }
+  return total;
+}
+
+// Until a worker's port is known, any port may hold its frames.
+uint64_t ServerLcore::DrainedFor(const ServerLink& l) const {
+  if (l.learned) return drained_gen_[l.port];
+  return *std::min_element(drained_gen_.begin(), drained_gen_.end());
+}
+
+bool ServerLcore::LoseWorker(uint32_t w, const std::string& how,
+                             std::string* failure) {
+  ServerLink& l = *links_[w];
+  if (!setup_.continue_on_worker_loss) {
+    *failure = "worker " + std::to_string(w) + " (" +
+               control_.worker_name(w) + ") " + how + " in iteration " +
+               std::to_string(iteration_) +
+               "; restart the job, or run the server with "
+               "--on_worker_loss=continue to carry on without it";
+    return false;
+  }
+  std::fprintf(stderr, "dblp-server: continuing without worker %u (%s)\n", w,
+               how.c_str());
+  l.alive = false;  // its frames are dropped from now on
+  control_.MarkLost(w);
+  if (live_count() == 0) {
+    *failure = "every worker is gone";
+    return false;
+  }
+  // The mean's divisor changes at the next round: this round may already
+  // hold the lost worker's chunks.
+  return true;
+}
+
+bool ServerLcore::HandleEvents(std::string* failure) {
+  if (control_.failed()) {
+    *failure = control_.failure();
+    return false;
+  }
+  DatapathEvent e;
+  while (control_.events().Pop(&e)) {
+    if (const auto* bye = std::get_if<PeerByeEvent>(&e)) {
+      if (bye->peer < links_.size()) links_[bye->peer]->said_bye = true;
+    } else if (const auto* gone = std::get_if<PeerGoneEvent>(&e)) {
+      if (gone->peer >= links_.size()) continue;
+      ServerLink& l = *links_[gone->peer];
+      if (l.said_bye || !l.alive) continue;
+      const std::string why = control_.worker_error(gone->peer);
+      if (!LoseWorker(gone->peer,
+                      why.empty() ? "disconnected" : "failed (" + why + ")",
+                      failure)) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+bool ServerLcore::Turn(uint64_t now_ns, bool broadcasting) {
+  bool work = PollPushes(now_ns) > 0;
+  for (auto& l : links_) {
+    const RxProgress rx{l->arrivals, conf_.poll_gen, DrainedFor(*l)};
+    l->arrivals = false;
+    work |= l->push.Step(now_ns, rx, outbox_);
+  }
+  if (!broadcasting) return work;
+  const uint32_t W = static_cast<uint32_t>(links_.size());
+  for (uint32_t i = 0; i < W; ++i) {
+    ServerLink& l = *links_[(rr_ + i) % W];
+    if (!l.alive) continue;
+    tx_.port = l.port;
+    tx_.pacer = &(*setup_.link_rate)[l.port];
+    tx_.wire_frame_bytes = WireBytesPerFrame((*setup_.caps)[l.port].mtu);
+    MbufFrames frames{&tx_, &l.tmpl, setup_.mean, setup_.layout};
+    work |= l.bcast.Step(now_ns, frames, outbox_);
+  }
+  rr_ = (rr_ + 1) % W;
+  return work;
+}
+
+template <class Done>
+bool ServerLcore::RunUntil(Done done, bool broadcasting,
+                           const std::string& what, std::string* failure) {
+  RoundPacer& pacer = *setup_.pacer;
+  pacer.Start(NowNs());
+  for (;;) {
+    const uint64_t now = NowNs();
+    bool work = Turn(now, broadcasting);
+    if (!HandleEvents(failure)) return false;
+    if (done()) return true;
+    if (!broadcasting && FinishedEarly(iteration_, failure)) return false;
+    switch (pacer.After(work, now)) {
+      case RoundPacer::Step::kContinue:
+        continue;
+      case RoundPacer::Step::kQuit:
+        *failure = "interrupted";
+        return false;
+      case RoundPacer::Step::kTimedOut:
+        *failure = what + " made no progress for " +
+                   std::to_string(pacer.timeout_ms()) + " ms";
+        if (!broadcasting) {
+          *failure += "; chunks received:";
+          for (uint32_t w = 0; w < links_.size(); ++w) {
+            *failure += " w" + std::to_string(w) + "=" +
+                        std::to_string(links_[w]->push.receiver().received()) +
+                        "/" + std::to_string(setup_.layout->num_chunks());
+          }
+        }
+        return false;
+    }
+  }
+}
+
+// A worker that finished while another already pushes this round ran
+// fewer --iterations. (Workers that all finish say BYE within a few
+// messages of each other and push nothing more.) True if the job ends.
+bool ServerLcore::FinishedEarly(uint64_t it, std::string* failure) {
+  bool others_push = false;
+  for (const auto& l : links_) {
+    if (l->alive && !l->said_bye && l->push.receiver().received() > 0) {
+      others_push = true;
+    }
+  }
+  if (!others_push) return false;
+  for (uint32_t w = 0; w < links_.size(); ++w) {
+    ServerLink& l = *links_[w];
+    if (l.alive && l.said_bye && !l.push.stopped() &&
+        !LoseWorker(w, "finished after " + std::to_string(it) +
+                           " iterations while the others go on (run every "
+                           "worker with the same --iterations);",
+                    failure)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+ServerLcore::PushEnd ServerLcore::RunPush(uint64_t it, std::string* failure) {
+  iteration_ = it;
+  bool all_bye = false;
+  const bool ok = RunUntil(
+      [&] {
+        bool stopped = true;
+        all_bye = true;
+        for (const auto& l : links_) {
+          if (!l->alive) continue;
+          all_bye = all_bye && l->said_bye;
+          stopped = stopped && l->push.stopped();
+        }
+        return stopped || all_bye;
+      },
+      false, "push round " + std::to_string(PushRound(it)), failure);
+  if (!ok) return PushEnd::kFailed;
+  return all_bye ? PushEnd::kAllBye : PushEnd::kStopped;
+}
+
+bool ServerLcore::RunBroadcast(uint64_t it, std::string* failure) {
+  const uint32_t round = BroadcastRound(it);
+  const uint64_t now = NowNs();
+  for (auto& l : links_) {
+    l->order.Fill(round, setup_.layout->num_chunks(), l->order_buf);
+    l->bcast.Begin(round, l->order_buf, now);
+  }
+  return RunUntil(
+      [&] {
+        for (const auto& l : links_) {
+          if (l->alive && !l->bcast.done()) return false;
+        }
+        return true;
+      },
+      true, "broadcast round " + std::to_string(round), failure);
+}
+
+}  // namespace dblp

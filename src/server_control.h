@@ -1,0 +1,113 @@
+// dblp-server's control plane: the sidecar that admits workers (JOIN
+// checks, WELCOME), and the bridge between control messages and each
+// worker's round sides (its push ReceiveSide and broadcast SendSide).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "datapath.h"
+#include "dblp/control.h"
+#include "dblp/control_sidecar.h"
+#include "dblp/receive_side.h"
+#include "dblp/send_side.h"
+#include "port.h"
+
+namespace dblp {
+
+struct ServerJoinConfig {
+  uint32_t workers = 0;
+  uint32_t session = 0;
+  uint32_t mtu = 1500;
+  uint32_t local_ip = 0;
+  uint16_t udp_port = 0;
+  rte_ether_addr mac{};
+  uint64_t max_gradient_bytes = 0;
+  std::string policy;  // described in the WELCOME
+  uint16_t ports = 1;  // for the banner
+};
+
+class ServerControl {
+ public:
+  ServerControl(const ServerJoinConfig& join, const DatapathCounters* ctr,
+                double stats_period_s);
+  ~ServerControl();
+  ServerControl(const ServerControl&) = delete;
+  ServerControl& operator=(const ServerControl&) = delete;
+
+  // Listens on `listen` and waits until every worker joined; ends the
+  // process with a message naming the fix otherwise. Returns the first
+  // JOIN (the job's gradient size and layers).
+  const JoinMsg& AdmitWorkers(const std::string& listen, uint32_t timeout_ms,
+                              const std::atomic<bool>& quit, bool realtime);
+  // Datapath, once, before the first round: worker w's sides.
+  void Attach(std::vector<ReceiveSide*> push, std::vector<SendSide*> bcast);
+
+  TypedRing<DatapathEvent>& events() { return events_; }
+  RingOutbox outbox() { return RingOutbox{&requests_, &sidecar_}; }
+  // The control plane failed (a ROUND_BEGIN the wire cannot carry).
+  bool failed() const { return failed_.load(std::memory_order_acquire); }
+  const std::string& failure() const { return failure_; }
+  const std::string& worker_name(uint32_t w) const { return links_[w].name; }
+  // Why worker w failed (its ERROR), valid after its PeerGoneEvent.
+  std::string worker_error(uint32_t w);
+  // Datapath: worker w is gone; it gets no more ROUND_BEGIN.
+  void MarkLost(uint32_t w) { alive_[w].store(false); }
+  void Publish(uint64_t iteration, double p, bool critical) {
+    iteration_.store(iteration, std::memory_order_relaxed);
+    p_.store(p, std::memory_order_relaxed);
+    critical_.store(critical, std::memory_order_relaxed);
+  }
+  void Stop() { thread_.reset(); }
+
+  uint64_t messages_in() const { return sidecar_.messages_in(); }
+  uint64_t messages_out() const { return sidecar_.messages_out(); }
+  uint64_t protocol_errors() const { return sidecar_.protocol_errors(); }
+
+ private:
+  struct Link {
+    ConnId conn = 0;
+    std::string name;
+    std::string error;  // sidecar: wo (under mu_); datapath: reads under mu_
+  };
+  ControlSidecar::Callbacks MakeCallbacks(const DatapathCounters* ctr,
+                                          double stats_period_s);
+  void OnJoin(ConnId c, const JoinMsg& j);
+  void Welcome();
+  void OnMessage(ConnId c, const ControlMessage& m);
+  void OnClose(ConnId c, const std::string& reason);
+  void SendRequests();
+  void Announce(const RoundBeginRequest& r);
+  int RankOf(ConnId c) const;
+  void Refuse(ConnId c, const std::string& why);
+
+  ServerJoinConfig cfg_;
+  TypedRing<DatapathEvent> events_{"dblp_s_ev", 4096};       // sidecar -> dp
+  TypedRing<ControlRequest> requests_{"dblp_s_req", 4096};  // dp -> sidecar
+  ControlSidecar sidecar_;
+  std::unique_ptr<SidecarThread> thread_;
+
+  // Join state: the sidecar writes it under mu_ until joined_; read-only
+  // for everyone after.
+  std::mutex mu_;
+  std::vector<Link> links_;
+  JoinMsg first_join_;
+  std::atomic<bool> joined_{false};         // sidecar: wo; datapath: ro
+  // Rounds: set by the datapath once (Attach); read by the sidecar.
+  std::vector<ReceiveSide*> push_;
+  std::vector<SendSide*> bcast_;
+  std::atomic<bool> attached_{false};       // datapath: wo; sidecar: ro
+  std::unique_ptr<std::atomic<bool>[]> alive_;  // datapath: wo; sidecar: ro
+  std::string failure_;                     // sidecar: wo before failed_
+  std::atomic<bool> failed_{false};         // sidecar: wo; datapath: ro
+  // For the stats line. Datapath: wo; sidecar: ro.
+  std::atomic<uint64_t> iteration_{0};
+  std::atomic<double> p_{0};
+  std::atomic<bool> critical_{false};
+};
+
+}  // namespace dblp

@@ -1,0 +1,142 @@
+#include "worker_control.h"
+
+#include <chrono>
+#include <cstdio>
+#include <thread>
+#include <variant>
+
+#include "dblp/round_control.h"
+#include "eal_app.h"
+
+namespace dblp {
+
+WorkerControl::WorkerControl(const DatapathCounters* ctr,
+                             double stats_period_s)
+    : sidecar_(MakeCallbacks(ctr, stats_period_s)) {}
+
+WorkerControl::~WorkerControl() { StopThread(); }
+
+ControlSidecar::Callbacks WorkerControl::MakeCallbacks(
+    const DatapathCounters* ctr, double stats_period_s) {
+  ControlSidecar::Callbacks cb;
+  cb.on_message = [this](ConnId, const ControlMessage& m) { OnMessage(m); };
+  cb.on_close = [this](ConnId, const std::string& reason) {
+    if (!server_gone_.load()) {
+      failure_ = "control connection closed: " + reason;
+      server_gone_.store(true, std::memory_order_release);
+    }
+    closed_.store(true, std::memory_order_release);
+  };
+  cb.on_wakeup = [this] { SendRequests(); };
+  if (stats_period_s > 0) {
+    cb.tick_ms = static_cast<uint32_t>(stats_period_s * 1000);
+    cb.on_tick = [this, ctr, stats_period_s, last_tx = uint64_t{0},
+                  last_rx = uint64_t{0}]() mutable {
+      const uint64_t tx = ctr->tx_frames.load(std::memory_order_relaxed);
+      const uint64_t rx = ctr->rx_frames.load(std::memory_order_relaxed);
+      std::printf("[worker %u] iter %llu  tx %.0f pps  rx %.0f pps  "
+                  "injected drops %llu\n",
+                  welcomed_.load() ? welcome_.rank : 0,
+                  static_cast<unsigned long long>(iteration_.load()),
+                  static_cast<double>(tx - last_tx) / stats_period_s,
+                  static_cast<double>(rx - last_rx) / stats_period_s,
+                  static_cast<unsigned long long>(
+                      ctr->injected_drops.load(std::memory_order_relaxed)));
+      std::fflush(stdout);
+      last_tx = tx;
+      last_rx = rx;
+    };
+  }
+  return cb;
+}
+
+void WorkerControl::OnMessage(const ControlMessage& m) {
+  if (const auto* w = std::get_if<WelcomeMsg>(&m)) {
+    if (!welcomed_.load()) {
+      welcome_ = *w;
+      welcomed_.store(true, std::memory_order_release);
+    }
+    return;
+  }
+  const auto gone = [this](std::string why) {
+    if (server_gone_.load()) return;
+    failure_ = std::move(why);
+    server_gone_.store(true, std::memory_order_release);
+  };
+  if (const auto* e = std::get_if<ErrorMsg>(&m)) {
+    return gone("server refused: " + e->text);
+  }
+  if (std::holds_alternative<ByeMsg>(m)) return gone("server said BYE");
+  if (const auto* rb = std::get_if<RoundBeginMsg>(&m)) {
+    // The datapath applies it: it owns the receiver's round, so a late
+    // ROUND_BEGIN can never plant its p in a newer round.
+    events_.Push(RoundBeginEvent{rb->direction, rb->round, rb->p,
+                                 rb->deadline_ns, rb->min_fraction});
+    return;
+  }
+  DeliverToSides(m, push_.load(std::memory_order_acquire),
+                 bcast_.load(std::memory_order_acquire), NowNs());
+}
+
+void WorkerControl::SendRequests() {
+  ControlRequest r;
+  while (requests_.Pop(&r)) {
+    if (const auto* f = std::get_if<FinishRequest>(&r)) {
+      if (f->ok) {
+        sidecar_.Send(conn_, ByeMsg{"done"});
+      } else {
+        sidecar_.Send(conn_, ErrorMsg{2, final_error_});
+      }
+      sidecar_.Close(conn_, "job finished");
+      continue;
+    }
+    if (std::holds_alternative<StopRequest>(r)) stops_sent_.fetch_add(1);
+    if (auto m = SideRequestMessage(r, bcast_.load())) sidecar_.Send(conn_, *m);
+  }
+}
+
+const WelcomeMsg& WorkerControl::Join(const std::string& server,
+                                      const JoinMsg& join, uint32_t timeout_ms,
+                                      const std::atomic<bool>& quit,
+                                      bool realtime) {
+  std::string err;
+  if (!sidecar_.Connect(server, timeout_ms, &conn_, &err)) {
+    Die("cannot reach dblp-server at " + server + ": " + err,
+        "start dblp-server first and check --server=IP:PORT");
+  }
+  sidecar_.Send(conn_, join);
+  thread_ = std::make_unique<SidecarThread>(sidecar_);
+  SetControlPriorities(*thread_, "dblp-worker", realtime);
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(timeout_ms);
+  while (!welcomed_.load(std::memory_order_acquire)) {
+    if (server_gone() || quit.load() ||
+        std::chrono::steady_clock::now() > deadline) {
+      StopThread();
+      Die("no WELCOME from dblp-server at " + server +
+              (failure_.empty() ? "" : " (" + failure_ + ")"),
+          "check that the server expects this many workers (--workers) and "
+          "that every worker sends the same gradient size (--floats)");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return welcome_;
+}
+
+void WorkerControl::Attach(SendSide* push, ReceiveSide* bcast) {
+  push_.store(push, std::memory_order_release);
+  bcast_.store(bcast, std::memory_order_release);
+}
+
+void WorkerControl::Finish(bool ok, const std::string& error) {
+  if (thread_ == nullptr) return;
+  final_error_ = error;
+  RingOutbox out = outbox();
+  out.Post(FinishRequest{ok});
+  for (int i = 0; i < 200 && !closed_.load(std::memory_order_acquire); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  StopThread();
+}
+
+}  // namespace dblp

@@ -1,0 +1,83 @@
+// dblp-worker's control plane: the sidecar connection to the server, JOIN
+// and WELCOME, and the bridge between control messages and the worker's
+// round sides (the push SendSide and the broadcast ReceiveSide).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "datapath.h"
+#include "dblp/control.h"
+#include "dblp/control_sidecar.h"
+#include "dblp/receive_side.h"
+#include "dblp/send_side.h"
+
+namespace dblp {
+
+class WorkerControl {
+ public:
+  // `ctr` feeds the stats line every `stats_period_s` (0 = none).
+  WorkerControl(const DatapathCounters* ctr, double stats_period_s);
+  ~WorkerControl();
+  WorkerControl(const WorkerControl&) = delete;
+  WorkerControl& operator=(const WorkerControl&) = delete;
+
+  // Connects to `server`, sends `join` and waits for the WELCOME. A server
+  // that cannot be reached, refuses, or stays silent ends the process with
+  // a message naming the fix.
+  const WelcomeMsg& Join(const std::string& server, const JoinMsg& join,
+                         uint32_t timeout_ms, const std::atomic<bool>& quit,
+                         bool realtime);
+  // Datapath, once, before the first round: the sides that STOP, BITMAP
+  // and PROBE messages go to.
+  void Attach(SendSide* push, ReceiveSide* bcast);
+
+  TypedRing<DatapathEvent>& events() { return events_; }
+  RingOutbox outbox() { return RingOutbox{&requests_, &sidecar_}; }
+  bool server_gone() const {
+    return server_gone_.load(std::memory_order_acquire);
+  }
+  // Why the server is gone; valid once server_gone().
+  const std::string& failure() const { return failure_; }
+  void set_iteration(uint64_t it) {
+    iteration_.store(it, std::memory_order_relaxed);
+  }
+
+  // BYE (ok) or ERROR with `error`, then a graceful close (bounded wait):
+  // the server must not mistake a finished worker for a lost one, nor a
+  // failed one for a finished one. Stops the sidecar thread.
+  void Finish(bool ok, const std::string& error);
+
+  uint64_t messages_in() const { return sidecar_.messages_in(); }
+  uint64_t messages_out() const { return sidecar_.messages_out(); }
+  uint64_t stops_sent() const { return stops_sent_.load(); }
+
+ private:
+  ControlSidecar::Callbacks MakeCallbacks(const DatapathCounters* ctr,
+                                          double stats_period_s);
+  void OnMessage(const ControlMessage& m);
+  void SendRequests();
+  void StopThread() { thread_.reset(); }
+
+  TypedRing<DatapathEvent> events_{"dblp_w_ev", 1024};       // sidecar -> dp
+  TypedRing<ControlRequest> requests_{"dblp_w_req", 1024};  // dp -> sidecar
+  ControlSidecar sidecar_;
+  std::unique_ptr<SidecarThread> thread_;
+  ConnId conn_ = 0;
+
+  // Shared between the sidecar thread and the datapath lcore.
+  WelcomeMsg welcome_;                      // sidecar: wo before welcomed_
+  std::atomic<bool> welcomed_{false};       // sidecar: wo; datapath: ro
+  std::atomic<SendSide*> push_{nullptr};    // datapath: wo once; sidecar: ro
+  std::atomic<ReceiveSide*> bcast_{nullptr};  // as push_
+  std::string failure_;                     // sidecar: wo before server_gone_
+  std::atomic<bool> server_gone_{false};    // sidecar: wo; datapath: ro
+  std::string final_error_;  // datapath: wo before FinishRequest; sidecar: ro
+  std::atomic<bool> closed_{false};         // sidecar: wo; datapath: ro
+  std::atomic<uint64_t> stops_sent_{0};     // sidecar: wo; report: ro
+  std::atomic<uint64_t> iteration_{0};      // datapath: wo; stats: ro
+};
+
+}  // namespace dblp
