@@ -26,6 +26,8 @@ const char* VerdictName(Verdict v) {
       return "malformed";
     case Verdict::kIdle:
       return "idle";
+    case Verdict::kMisrouted:
+      return "misrouted";
   }
   return "unknown";
 }
@@ -82,6 +84,9 @@ Verdict ReceiverRound::OnFrame(const uint8_t* buf, size_t len, DataHeader* hdr,
   if (v != DecodeStatus::kOk) {
     Bump(decode_errors_[static_cast<int>(v)]);
     return Count(Verdict::kOutOfRange);
+  }
+  if (hdr->seq < config_.seq_begin || hdr->seq >= config_.seq_end) {
+    return Count(Verdict::kMisrouted);
   }
   if (!bitmap_.Set(hdr->seq)) return Count(Verdict::kDuplicate);
   *payload = buf + kDataHeaderBytes;

@@ -29,8 +29,9 @@ enum class Verdict : uint8_t {
   kOutOfRange,    // seq or length does not fit the session's chunk layout
   kMalformed,     // failed structural decode (see decode counters)
   kIdle,          // no round has begun
+  kMisrouted,     // a chunk of another shard's range (another lcore's)
 };
-inline constexpr int kNumVerdicts = 11;
+inline constexpr int kNumVerdicts = 12;
 const char* VerdictName(Verdict v);
 
 inline constexpr int32_t kAnySender = -1;
@@ -40,6 +41,10 @@ struct ReceiverConfig {
   FrameType expected_type = FrameType::kPush;
   int32_t expected_sender = kAnySender;  // or one rank
   ChunkLayout layout;
+  // The chunk range this receiver owns when a round's chunks are sharded
+  // over lcores (shards.h); the rest of the round is other receivers'.
+  uint32_t seq_begin = 0;
+  uint32_t seq_end = UINT32_MAX;
 };
 
 class ReceiverRound {
@@ -72,6 +77,10 @@ class ReceiverRound {
   }
   // Any thread: would the round stop now (without consuming the STOP)?
   bool StopReached(uint64_t now_ns = 0) const;
+
+  // Any thread: the round's STOP rule at its current p (threshold over the
+  // whole round, deadline and its floor).
+  StopRule Rule() const;
 
   // Owner: ends the round; further frames of it are counted as kLate.
   void Close() { open_.store(false, std::memory_order_release); }
@@ -112,7 +121,6 @@ class ReceiverRound {
   static void Bump(std::atomic<uint64_t>& c) {
     c.store(c.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   }
-  StopRule Rule() const;
 
   ReceiverConfig config_;
   AtomicBitmap bitmap_;                     // owner: wo; control: ro

@@ -1,0 +1,78 @@
+#include "dblp/shards.h"
+
+#include <stdexcept>
+
+namespace dblp {
+
+ShardMap::ShardMap(uint32_t num_chunks, uint32_t num_shards)
+    : num_chunks_(num_chunks), num_shards_(num_shards) {
+  if (num_shards == 0) {
+    throw std::invalid_argument("a round needs at least one shard");
+  }
+  const uint64_t per = (uint64_t{num_chunks} + num_shards - 1) / num_shards;
+  per_shard_ = static_cast<uint32_t>((per + 63) / 64 * 64);
+  if (per_shard_ == 0) per_shard_ = 64;
+}
+
+void ShardMap::Filter(std::span<const uint32_t> order, uint32_t s,
+                      std::vector<uint32_t>& out) const {
+  out.clear();
+  const uint32_t lo = begin(s), hi = end(s);
+  for (uint32_t seq : order) {
+    if (seq >= lo && seq < hi) out.push_back(seq);
+  }
+}
+
+uint32_t StopGroup::Received(uint32_t round) const {
+  uint32_t total = 0;
+  for (const ReceiverRound* r : shards_) {
+    // A shard still on an older round has nothing of this one.
+    if (r->round() == round) total += r->received();
+  }
+  return total;
+}
+
+StopTrigger StopGroup::Poll(uint32_t round, const StopRule& rule,
+                            uint64_t now_ns, uint32_t* total) {
+  uint64_t seen = taken_.load(std::memory_order_acquire);
+  if (seen == Word(round)) return StopTrigger::kNone;
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  *total = Received(round);
+  const StopTrigger t = rule.Evaluate(*total, now_ns);
+  if (t == StopTrigger::kNone) return t;
+  // Several shards may reach the decision at once: one hands it out.
+  while (seen != Word(round)) {
+    if (taken_.compare_exchange_weak(seen, Word(round),
+                                     std::memory_order_acq_rel)) {
+      return t;
+    }
+  }
+  return StopTrigger::kNone;
+}
+
+std::optional<BitmapMsg> BitmapMerge::Add(uint32_t s, BitmapMsg part) {
+  if (num_shards_ <= 1) return part;
+  if (s >= num_shards_) return std::nullopt;
+  const bool fresh = count_ == 0 || part.round != merged_.round ||
+                     part.direction != merged_.direction ||
+                     part.num_bits != merged_.num_bits ||
+                     part.words.size() != merged_.words.size();
+  if (fresh) {
+    answered_.assign(num_shards_, false);
+    count_ = 0;
+    merged_ = std::move(part);
+    answered_[s] = true;
+    count_ = 1;
+  } else if (!answered_[s]) {
+    for (size_t i = 0; i < part.words.size(); ++i) {
+      merged_.words[i] |= part.words[i];
+    }
+    answered_[s] = true;
+    ++count_;
+  }
+  if (count_ < num_shards_) return std::nullopt;
+  count_ = 0;
+  return merged_;
+}
+
+}  // namespace dblp
