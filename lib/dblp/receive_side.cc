@@ -31,6 +31,16 @@ void ReceiveSide::Apply(const RoundBeginEvent& e, uint64_t now_ns) {
   poll_stop_ = true;  // the new p may already be met
 }
 
+StopTrigger ReceiveSide::PollStop(uint64_t now_ns, uint32_t* received) {
+  if (config_.group == nullptr) {
+    const StopTrigger t = rx_.PollStop(now_ns);
+    *received = rx_.received();
+    return t;
+  }
+  if (!rx_.open()) return StopTrigger::kNone;
+  return config_.group->Poll(rx_.round(), rx_.Rule(), now_ns, received);
+}
+
 bool ReceiveSide::AnswerProbe() {
   // A PROBE of a round that is over needs no answer: its STOP went out.
   if (probe_round_ != rx_.round()) return false;

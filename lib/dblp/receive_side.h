@@ -22,6 +22,7 @@
 #include "dblp/receiver_round.h"
 #include "dblp/round_events.h"
 #include "dblp/send_side.h"  // ControlOutbox
+#include "dblp/shards.h"
 
 namespace dblp {
 
@@ -37,6 +38,11 @@ struct ReceiveSideConfig {
   ReceiverConfig receiver;
   Direction direction = Direction::kPush;
   uint16_t peer = 0;  // the sender, as requests name it
+  // Sharded over lcores (shards.h): this side is shard `shard` of the
+  // round, `receiver`'s seq range its chunk range, and the shards' STOP is
+  // decided together. Null: the side receives the whole round.
+  StopGroup* group = nullptr;
+  uint16_t shard = 0;
 };
 
 class ReceiveSide {
@@ -88,7 +94,10 @@ class ReceiveSide {
   const BitmapMailbox& answer() const { return answer_; }
 
   // The round's STOP went out (the side needs nothing more).
-  bool stopped() const { return rx_.stop_taken(); }
+  bool stopped() const {
+    return config_.group ? config_.group->taken(rx_.round())
+                         : rx_.stop_taken();
+  }
   uint64_t stop_ns() const { return stop_ns_; }
   const ReceiverRound& receiver() const { return rx_; }
   ReceiverRound& receiver() { return rx_; }
@@ -97,6 +106,7 @@ class ReceiveSide {
 
  private:
   void Apply(const RoundBeginEvent& e, uint64_t now_ns);
+  StopTrigger PollStop(uint64_t now_ns, uint32_t* received);
   bool AnswerProbe();
 
   ReceiveSideConfig config_;
@@ -122,12 +132,13 @@ bool ReceiveSide::Step(uint64_t now_ns, const RxProgress& rx,
   bool asked = false;
   if (rx.arrivals || poll_stop_ || rx_.deadline_ns() != 0) {
     poll_stop_ = false;
-    const StopTrigger t = rx_.PollStop(now_ns);
+    uint32_t received = 0;
+    const StopTrigger t = PollStop(now_ns, &received);
     if (t != StopTrigger::kNone) {
       stop_ns_ = now_ns;
       ++stops_;
       outbox.Post(StopRequest{config_.peer, config_.direction, t, rx_.round(),
-                              rx_.received()});
+                              received});
       asked = true;
     }
   }
@@ -142,7 +153,8 @@ bool ReceiveSide::Step(uint64_t now_ns, const RxProgress& rx,
   if (probe_pending_ && rx.drained_gen > probe_gen_) {
     probe_pending_ = false;
     if (AnswerProbe()) {
-      outbox.Post(BitmapRequest{config_.peer, config_.direction, probe_round_});
+      outbox.Post(BitmapRequest{config_.peer, config_.direction, probe_round_,
+                                config_.shard});
       asked = true;
     }
   }

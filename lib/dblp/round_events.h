@@ -35,18 +35,20 @@ struct StopRequest {
   uint32_t round = 0;
   uint32_t received = 0;
 };
-// The answer to a PROBE is in the receive side's answer mailbox.
+// The answer to a PROBE is in the receive side's answer mailbox (of shard
+// `shard` when the round is sharded over lcores: a partial answer).
 struct BitmapRequest {
   uint16_t peer = 0;
   Direction direction = Direction::kPush;
   uint32_t round = 0;
+  uint16_t shard = 0;
 };
 // A round's tolerance, announced to every live worker (server only).
 struct RoundBeginRequest {
   Direction direction = Direction::kPush;
   uint32_t round = 0;
   double p = 0;
-  uint64_t deadline_ns = 0;  // relative to the receiver's Begin; 0 = none
+  uint64_t deadline_ns = 0;  // from the ROUND_BEGIN's arrival; 0 = none
   double min_fraction = 0;
 };
 // The job is over on this side: BYE (ok) or ERROR with the app's failure

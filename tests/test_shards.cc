@@ -1,0 +1,181 @@
+// Chunk-range shards: the map, the STOP decided together by shard lcores
+// (exact under concurrency), and the merged BITMAP answer.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <numeric>
+#include <thread>
+#include <vector>
+
+#include "dblp/chunking.h"
+#include "dblp/receive_side.h"
+#include "dblp/round_control.h"
+#include "dblp/shards.h"
+#include "dblp/wire.h"
+
+namespace dblp {
+namespace {
+
+TEST(ShardMap, RangesAreWordAlignedDisjointAndCoverEveryChunk) {
+  for (uint32_t n : {1u, 46u, 64u, 65u, 723u, 18051u}) {
+    for (uint32_t s : {1u, 2u, 3u, 4u, 8u}) {
+      const ShardMap map(n, s);
+      uint32_t next = 0;
+      for (uint32_t k = 0; k < s; ++k) {
+        EXPECT_EQ(map.begin(k), next);
+        if (map.begin(k) < n) {  // empty shards start at n
+          EXPECT_EQ(map.begin(k) % 64, 0u) << "n=" << n << " s=" << s;
+        }
+        next = map.end(k);
+        for (uint32_t seq = map.begin(k); seq < map.end(k); ++seq) {
+          ASSERT_EQ(map.ShardOf(seq), k);
+        }
+      }
+      EXPECT_EQ(next, n);
+    }
+  }
+  EXPECT_THROW(ShardMap(10, 0), std::invalid_argument);
+}
+
+TEST(ShardMap, FilterKeepsTheOrder) {
+  const ShardMap map(200, 2);  // [0,128) [128,200)
+  const std::vector<uint32_t> order{150, 3, 199, 127, 128, 0};
+  std::vector<uint32_t> out;
+  map.Filter(order, 0, out);
+  EXPECT_EQ(out, (std::vector<uint32_t>{3, 127, 0}));
+  map.Filter(order, 1, out);
+  EXPECT_EQ(out, (std::vector<uint32_t>{150, 199, 128}));
+}
+
+std::vector<uint8_t> Frame(uint32_t session, uint32_t round, uint32_t seq,
+                           const ChunkLayout& layout) {
+  DataHeader h{FrameType::kPush, session, 0,
+               static_cast<uint16_t>(layout.Length(seq)), round, seq};
+  std::vector<uint8_t> f(kDataHeaderBytes + h.payload_len, 0);
+  EncodeDataHeader(h, f.data());
+  return f;
+}
+
+struct Collect {
+  std::vector<ControlRequest> posted;
+  void Post(const ControlRequest& r) { posted.push_back(r); }
+};
+
+// Two shard lcores receive one round's chunks concurrently, each its own
+// range. Exactly one STOP per round, never before the threshold, and every
+// round that reaches it is stopped.
+TEST(StopGroup, ExactlyOneStopNeverEarlyUnderConcurrency) {
+  const ChunkLayout layout(uint64_t{1000} * 64, 64);  // 1000 chunks
+  const ShardMap map(layout.num_chunks(), 2);
+  const double p = 0.3;
+  const uint32_t threshold = StopThreshold(layout.num_chunks(), p);
+  for (int trial = 0; trial < 200; ++trial) {
+    StopGroup group;
+    std::vector<std::unique_ptr<ReceiveSide>> sides;
+    for (uint16_t s = 0; s < 2; ++s) {
+      ReceiverConfig rc{7, FrameType::kPush, 0, layout, map.begin(s),
+                        map.end(s)};
+      sides.push_back(std::make_unique<ReceiveSide>(
+          ReceiveSideConfig{rc, Direction::kPush, 0, &group, s}));
+      group.Add(&sides.back()->receiver());
+    }
+    const uint32_t round = 2 * trial;
+    for (auto& s : sides) s->Begin(round, p, 0, 0, 0);
+    // Each shard gets just enough that only together they pass the
+    // threshold, delivered in small bursts.
+    const uint32_t per_shard[2] = {threshold / 2, threshold - threshold / 2};
+    std::atomic<int> stops{0};
+    std::atomic<uint32_t> received_at_stop{0};
+    auto run = [&](uint16_t s) {
+      Collect out;
+      uint32_t sent = 0;
+      uint64_t gen = 0;
+      while (sent < per_shard[s]) {
+        const uint32_t k = std::min(7u, per_shard[s] - sent);
+        for (uint32_t i = 0; i < k; ++i) {
+          const auto f = Frame(7, round, map.begin(s) + sent + i, layout);
+          ASSERT_EQ(sides[s]->OnFrame(f.data(), f.size(),
+                                      [](const DataHeader&, const uint8_t*) {}),
+                    Verdict::kAccepted);
+        }
+        sent += k;
+        ++gen;
+        sides[s]->Step(0, RxProgress{true, gen, gen}, out);
+      }
+      for (const auto& r : out.posted) {
+        if (const auto* st = std::get_if<StopRequest>(&r)) {
+          stops.fetch_add(1);
+          received_at_stop.store(st->received);
+        }
+      }
+    };
+    std::thread a(run, 0), b(run, 1);
+    a.join();
+    b.join();
+    ASSERT_EQ(stops.load(), 1) << "trial " << trial;
+    EXPECT_GE(received_at_stop.load(), threshold);
+    EXPECT_TRUE(sides[0]->stopped());
+    EXPECT_TRUE(sides[1]->stopped());
+  }
+}
+
+TEST(StopGroup, AShardThatHasNotBegunCountsNothing) {
+  const ChunkLayout layout(uint64_t{256} * 64, 64);
+  const ShardMap map(layout.num_chunks(), 2);
+  StopGroup group;
+  ReceiverRound a(ReceiverConfig{1, FrameType::kPush, 0, layout, 0, 128});
+  ReceiverRound b(ReceiverConfig{1, FrameType::kPush, 0, layout, 128, 256});
+  group.Add(&a);
+  group.Add(&b);
+  a.Begin(2, 0.0);
+  b.Begin(0, 0.0);  // still on the previous round
+  for (uint32_t seq = 128; seq < 256; ++seq) {
+    const auto f = Frame(1, 0, seq, layout);
+    DataHeader h;
+    const uint8_t* pl;
+    b.OnFrame(f.data(), f.size(), &h, &pl);
+  }
+  EXPECT_EQ(group.Received(2), 0u);
+  EXPECT_EQ(group.Received(0), 128u);
+}
+
+TEST(StopGroup, MisroutedFramesAreCountedNotAccepted) {
+  const ChunkLayout layout(uint64_t{256} * 64, 64);
+  ReceiverRound a(ReceiverConfig{1, FrameType::kPush, 0, layout, 0, 128});
+  a.Begin(0, 0.0);
+  const auto f = Frame(1, 0, 200, layout);
+  DataHeader h;
+  const uint8_t* pl;
+  EXPECT_EQ(a.OnFrame(f.data(), f.size(), &h, &pl), Verdict::kMisrouted);
+  EXPECT_EQ(a.received(), 0u);
+  EXPECT_EQ(a.verdict_count(Verdict::kMisrouted), 1u);
+}
+
+BitmapMsg Part(uint32_t round, std::vector<uint64_t> words) {
+  return BitmapMsg{round, Direction::kPush,
+                   static_cast<uint32_t>(words.size() * 64), std::move(words)};
+}
+
+TEST(BitmapMerge, WaitsForEveryShardAndOrsTheParts) {
+  BitmapMerge merge(3);
+  EXPECT_FALSE(merge.Add(0, Part(4, {0x1, 0, 0})).has_value());
+  EXPECT_FALSE(merge.Add(0, Part(4, {0x1, 0, 0})).has_value());  // again
+  EXPECT_FALSE(merge.Add(2, Part(4, {0, 0, 0x4})).has_value());
+  const auto m = merge.Add(1, Part(4, {0, 0x2, 0}));
+  ASSERT_TRUE(m.has_value());
+  EXPECT_EQ(m->words, (std::vector<uint64_t>{0x1, 0x2, 0x4}));
+  EXPECT_EQ(m->round, 4u);
+}
+
+TEST(BitmapMerge, ANewerRoundStartsOver) {
+  BitmapMerge merge(2);
+  EXPECT_FALSE(merge.Add(0, Part(4, {0x1})).has_value());
+  EXPECT_FALSE(merge.Add(0, Part(6, {0x8})).has_value());
+  const auto m = merge.Add(1, Part(6, {0x10}));
+  ASSERT_TRUE(m.has_value());
+  EXPECT_EQ(m->words, (std::vector<uint64_t>{0x18}));
+  EXPECT_TRUE(BitmapMerge(1).Add(0, Part(2, {0x3})).has_value());
+}
+
+}  // namespace
+}  // namespace dblp
