@@ -1,4 +1,4 @@
-#include "dblp/udp_push.h"
+#include "udp/udp_push.h"
 
 #include <arpa/inet.h>
 #include <pthread.h>
