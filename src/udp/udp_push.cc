@@ -27,11 +27,13 @@
 #include "dblp/loss_model.h"
 #include "dblp/packet_frames.h"
 #include "dblp/receive_side.h"
+#include "dblp/receiver_round.h"
 #include "dblp/rng.h"
 #include "dblp/round_control.h"
 #include "dblp/round_events.h"
 #include "dblp/send_order.h"
 #include "dblp/send_side.h"
+#include "dblp/sender_round.h"
 #include "dblp/udp_transport.h"
 #include "dblp/wire.h"
 
@@ -168,6 +170,14 @@ std::string CheckCommon(uint32_t mtu, uint32_t round_timeout_ms) {
   return "";
 }
 
+// A result with exit code `code` and the error `msg`.
+template <class Result>
+Result Failed(Result* res, int code, const std::string& msg) {
+  res->exit_code = code;
+  res->error = msg;
+  return *res;
+}
+
 // Waits (polling) for `done` or the timeout; true if done.
 template <class F>
 bool WaitFor(F done, uint32_t timeout_ms) {
@@ -201,9 +211,7 @@ class PushServer {
   };
 
   UdpPushServerResult Fail(int code, const std::string& msg) {
-    res_.exit_code = code;
-    res_.error = msg;
-    return res_;
+    return Failed(&res_, code, msg);
   }
   std::string CheckOptions();
 
@@ -240,7 +248,7 @@ class PushServer {
   ControlSidecar* sc_ = nullptr;  // as session_
 
   // Join state: the sidecar writes it (under join_mu_) until `joined_`;
-  // read-only after, by both threads. The sides are made with the last
+  // read-only after, by both threads (but for Link's departure fields). The sides are made with the last
   // JOIN, so the sidecar can hand them PROBEs as soon as `joined_` is set.
   std::mutex join_mu_;
   std::vector<Link> links_;
@@ -685,9 +693,7 @@ class PushWorker {
 
  private:
   UdpPushWorkerResult Fail(int code, const std::string& msg) {
-    res_.exit_code = code;
-    res_.error = msg;
-    return res_;
+    return Failed(&res_, code, msg);
   }
   std::string CheckOptions();
 
