@@ -239,13 +239,15 @@ class PushServer {
   void FillCounters();
 
   const UdpPushServerOptions& o_;
-  UdpPushServerResult res_;
+  UdpPushServerResult res_;  // datapath only
+  // Datapath; the sidecar reads only its bound address, for WELCOME.
   UdpSocketPort port_;
+  // Set before the sidecar thread starts, read-only after.
   UdpPortOptions popts_;
   LossSpec loss_spec_;
-  uint32_t session_ = 0;        // set before the sidecar thread starts
-  uint32_t chunk_payload_ = 0;  // as session_
-  ControlSidecar* sc_ = nullptr;  // as session_
+  uint32_t session_ = 0;
+  uint32_t chunk_payload_ = 0;
+  ControlSidecar* sc_ = nullptr;
 
   // Join state: the sidecar writes it (under join_mu_) until `joined_`;
   // read-only after, by both threads (but for Link's departure fields). The sides are made with the last
@@ -712,16 +714,18 @@ class PushWorker {
   void Finish(Outbox& out, const std::string& failure);
 
   const UdpPushWorkerOptions& o_;
-  UdpPushWorkerResult res_;
-  UdpSocketPort port_;
-  sockaddr_in server_ctrl_{};
-  ControlSidecar* sc_ = nullptr;  // set before the sidecar thread starts
-  ConnId conn_ = 0;               // as sc_
+  UdpPushWorkerResult res_;  // datapath only
+  UdpSocketPort port_;       // datapath only
+  sockaddr_in server_ctrl_{};  // datapath only
+  // Set before the sidecar thread starts, read-only after.
+  ControlSidecar* sc_ = nullptr;
+  ConnId conn_ = 0;
 
-  // Shared with the sidecar; each field's writer noted.
+  // Shared with the sidecar; each field's writer noted. The datapath reads
+  // a text only after the flag written after it (acquire).
   WelcomeMsg welcome_;  // sidecar: wo before `welcomed_`
   std::atomic<bool> welcomed_{false};
-  std::string gone_why_;  // sidecar: wo before `server_gone_`
+  std::string gone_why_;  // sidecar: wo (once) before `server_gone_`
   std::atomic<bool> server_gone_{false};
   std::atomic<bool> closed_{false};  // sidecar: wo
   // The push direction: made by the datapath once WELCOME named the
