@@ -16,7 +16,7 @@
 
 #include "dblp/chunking.h"
 #include "dblp/loss_model.h"
-#include "dblp/udp_push.h"
+#include "udp/udp_push.h"
 
 DEFINE_string(role, "both",
               "both (server + worker in this process) | "

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "dblp/chunking.h"
-#include "dblp/udp_push.h"
 #include "dblp/udp_transport.h"
+#include "udp/udp_push.h"
 
 namespace dblp {
 namespace {

@@ -4,9 +4,13 @@
 // benchmark comparison and as a fallback.
 //
 // Each side runs a control sidecar thread and one datapath thread (the
-// caller's). The sidecar hands control events to the datapath through an
-// EventQueue: the datapath checks an atomic flag first and takes the lock
-// only when something is queued, so its common path is lock-free.
+// caller's). The rounds are the shared sides' (dblp/send_side.h,
+// dblp/receive_side.h): the server has a ReceiveSide per worker, the worker
+// a SendSide; the sidecar hands them PROBE, STOP and BITMAP directly
+// (round_control.h). Their requests, and the few other control events
+// (ROUND_BEGIN, BYE, a lost peer), travel as typed values through queues
+// the datapath checks with one atomic load, locking only when something
+// is queued.
 //
 // Round numbering as in the DPDK apps: iteration i pushes in round 2i.
 #pragma once
