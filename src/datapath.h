@@ -11,6 +11,7 @@
 #include <rte_errno.h>
 #include <rte_ring.h>
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstring>
@@ -66,7 +67,7 @@ struct alignas(RTE_CACHE_LINE_SIZE) DatapathCounters {
   }
 };
 
-// One SPSC ring of typed messages between the control sidecar and a
+// One ring of typed messages between the control sidecar and a
 // datapath lcore (round_events.h: ControlRequest one way, DatapathEvent the
 // other), passed by value. Created at setup.
 template <class T>
@@ -75,10 +76,13 @@ class TypedRing {
                 "rte_ring elements are copied as 4-byte words");
 
  public:
-  TypedRing(const std::string& name, unsigned size) : name_(name) {
-    ring_ = rte_ring_create_elem(name.c_str(), sizeof(T), size,
-                                 static_cast<int>(rte_socket_id()),
-                                 RING_F_SP_ENQ | RING_F_SC_DEQ);
+  // `multi_producer`: several lcores push (the server's requests).
+  TypedRing(const std::string& name, unsigned size,
+            bool multi_producer = false)
+      : name_(name) {
+    ring_ = rte_ring_create_elem(
+        name.c_str(), sizeof(T), size, static_cast<int>(rte_socket_id()),
+        multi_producer ? RING_F_SC_DEQ : RING_F_SP_ENQ | RING_F_SC_DEQ);
     if (ring_ == nullptr) {
       Die("cannot create control ring " + name + ": " +
               rte_strerror(rte_errno),
@@ -119,27 +123,36 @@ struct RingOutbox {
 };
 
 // The idle back-off and no-progress watchdog of a poll loop. The loop reads
-// the clock once per turn and passes it in.
+// the clock once per turn and passes it in. With several lcores on one job
+// the watchdog is the job's (`shared_progress`): an lcore whose shard has
+// nothing to do is not stuck while another makes progress.
 class RoundPacer {
  public:
   enum class Step : uint8_t { kContinue, kTimedOut, kQuit };
   RoundPacer(uint32_t idle_spin, uint32_t idle_sleep_us, uint32_t timeout_ms,
-             const std::atomic<bool>* quit)
+             const std::atomic<bool>* quit,
+             std::atomic<uint64_t>* shared_progress = nullptr)
       : backoff_(idle_spin, idle_sleep_us),
         timeout_ns_(uint64_t{timeout_ms} * 1000000),
         timeout_ms_(timeout_ms),
-        quit_(quit) {}
-  void Start(uint64_t now_ns) { last_progress_ = now_ns; }
+        quit_(quit),
+        shared_(shared_progress) {}
+  void Start(uint64_t now_ns) { Progress(now_ns); }
   // After one loop turn; `work` = anything was received, sent or handled.
   // Sleeps when idle (sharing few cores with other processes).
   Step After(bool work, uint64_t now_ns) {
     if (work) {
       backoff_.Work();
-      last_progress_ = now_ns;
+      Progress(now_ns);
       return Step::kContinue;
     }
     if (quit_->load(std::memory_order_relaxed)) return Step::kQuit;
-    if (now_ns - last_progress_ > timeout_ns_) return Step::kTimedOut;
+    uint64_t last = last_progress_;
+    if (shared_ != nullptr) {
+      last = std::max(last, shared_->load(std::memory_order_relaxed));
+    }
+    // Another lcore's progress may be stamped after our `now_ns`.
+    if (now_ns > last && now_ns - last > timeout_ns_) return Step::kTimedOut;
     backoff_.Idle();
     return Step::kContinue;
   }
@@ -147,11 +160,21 @@ class RoundPacer {
   uint64_t sleeps() const { return backoff_.sleeps(); }
 
  private:
+  void Progress(uint64_t now_ns) {
+    // The shared line is written at most once a millisecond.
+    if (shared_ != nullptr && now_ns - last_published_ > 1000000) {
+      shared_->store(now_ns, std::memory_order_relaxed);
+      last_published_ = now_ns;
+    }
+    last_progress_ = now_ns;
+  }
   IdleBackoff backoff_;
   uint64_t timeout_ns_;
   uint32_t timeout_ms_;
   const std::atomic<bool>* quit_;
+  std::atomic<uint64_t>* shared_;  // every lcore of the job: relaxed
   uint64_t last_progress_ = 0;
+  uint64_t last_published_ = 0;
 };
 
 // The software loss injector, on the receiving side of a direction: a frame

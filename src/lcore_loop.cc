@@ -1,30 +1,69 @@
 #include "lcore_loop.h"
 
+#include <rte_pause.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <thread>
 #include <variant>
 
 namespace dblp {
 
+// ---- JobSync ----------------------------------------------------------------
+
+bool JobSync::Barrier() {
+  if (lcores_ == 1) return !failed();
+  const uint64_t gen = generation_.load(std::memory_order_acquire);
+  if (arrived_.fetch_add(1, std::memory_order_acq_rel) + 1 == lcores_) {
+    arrived_.store(0, std::memory_order_relaxed);
+    generation_.store(gen + 1, std::memory_order_release);
+    return !failed();
+  }
+  IdleBackoff backoff(256, 50);
+  while (generation_.load(std::memory_order_acquire) == gen) {
+    if (failed()) return false;
+    if (quit_->load(std::memory_order_relaxed)) {
+      Fail("interrupted");
+      return false;
+    }
+    backoff.Idle();
+  }
+  return !failed();
+}
+
+void JobSync::Fail(const std::string& why) {
+  std::lock_guard<std::mutex> lock(failure_mu_);
+  if (failed_.load()) return;
+  failure_ = why;
+  failed_.store(true, std::memory_order_release);
+}
+
+std::string JobSync::failure() {
+  std::lock_guard<std::mutex> lock(failure_mu_);
+  return failure_;
+}
+
 // ---- dblp-worker ------------------------------------------------------------
 
 WorkerLcore::WorkerLcore(LcoreConf& conf, WorkerControl& control,
-                         SendSide& push, ReceiveSide& bcast,
-                         const Setup& setup)
+                         std::vector<std::unique_ptr<SendSide>>& push,
+                         ReceiveSide& bcast, const Setup& setup)
     : conf_(conf),
       control_(control),
       push_(push),
       bcast_(bcast),
       setup_(setup),
-      frames_{setup.tx, setup.to_server, setup.gradient, setup.layout},
-      outbox_(control.outbox()) {}
+      shards_(setup.layout->num_chunks(), setup.queues),
+      outbox_(control.outbox()) {
+  for (uint16_t q = 0; q < setup.queues; ++q) {
+    frames_.push_back(MbufFrames{&(*setup.tx)[q], setup.to_server,
+                                 setup.gradient, setup.layout});
+  }
+}
 
-uint16_t WorkerLcore::PollBroadcast(uint64_t now_ns) {
-  const uint16_t n =
-      PollRx(setup_.port, conf_.rx_queue, conf_.rx_pkts, kRxBurst);
-  ++conf_.poll_gen;
-  if (n < kRxBurst) drained_gen_ = conf_.poll_gen;
+uint16_t WorkerLcore::PollBroadcast(uint64_t now_ns, uint16_t queue) {
+  const uint16_t n = PollRx(setup_.port, queue, conf_.rx_pkts, kRxBurst);
   if (n == 0) return 0;
   DatapathCounters::Add(conf_.counters.rx_frames, n);
   const ChunkLayout& layout = *setup_.layout;
@@ -62,13 +101,30 @@ bool WorkerLcore::HandleEvents(uint64_t now_ns) {
   return any;
 }
 
+bool WorkerLcore::PushDone() const {
+  for (const auto& s : push_) {
+    if (!s->done()) return false;
+  }
+  return true;
+}
+
 bool WorkerLcore::Turn(uint64_t now_ns) {
-  const uint16_t n = PollBroadcast(now_ns);
+  ++conf_.poll_gen;
+  uint32_t n = 0;
+  bool drained = true;
+  for (uint16_t q = 0; q < setup_.queues; ++q) {
+    const uint16_t k = PollBroadcast(now_ns, q);
+    n += k;
+    drained = drained && k < kRxBurst;
+  }
+  if (drained) drained_gen_ = conf_.poll_gen;
   bool work = n > 0;
   work |= HandleEvents(now_ns);
   work |= bcast_.Step(now_ns, RxProgress{n > 0, conf_.poll_gen, drained_gen_},
                       outbox_);
-  work |= push_.Step(now_ns, frames_, outbox_);
+  for (uint16_t q = 0; q < setup_.queues; ++q) {
+    work |= push_[q]->Step(now_ns, frames_[q], outbox_);
+  }
   return work;
 }
 
@@ -98,9 +154,10 @@ bool WorkerLcore::RunUntil(Done done, const char* waiting_for, uint64_t it,
       case RoundPacer::Step::kTimedOut:
         *failure = "iteration " + std::to_string(it) + ": " + waiting_for +
                    ": no progress for " + std::to_string(pacer.timeout_ms()) +
-                   " ms (push " + (push_.done() ? "done" : "pending") +
-                   ", broadcast " + std::to_string(bcast_.receiver().received()) +
-                   "/" + std::to_string(setup_.layout->num_chunks()) + ")";
+                   " ms (push " + (PushDone() ? "done" : "pending") +
+                   ", broadcast " +
+                   std::to_string(bcast_.receiver().received()) + "/" +
+                   std::to_string(setup_.layout->num_chunks()) + ")";
         return false;
     }
   }
@@ -120,11 +177,18 @@ bool WorkerLcore::Exchange(uint64_t it, std::span<const uint32_t> order,
                            std::string* failure) {
   times_.announced_p = go_p_;
   times_.push_begin_ns = NowNs();
-  push_.Begin(PushRound(it), order, times_.push_begin_ns);
+  for (uint16_t q = 0; q < setup_.queues; ++q) {
+    shards_.Filter(order, q, shard_order_);
+    push_[q]->Begin(PushRound(it), shard_order_, times_.push_begin_ns,
+                    setup_.layout->num_chunks());
+  }
   const bool ok =
-      RunUntil([&] { return push_.done() && !bcast_.receiver().open(); },
+      RunUntil([&] { return PushDone() && !bcast_.receiver().open(); },
                "the exchange stalled", it, failure);
-  times_.push_done_ns = push_.done_ns();
+  times_.push_done_ns = 0;
+  for (const auto& s : push_) {
+    times_.push_done_ns = std::max(times_.push_done_ns, s->done_ns());
+  }
   return ok;
 }
 
@@ -136,15 +200,20 @@ constexpr uint16_t kRxPrefetchAhead = 4;
 }  // namespace
 
 ServerLcore::ServerLcore(LcoreConf& conf, ServerControl& control,
-                         std::vector<std::unique_ptr<ServerLink>>& links,
+                         JobSync& job,
+                         std::vector<std::unique_ptr<WorkerState>>& workers,
+                         std::vector<ServerLink*> links, RoundPacer& pacer,
                          const Setup& setup)
     : conf_(conf),
       control_(control),
-      links_(links),
+      job_(job),
+      workers_(workers),
+      links_(std::move(links)),
+      pacer_(pacer),
       setup_(setup),
       outbox_(control.outbox()),
       drained_gen_(setup.nb_ports, 0) {
-  tx_.queue = conf.tx_queue;
+  tx_.queue = conf.shard;
   tx_.pool = setup.pool;
   tx_.counters = &conf.counters;
   tx_.prefetch = setup.prefetch;
@@ -152,7 +221,7 @@ ServerLcore::ServerLcore(LcoreConf& conf, ServerControl& control,
 
 uint32_t ServerLcore::live_count() const {
   uint32_t n = 0;
-  for (const auto& l : links_) n += l->alive ? 1 : 0;
+  for (const auto& w : workers_) n += w->alive.load() ? 1 : 0;
   return n;
 }
 
@@ -187,8 +256,9 @@ void ServerLcore::ReceiveBurst(uint16_t port, rte_mbuf** pkts, uint16_t n,
     // Unknown ranks go to worker 0's receiver, which counts them as
     // wrong-sender (or malformed) without accepting anything.
     const uint16_t rank = PeekSenderRank(pf.dblp, pf.dblp_len);
-    ServerLink& l = *links_[rank < num_workers ? rank : 0];
-    if (!l.alive) {
+    const uint32_t w = rank < num_workers ? rank : 0;
+    ServerLink& l = *links_[w];
+    if (!workers_[w]->alive.load(std::memory_order_relaxed)) {
       DatapathCounters::Add(conf_.counters.from_lost_worker);
       continue;
     }
@@ -217,7 +287,7 @@ uint32_t ServerLcore::PollPushes(uint64_t now_ns) {
   uint32_t total = 0;
   ++conf_.poll_gen;
   for (uint16_t p = 0; p < setup_.nb_ports; ++p) {
-    const uint16_t n = PollRx(p, conf_.rx_queue, conf_.rx_pkts, kRxBurst);
+    const uint16_t n = PollRx(p, conf_.shard, conf_.rx_pkts, kRxBurst);
     if (n < kRxBurst) drained_gen_[p] = conf_.poll_gen;
     if (n == 0) continue;
     total += n;
@@ -234,23 +304,20 @@ uint64_t ServerLcore::DrainedFor(const ServerLink& l) const {
   return *std::min_element(drained_gen_.begin(), drained_gen_.end());
 }
 
-bool ServerLcore::LoseWorker(uint32_t w, const std::string& how,
-                             std::string* failure) {
-  ServerLink& l = *links_[w];
+bool ServerLcore::LoseWorker(uint32_t w, const std::string& how) {
   if (!setup_.continue_on_worker_loss) {
-    *failure = "worker " + std::to_string(w) + " (" +
-               control_.worker_name(w) + ") " + how + " in iteration " +
-               std::to_string(iteration_) +
-               "; restart the job, or run the server with "
-               "--on_worker_loss=continue to carry on without it";
+    job_.Fail("worker " + std::to_string(w) + " (" + control_.worker_name(w) +
+              ") " + how + " in iteration " + std::to_string(iteration_) +
+              "; restart the job, or run the server with "
+              "--on_worker_loss=continue to carry on without it");
     return false;
   }
   std::fprintf(stderr, "dblp-server: continuing without worker %u (%s)\n", w,
                how.c_str());
-  l.alive = false;  // its frames are dropped from now on
+  workers_[w]->alive.store(false);  // its frames are dropped from now on
   control_.MarkLost(w);
   if (live_count() == 0) {
-    *failure = "every worker is gone";
+    job_.Fail("every worker is gone");
     return false;
   }
   // The mean's divisor changes at the next round: this round may already
@@ -258,23 +325,23 @@ bool ServerLcore::LoseWorker(uint32_t w, const std::string& how,
   return true;
 }
 
-bool ServerLcore::HandleEvents(std::string* failure) {
+// Lcore 0 only: BYE and lost connections.
+bool ServerLcore::HandleEvents() {
   if (control_.failed()) {
-    *failure = control_.failure();
+    job_.Fail(control_.failure());
     return false;
   }
   DatapathEvent e;
   while (control_.events().Pop(&e)) {
     if (const auto* bye = std::get_if<PeerByeEvent>(&e)) {
-      if (bye->peer < links_.size()) links_[bye->peer]->said_bye = true;
+      if (bye->peer < workers_.size()) workers_[bye->peer]->said_bye = true;
     } else if (const auto* gone = std::get_if<PeerGoneEvent>(&e)) {
-      if (gone->peer >= links_.size()) continue;
-      ServerLink& l = *links_[gone->peer];
-      if (l.said_bye || !l.alive) continue;
+      if (gone->peer >= workers_.size()) continue;
+      WorkerState& ws = *workers_[gone->peer];
+      if (ws.said_bye || !ws.alive) continue;
       const std::string why = control_.worker_error(gone->peer);
-      if (!LoseWorker(gone->peer,
-                      why.empty() ? "disconnected" : "failed (" + why + ")",
-                      failure)) {
+      if (!LoseWorker(gone->peer, why.empty() ? "disconnected"
+                                              : "failed (" + why + ")")) {
         return false;
       }
     }
@@ -284,7 +351,7 @@ bool ServerLcore::HandleEvents(std::string* failure) {
 
 bool ServerLcore::Turn(uint64_t now_ns, bool broadcasting) {
   bool work = PollPushes(now_ns) > 0;
-  for (auto& l : links_) {
+  for (ServerLink* l : links_) {
     const RxProgress rx{l->arrivals, conf_.poll_gen, DrainedFor(*l)};
     l->arrivals = false;
     work |= l->push.Step(now_ns, rx, outbox_);
@@ -292,8 +359,9 @@ bool ServerLcore::Turn(uint64_t now_ns, bool broadcasting) {
   if (!broadcasting) return work;
   const uint32_t W = static_cast<uint32_t>(links_.size());
   for (uint32_t i = 0; i < W; ++i) {
-    ServerLink& l = *links_[(rr_ + i) % W];
-    if (!l.alive) continue;
+    const uint32_t w = (rr_ + i) % W;
+    ServerLink& l = *links_[w];
+    if (!workers_[w]->alive.load(std::memory_order_relaxed)) continue;
     tx_.port = l.port;
     tx_.pacer = &(*setup_.link_rate)[l.port];
     tx_.wire_frame_bytes = WireBytesPerFrame((*setup_.caps)[l.port].mtu);
@@ -306,33 +374,38 @@ bool ServerLcore::Turn(uint64_t now_ns, bool broadcasting) {
 
 template <class Done>
 bool ServerLcore::RunUntil(Done done, bool broadcasting,
-                           const std::string& what, std::string* failure) {
-  RoundPacer& pacer = *setup_.pacer;
-  pacer.Start(NowNs());
+                           const std::string& what) {
+  pacer_.Start(NowNs());
   for (;;) {
     const uint64_t now = NowNs();
-    bool work = Turn(now, broadcasting);
-    if (!HandleEvents(failure)) return false;
+    const bool work = Turn(now, broadcasting);
+    if (conf_.shard == 0 && !HandleEvents()) return false;
+    if (job_.failed()) return false;
     if (done()) return true;
-    if (!broadcasting && FinishedEarly(iteration_, failure)) return false;
-    switch (pacer.After(work, now)) {
+    if (conf_.shard == 0 && !broadcasting && FinishedEarly(iteration_)) {
+      return false;
+    }
+    switch (pacer_.After(work, now)) {
       case RoundPacer::Step::kContinue:
         continue;
       case RoundPacer::Step::kQuit:
-        *failure = "interrupted";
+        job_.Fail("interrupted");
         return false;
-      case RoundPacer::Step::kTimedOut:
-        *failure = what + " made no progress for " +
-                   std::to_string(pacer.timeout_ms()) + " ms";
+      case RoundPacer::Step::kTimedOut: {
+        std::string why = what + " made no progress for " +
+                          std::to_string(pacer_.timeout_ms()) + " ms";
         if (!broadcasting) {
-          *failure += "; chunks received:";
-          for (uint32_t w = 0; w < links_.size(); ++w) {
-            *failure += " w" + std::to_string(w) + "=" +
-                        std::to_string(links_[w]->push.receiver().received()) +
-                        "/" + std::to_string(setup_.layout->num_chunks());
+          why += "; chunks received:";
+          for (uint32_t w = 0; w < workers_.size(); ++w) {
+            why += " w" + std::to_string(w) + "=" +
+                   std::to_string(workers_[w]->push_stop.Received(
+                       PushRound(iteration_))) +
+                   "/" + std::to_string(setup_.layout->num_chunks());
           }
         }
+        job_.Fail(why);
         return false;
+      }
     }
   }
 }
@@ -340,61 +413,97 @@ bool ServerLcore::RunUntil(Done done, bool broadcasting,
 // A worker that finished while another already pushes this round ran
 // fewer --iterations. (Workers that all finish say BYE within a few
 // messages of each other and push nothing more.) True if the job ends.
-bool ServerLcore::FinishedEarly(uint64_t it, std::string* failure) {
+bool ServerLcore::FinishedEarly(uint64_t it) {
+  const uint32_t round = PushRound(it);
   bool others_push = false;
-  for (const auto& l : links_) {
-    if (l->alive && !l->said_bye && l->push.receiver().received() > 0) {
+  for (const auto& w : workers_) {
+    if (w->alive && !w->said_bye && w->push_stop.Received(round) > 0) {
       others_push = true;
     }
   }
   if (!others_push) return false;
-  for (uint32_t w = 0; w < links_.size(); ++w) {
-    ServerLink& l = *links_[w];
-    if (l.alive && l.said_bye && !l.push.stopped() &&
+  for (uint32_t w = 0; w < workers_.size(); ++w) {
+    WorkerState& ws = *workers_[w];
+    if (ws.alive && ws.said_bye && !ws.push_stop.taken(round) &&
         !LoseWorker(w, "finished after " + std::to_string(it) +
                            " iterations while the others go on (run every "
-                           "worker with the same --iterations);",
-                    failure)) {
+                           "worker with the same --iterations);")) {
       return true;
     }
   }
   return false;
 }
 
-ServerLcore::PushEnd ServerLcore::RunPush(uint64_t it, std::string* failure) {
+ServerLcore::PushEnd ServerLcore::RunPush(uint64_t it) {
   iteration_ = it;
+  const uint32_t round = PushRound(it);
   bool all_bye = false;
   const bool ok = RunUntil(
       [&] {
         bool stopped = true;
         all_bye = true;
-        for (const auto& l : links_) {
-          if (!l->alive) continue;
-          all_bye = all_bye && l->said_bye;
-          stopped = stopped && l->push.stopped();
+        for (const auto& w : workers_) {
+          if (!w->alive) continue;
+          all_bye = all_bye && w->said_bye;
+          stopped = stopped && w->push_stop.taken(round);
         }
         return stopped || all_bye;
       },
-      false, "push round " + std::to_string(PushRound(it)), failure);
+      false, "push round " + std::to_string(round));
   if (!ok) return PushEnd::kFailed;
   return all_bye ? PushEnd::kAllBye : PushEnd::kStopped;
 }
 
-bool ServerLcore::RunBroadcast(uint64_t it, std::string* failure) {
-  const uint32_t round = BroadcastRound(it);
+void ServerLcore::OpenPush(uint64_t it, const RoundTolerance& tol) {
   const uint64_t now = NowNs();
-  for (auto& l : links_) {
-    l->order.Fill(round, setup_.layout->num_chunks(), l->order_buf);
-    l->bcast.Begin(round, l->order_buf, now);
+  const uint64_t deadline = tol.deadline_ns ? now + tol.deadline_ns : 0;
+  for (ServerLink* l : links_) {
+    l->push.Begin(PushRound(it), tol.p, deadline,
+                  tol.deadline_ns ? tol.min_fraction : 0, now);
+  }
+}
+
+bool ServerLcore::RunBroadcast(uint64_t it) {
+  const uint32_t round = BroadcastRound(it);
+  const uint32_t n = setup_.layout->num_chunks();
+  const uint64_t now = NowNs();
+  std::vector<uint32_t> full;
+  for (uint32_t w = 0; w < links_.size(); ++w) {
+    ServerLink& l = *links_[w];
+    (*setup_.orders)[w].Fill(round, n, full);
+    setup_.shards->Filter(full, conf_.shard, l.order_buf);
+    l.bcast.Begin(round, l.order_buf, now, n);
   }
   return RunUntil(
       [&] {
-        for (const auto& l : links_) {
-          if (l->alive && !l->bcast.done()) return false;
+        for (uint32_t w = 0; w < links_.size(); ++w) {
+          if (workers_[w]->alive && !links_[w]->bcast.done()) return false;
         }
         return true;
       },
-      true, "broadcast round " + std::to_string(round), failure);
+      true, "broadcast round " + std::to_string(round));
+}
+
+void ServerLcore::Run(ServerCoordinator* coord) {
+  ServerDecisions& decide = *setup_.decisions;
+  for (uint64_t it = 0;; ++it) {
+    const PushEnd end = RunPush(it);
+    if (end == PushEnd::kFailed) return;
+    // Lcore 0's view decides for all: the lcores may see the last BYE at
+    // different turns.
+    if (coord != nullptr) decide.all_bye = end == PushEnd::kAllBye;
+    if (!job_.Barrier() || decide.all_bye) return;
+    for (ServerLink* l : links_) l->push.Close();
+    if (!job_.Barrier()) return;
+    if (coord != nullptr) decide.next_push = coord->reduce(it);
+    if (!job_.Barrier()) return;
+    OpenPush(it + 1, decide.next_push);
+    if (!job_.Barrier()) return;
+    if (coord != nullptr) coord->announce_push(it + 1);
+    if (setup_.push_only) continue;
+    if (!RunBroadcast(it) || !job_.Barrier()) return;
+    if (coord != nullptr) coord->broadcast_done(it);
+  }
 }
 
 }  // namespace dblp

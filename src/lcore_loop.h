@@ -3,7 +3,13 @@
 // the receive sides' steps (STOP, BITMAP answers), TX (the send sides'
 // steps), then the idle back-off. Rounds themselves live in the sides
 // (lib/dblp/send_side.h, receive_side.h); the engines (worker_engine.cc,
-// server_engine.cc) only set up, join, run iterations and report.
+// server_engine.cc) set up, join, and report.
+//
+// Several lcores (EAL -l/--lcores): a round's chunks are sharded over them
+// (lib/dblp/shards.h). Lcore k owns shard k: RX and TX queue k of every
+// port, and shard k's side of every round, so each bitmap word and each sum
+// slice has one writer. A sender puts chunk `seq` on TX queue ShardOf(seq);
+// memif maps a client's TX queue k to the server's RX queue k.
 #pragma once
 
 #include <rte_common.h>
@@ -11,7 +17,9 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
@@ -22,6 +30,8 @@
 #include "dblp/receive_side.h"
 #include "dblp/send_order.h"
 #include "dblp/send_side.h"
+#include "dblp/shards.h"
+#include "dblp/tolerance.h"
 #include "dblp/token_bucket.h"
 #include "frame_builder.h"
 #include "port.h"
@@ -36,13 +46,36 @@ inline constexpr uint16_t kRxBurst = 64;
 // readers: the sidecar's stats line and the summary read `counters` only.
 struct alignas(RTE_CACHE_LINE_SIZE) LcoreConf {
   unsigned lcore_id = 0;
-  uint16_t rx_queue = 0;
-  uint16_t tx_queue = 0;
-  // RX polls so far, and the latest one that came back short on every port
-  // this lcore polls: a PROBE seen at poll g is answered once drained > g.
-  uint64_t poll_gen = 0;
+  uint16_t shard = 0;     // = its RX and TX queue on every port
+  uint64_t poll_gen = 0;  // RX polls so far
   DatapathCounters counters;
   rte_mbuf* rx_pkts[kRxBurst];
+};
+
+// What a job's datapath lcores share: a barrier between the phases of an
+// iteration, the first failure (which ends every lcore's loop) and the
+// latest progress any lcore made (RoundPacer's shared watchdog).
+class JobSync {
+ public:
+  JobSync(unsigned lcores, const std::atomic<bool>* quit)
+      : lcores_(lcores), quit_(quit) {}
+  // Every lcore calls it between two phases; returns false (without
+  // waiting for the others) once the job failed or was interrupted.
+  bool Barrier();
+  void Fail(const std::string& why);  // the first failure is kept
+  bool failed() const { return failed_.load(std::memory_order_acquire); }
+  std::string failure();
+  std::atomic<uint64_t>* progress() { return &progress_ns_; }
+
+ private:
+  const unsigned lcores_;
+  const std::atomic<bool>* quit_;
+  alignas(RTE_CACHE_LINE_SIZE) std::atomic<unsigned> arrived_{0};  // all: RMW
+  std::atomic<uint64_t> generation_{0};  // last lcore to arrive: wo; all: ro
+  std::atomic<bool> failed_{false};      // any lcore: wo; all: ro
+  std::mutex failure_mu_;                // Fail / failure only, never per packet
+  std::string failure_;
+  alignas(RTE_CACHE_LINE_SIZE) std::atomic<uint64_t> progress_ns_{0};
 };
 
 // What a worker's iteration measured on its own side.
@@ -53,22 +86,25 @@ struct WorkerIterationTimes {
   double announced_p = 0;      // the push round's p, from ROUND_BEGIN
 };
 
-// dblp-worker's lcore: pushes its gradient (the push SendSide) and receives
-// the mean (the broadcast ReceiveSide) on one port.
+// dblp-worker's lcore: pushes its gradient (one SendSide per server shard,
+// each on its TX queue) and receives the mean (one ReceiveSide over every
+// RX queue).
 class WorkerLcore {
  public:
   struct Setup {
     uint16_t port = 0;
+    uint16_t queues = 1;        // = the server's shards
     uint16_t udp_port = 0;      // ours: the broadcast arrives here
     const ChunkLayout* layout = nullptr;
     RxLossInjector* loss = nullptr;   // on the broadcast we receive
-    ChunkTransmitter* tx = nullptr;
+    std::vector<ChunkTransmitter>* tx = nullptr;  // one per queue
     FrameTemplate* to_server = nullptr;
     const uint8_t* gradient = nullptr;  // what the push sends
     uint8_t* mean = nullptr;            // where the broadcast lands
     RoundPacer* pacer = nullptr;
   };
-  WorkerLcore(LcoreConf& conf, WorkerControl& control, SendSide& push,
+  WorkerLcore(LcoreConf& conf, WorkerControl& control,
+              std::vector<std::unique_ptr<SendSide>>& push,
               ReceiveSide& bcast, const Setup& setup);
 
   // Opens iteration `it`'s broadcast receiver and waits for the server to
@@ -82,19 +118,21 @@ class WorkerLcore {
 
  private:
   bool Turn(uint64_t now_ns);
-  uint16_t PollBroadcast(uint64_t now_ns);
+  uint16_t PollBroadcast(uint64_t now_ns, uint16_t queue);
   bool HandleEvents(uint64_t now_ns);
-  // Runs turns until `done()`; false with *failure if the loop must end.
+  bool PushDone() const;
   template <class Done>
   bool RunUntil(Done done, const char* waiting_for, uint64_t it,
                 std::string* failure);
 
   LcoreConf& conf_;
   WorkerControl& control_;
-  SendSide& push_;
+  std::vector<std::unique_ptr<SendSide>>& push_;
   ReceiveSide& bcast_;
   Setup setup_;
-  MbufFrames frames_;
+  std::vector<MbufFrames> frames_;  // per queue
+  ShardMap shards_;
+  std::vector<uint32_t> shard_order_;
   RingOutbox outbox_;
   uint64_t drained_gen_ = 0;
   bool have_go_ = false;
@@ -103,29 +141,50 @@ class WorkerLcore {
   WorkerIterationTimes times_;
 };
 
+// The server's state for one worker, shared by its lcores. Writer: lcore 0
+// (it handles control events); readers: every lcore.
+struct WorkerState {
+  std::atomic<bool> alive{true};      // false: lost, its frames dropped
+  std::atomic<bool> said_bye{false};  // finished its iterations
+  StopGroup push_stop;                // the push STOP across shards
+};
 
-// The server's state for one worker. Datapath lcore only, except the
-// sides' own control-thread entry points (send_side.h, receive_side.h).
+// One server lcore's sides for one worker (its shard of that worker's
+// rounds). That lcore only, except the sides' control-thread entry points.
 struct ServerLink {
-  ServerLink(const ReceiveSideConfig& rc, const SendSideConfig& sc,
-             const SendOrder& o)
-      : push(rc), bcast(sc), order(o) {}
+  ServerLink(const ReceiveSideConfig& rc, const SendSideConfig& sc)
+      : push(rc), bcast(sc) {}
   ReceiveSide push;
   SendSide bcast;
-  SendOrder order;
   std::vector<uint32_t> order_buf;
   // The worker's return path, learned from its first accepted frame.
   bool learned = false;
   uint16_t port = 0;
   FrameTemplate tmpl;
-  bool alive = true;      // false: lost, its frames are dropped
-  bool said_bye = false;  // finished its iterations
   bool arrivals = false;  // frames accepted this turn
 };
 
-// dblp-server's lcore: receives every worker's push (a ReceiveSide per
-// worker, summed into the MeanReducer) and broadcasts the mean (a SendSide
-// per worker), on one port per worker.
+// What lcore 0 decides for every server lcore. Writer: lcore 0, before a
+// JobSync barrier; readers: every lcore, after it.
+struct ServerDecisions {
+  RoundTolerance next_push;  // the tolerance of the push being opened
+  bool all_bye = false;      // every live worker finished: the job ends
+};
+
+// The iteration steps only lcore 0 takes, between the lcores' phases.
+struct ServerCoordinator {
+  // Every lcore's push sides are closed: reduce, run the policy, announce
+  // the broadcast. Returns the next push's tolerance.
+  std::function<RoundTolerance(uint64_t it)> reduce;
+  // Every lcore opened the next push: announce it.
+  std::function<void(uint64_t next_it)> announce_push;
+  // Every lcore's broadcast is done.
+  std::function<void(uint64_t it)> broadcast_done;
+};
+
+// dblp-server's lcore k: shard k of every worker's push (its ReceiveSides,
+// summed into the MeanReducer's slices of the shard) and of every broadcast
+// (its SendSides).
 class ServerLcore {
  public:
   struct Setup {
@@ -134,26 +193,29 @@ class ServerLcore {
     uint32_t local_ip = 0;
     const std::vector<PortCaps>* caps = nullptr;
     const ChunkLayout* layout = nullptr;
+    const ShardMap* shards = nullptr;
     RxLossInjector* loss = nullptr;  // on the pushes we receive
     MeanReducer* reducer = nullptr;
     const uint8_t* mean = nullptr;   // what the broadcast sends
     rte_mempool* pool = nullptr;
-    std::vector<TokenBucket>* link_rate = nullptr;  // per port
+    std::vector<TokenBucket>* link_rate = nullptr;  // this lcore's, per port
     bool prefetch = true;
-    RoundPacer* pacer = nullptr;
+    bool push_only = false;
     bool continue_on_worker_loss = false;
+    std::vector<SendOrder>* orders = nullptr;  // per worker (broadcast)
+    ServerDecisions* decisions = nullptr;
   };
-  enum class PushEnd : uint8_t { kStopped, kAllBye, kFailed };
 
-  ServerLcore(LcoreConf& conf, ServerControl& control,
-              std::vector<std::unique_ptr<ServerLink>>& links,
+  ServerLcore(LcoreConf& conf, ServerControl& control, JobSync& job,
+              std::vector<std::unique_ptr<WorkerState>>& workers,
+              std::vector<ServerLink*> links, RoundPacer& pacer,
               const Setup& setup);
 
-  // Turns until every live worker's push round reached STOP (or every
-  // worker said BYE, or the job must end: *failure says why).
-  PushEnd RunPush(uint64_t it, std::string* failure);
-  // Broadcasts the mean to every live worker until each one's STOP.
-  bool RunBroadcast(uint64_t it, std::string* failure);
+  // The whole job on this lcore: iterations until every worker said BYE
+  // or the job fails (JobSync holds why). `coord` on lcore 0 only.
+  void Run(ServerCoordinator* coord);
+  // Lcore 0, before Run: opens iteration 0's push.
+  void OpenPush(uint64_t it, const RoundTolerance& tol);
   uint32_t live_count() const;
   RingOutbox& outbox() { return outbox_; }
 
@@ -163,21 +225,26 @@ class ServerLcore {
                                       uint16_t n, uint64_t now_ns);
 
  private:
+  enum class PushEnd : uint8_t { kStopped, kAllBye, kFailed };
   bool Turn(uint64_t now_ns, bool broadcasting);
   uint32_t PollPushes(uint64_t now_ns);
   void Learn(ServerLink& l, uint16_t port, uint16_t rank,
              const ParsedFrame& pf);
-  bool HandleEvents(std::string* failure);
-  bool LoseWorker(uint32_t w, const std::string& how, std::string* failure);
+  bool HandleEvents();
+  bool LoseWorker(uint32_t w, const std::string& how);
   uint64_t DrainedFor(const ServerLink& l) const;
-  bool FinishedEarly(uint64_t it, std::string* failure);
+  bool FinishedEarly(uint64_t it);
+  PushEnd RunPush(uint64_t it);
+  bool RunBroadcast(uint64_t it);
   template <class Done>
-  bool RunUntil(Done done, bool broadcasting, const std::string& what,
-                std::string* failure);
+  bool RunUntil(Done done, bool broadcasting, const std::string& what);
 
   LcoreConf& conf_;
   ServerControl& control_;
-  std::vector<std::unique_ptr<ServerLink>>& links_;
+  JobSync& job_;
+  std::vector<std::unique_ptr<WorkerState>>& workers_;
+  std::vector<ServerLink*> links_;  // this lcore's shard of each worker
+  RoundPacer& pacer_;
   Setup setup_;
   RingOutbox outbox_;
   ChunkTransmitter tx_;

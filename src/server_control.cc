@@ -12,10 +12,10 @@
 namespace dblp {
 
 ServerControl::ServerControl(const ServerJoinConfig& join,
-                             const DatapathCounters* ctr,
+                             std::vector<const DatapathCounters*> ctr,
                              double stats_period_s)
     : cfg_(join),
-      sidecar_(MakeCallbacks(ctr, stats_period_s)),
+      sidecar_(MakeCallbacks(std::move(ctr), stats_period_s)),
       alive_(new std::atomic<bool>[join.workers]) {
   for (uint32_t w = 0; w < join.workers; ++w) alive_[w].store(true);
 }
@@ -23,7 +23,7 @@ ServerControl::ServerControl(const ServerJoinConfig& join,
 ServerControl::~ServerControl() { Stop(); }
 
 ControlSidecar::Callbacks ServerControl::MakeCallbacks(
-    const DatapathCounters* ctr, double stats_period_s) {
+    std::vector<const DatapathCounters*> ctr, double stats_period_s) {
   ControlSidecar::Callbacks cb;
   cb.on_message = [this](ConnId c, const ControlMessage& m) {
     OnMessage(c, m);
@@ -35,8 +35,11 @@ ControlSidecar::Callbacks ServerControl::MakeCallbacks(
     cb.on_tick = [this, ctr, stats_period_s, last_rx = uint64_t{0},
                   last_tx = uint64_t{0}]() mutable {
       if (!attached_.load()) return;
-      const uint64_t rx = ctr->rx_frames.load(std::memory_order_relaxed);
-      const uint64_t tx = ctr->tx_frames.load(std::memory_order_relaxed);
+      uint64_t rx = 0, tx = 0;
+      for (const DatapathCounters* c : ctr) {
+        rx += c->rx_frames.load(std::memory_order_relaxed);
+        tx += c->tx_frames.load(std::memory_order_relaxed);
+      }
       std::printf("[server] iter %llu  rx %.0f pps  tx %.0f pps  p=%.3f%s\n",
                   static_cast<unsigned long long>(iteration_.load()),
                   static_cast<double>(rx - last_rx) / stats_period_s,
@@ -113,7 +116,7 @@ void ServerControl::Welcome() {
     wm.num_chunks = layout.num_chunks();
     wm.total_bytes = layout.total_bytes();
     wm.udp_base_port = cfg_.udp_port;
-    wm.num_shards = 1;
+    wm.num_shards = cfg_.shards;
     wm.server_ipv4 = cfg_.local_ip;
     std::memcpy(wm.server_mac.data(), cfg_.mac.addr_bytes, 6);
     wm.policy = cfg_.policy;
@@ -128,6 +131,8 @@ void ServerControl::OnMessage(ConnId c, const ControlMessage& m) {
   if (!attached_.load(std::memory_order_acquire)) return;
   const int w = RankOf(c);
   if (w < 0) return;
+  // A PROBE or BITMAP goes to the side of the shard it names, STOP to every
+  // shard's broadcast side.
   if (DeliverToSides(m, bcast_[w], push_[w], NowNs())) return;
   if (const auto* err = std::get_if<ErrorMsg>(&m)) {
     // The worker failed; its connection closes next (PeerGoneEvent).
@@ -187,8 +192,13 @@ void ServerControl::SendRequests() {
                    [](const auto& q) -> uint16_t { return q.peer; }},
         r);
     if (peer >= links_.size()) continue;
-    if (auto m = SideRequestMessage(r, push_[peer])) {
-      sidecar_.Send(links_[peer].conn, *m);
+    ReceiveSide* answering = nullptr;
+    if (const auto* b = std::get_if<BitmapRequest>(&r)) {
+      if (b->side >= push_[peer].size()) continue;
+      answering = push_[peer][b->side];
+    }
+    for (const ControlMessage& m : SideRequestMessages(r, answering)) {
+      sidecar_.Send(links_[peer].conn, m);
     }
   }
 }
@@ -228,8 +238,8 @@ const JoinMsg& ServerControl::AdmitWorkers(const std::string& listen,
   return first_join_;
 }
 
-void ServerControl::Attach(std::vector<ReceiveSide*> push,
-                           std::vector<SendSide*> bcast) {
+void ServerControl::Attach(std::vector<std::vector<ReceiveSide*>> push,
+                           std::vector<std::vector<SendSide*>> bcast) {
   push_ = std::move(push);
   bcast_ = std::move(bcast);
   attached_.store(true, std::memory_order_release);

@@ -15,6 +15,7 @@
 #include "dblp/control_sidecar.h"
 #include "dblp/receive_side.h"
 #include "dblp/send_side.h"
+#include "dblp/shards.h"
 #include "port.h"
 
 namespace dblp {
@@ -29,11 +30,15 @@ struct ServerJoinConfig {
   uint64_t max_gradient_bytes = 0;
   std::string policy;  // described in the WELCOME
   uint16_t ports = 1;  // for the banner
+  uint16_t shards = 1;  // datapath lcores: a round's chunk ranges
 };
 
 class ServerControl {
  public:
-  ServerControl(const ServerJoinConfig& join, const DatapathCounters* ctr,
+  // `ctr` (one per datapath lcore) feeds the stats line every
+  // `stats_period_s` (0 = none).
+  ServerControl(const ServerJoinConfig& join,
+                std::vector<const DatapathCounters*> ctr,
                 double stats_period_s);
   ~ServerControl();
   ServerControl(const ServerControl&) = delete;
@@ -44,8 +49,10 @@ class ServerControl {
   // JOIN (the job's gradient size and layers).
   const JoinMsg& AdmitWorkers(const std::string& listen, uint32_t timeout_ms,
                               const std::atomic<bool>& quit, bool realtime);
-  // Datapath, once, before the first round: worker w's sides.
-  void Attach(std::vector<ReceiveSide*> push, std::vector<SendSide*> bcast);
+  // Datapath, once, before the first round: worker w's sides, one per
+  // shard (lcore): push[w][k], bcast[w][k].
+  void Attach(std::vector<std::vector<ReceiveSide*>> push,
+              std::vector<std::vector<SendSide*>> bcast);
 
   TypedRing<DatapathEvent>& events() { return events_; }
   RingOutbox outbox() { return RingOutbox{&requests_, &sidecar_}; }
@@ -74,8 +81,8 @@ class ServerControl {
     std::string name;
     std::string error;  // sidecar: wo (under mu_); datapath: reads under mu_
   };
-  ControlSidecar::Callbacks MakeCallbacks(const DatapathCounters* ctr,
-                                          double stats_period_s);
+  ControlSidecar::Callbacks MakeCallbacks(
+      std::vector<const DatapathCounters*> ctr, double stats_period_s);
   void OnJoin(ConnId c, const JoinMsg& j);
   void Welcome();
   void OnMessage(ConnId c, const ControlMessage& m);
@@ -87,7 +94,8 @@ class ServerControl {
 
   ServerJoinConfig cfg_;
   TypedRing<DatapathEvent> events_{"dblp_s_ev", 4096};       // sidecar -> dp
-  TypedRing<ControlRequest> requests_{"dblp_s_req", 4096};  // dp -> sidecar
+  // Every lcore posts requests: a multi-producer ring.
+  TypedRing<ControlRequest> requests_{"dblp_s_req", 4096, true};
   ControlSidecar sidecar_;
   std::unique_ptr<SidecarThread> thread_;
 
@@ -98,8 +106,8 @@ class ServerControl {
   JoinMsg first_join_;
   std::atomic<bool> joined_{false};         // sidecar: wo; datapath: ro
   // Rounds: set by the datapath once (Attach); read by the sidecar.
-  std::vector<ReceiveSide*> push_;
-  std::vector<SendSide*> bcast_;
+  std::vector<std::vector<ReceiveSide*>> push_;
+  std::vector<std::vector<SendSide*>> bcast_;
   std::atomic<bool> attached_{false};       // datapath: wo; sidecar: ro
   std::unique_ptr<std::atomic<bool>[]> alive_;  // datapath: wo; sidecar: ro
   std::string failure_;                     // sidecar: wo before failed_

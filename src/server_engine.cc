@@ -18,88 +18,125 @@
 namespace dblp {
 namespace {
 
+using LinkGrid = std::vector<std::vector<std::unique_ptr<ServerLink>>>;
+
 // One row per worker for the push just reduced.
-void AddPushRows(uint64_t it, const std::vector<std::unique_ptr<ServerLink>>& links,
+void AddPushRows(uint64_t it, const LinkGrid& links,
+                 const std::vector<std::unique_ptr<WorkerState>>& workers,
                  uint64_t push_open_ns, const RoundTolerance& tol, double norm,
-                 bool burst, const ServerOptions& o, RunReport* report) {
-  for (uint32_t w = 0; w < links.size(); ++w) {
-    const ReceiveSide& push = links[w]->push;
+                 bool burst, const ServerOptions& o, uint32_t num_chunks,
+                 RunReport* report) {
+  for (uint32_t w = 0; w < workers.size(); ++w) {
+    // The shards' bitmaps cover disjoint chunk ranges.
+    uint64_t stop_ns = 0;
+    std::vector<uint64_t> words((num_chunks + 63) / 64, 0);
+    Bitmap part;
+    for (const auto& shard : links) {
+      const ReceiveSide& push = shard[w]->push;
+      stop_ns = std::max(stop_ns, push.stop_ns());
+      push.receiver().SnapshotBitmap(part);
+      for (size_t i = 0; i < words.size(); ++i) words[i] |= part.words()[i];
+    }
+    Bitmap arrived(num_chunks);
+    arrived.AssignWords(words);
     IterationRecord r;
     r.iteration = it;
     r.rank = w;
     r.send_latency_us =
-        push.stop_ns() ? static_cast<double>(push.stop_ns() - push_open_ns) / 1e3
-                       : 0;
-    r.delivered_fraction = push.receiver().delivered_fraction();
+        stop_ns > push_open_ns
+            ? static_cast<double>(stop_ns - push_open_ns) / 1e3
+            : 0;
+    r.delivered_fraction =
+        static_cast<double>(arrived.Count()) / num_chunks;
     r.p = tol.p;
     r.critical = tol.critical;
     r.grad_norm = norm;
     r.burst = burst;
     report->rows.push_back(r);
     if (!o.dp.dump_dir.empty() && it < o.dp.dump_iterations) {
-      Bitmap b;
-      push.receiver().SnapshotBitmap(b);
       DumpBinary(o.dp.dump_dir + "/w" + std::to_string(w) + "_it" +
                      std::to_string(it) + "_push.bits",
-                 b.words().data(), b.words().size() * sizeof(uint64_t));
+                 arrived.words().data(),
+                 arrived.words().size() * sizeof(uint64_t));
     }
   }
 }
 
-// Completes the iteration's rows with the broadcast side.
-void AddBroadcastToRows(const std::vector<std::unique_ptr<ServerLink>>& links,
-                        RunReport* report) {
-  const size_t W = links.size();
+// Completes the iteration's rows with the broadcast side (its shards).
+void AddBroadcastToRows(const LinkGrid& links, uint32_t W, RunReport* report) {
   for (uint32_t w = 0; w < W; ++w) {
-    const SendSide& b = links[w]->bcast;
     IterationRecord& r = report->rows[report->rows.size() - W + w];
+    uint64_t begin = UINT64_MAX, done = 0;
+    double rtt_sum = 0;
+    int rtt_n = 0;
+    r.bcast_passes = 0;
+    r.packets_sent = r.packets_resent = 0;
+    for (const auto& shard : links) {
+      const SendSide& b = shard[w]->bcast;
+      begin = std::min(begin, b.begin_ns());
+      done = std::max(done, b.done_ns());
+      r.bcast_passes = std::max(r.bcast_passes, b.sender().passes());
+      r.packets_sent += b.sender().packets_sent();
+      r.packets_resent += b.sender().packets_resent();
+      if (b.mean_rtt_us() > 0) {
+        rtt_sum += b.mean_rtt_us();
+        ++rtt_n;
+      }
+    }
     r.bcast_latency_us =
-        b.done_ns() > b.begin_ns()
-            ? static_cast<double>(b.done_ns() - b.begin_ns()) / 1e3
-            : 0;
-    r.bcast_passes = b.sender().passes();
-    r.packets_sent = b.sender().packets_sent();
-    r.packets_resent = b.sender().packets_resent();
-    r.control_rtt_us = b.mean_rtt_us();
+        done > begin ? static_cast<double>(done - begin) / 1e3 : 0;
+    r.control_rtt_us = rtt_n ? rtt_sum / rtt_n : 0;
   }
 }
 
-void AddServerCounters(const LcoreConf& lc, const ServerControl& control,
-                       const std::vector<std::unique_ptr<ServerLink>>& links,
+void AddServerCounters(const std::vector<std::unique_ptr<LcoreConf>>& lcs,
+                       const ServerControl& control, const LinkGrid& links,
                        uint16_t nb_ports, RunReport* report) {
-  const DatapathCounters& ctr = lc.counters;
+  auto sum = [&](auto field) {
+    uint64_t t = 0;
+    for (const auto& lc : lcs) t += (lc->counters.*field).load();
+    return t;
+  };
+  using C = DatapathCounters;
   report->counters = {
-      {"rx_frames", ctr.rx_frames.load()},
-      {"tx_frames", ctr.tx_frames.load()},
-      {"injected_drops", ctr.injected_drops.load()},
-      {"tx_ring_full", ctr.tx_ring_full.load()},
-      {"mbuf_alloc_failures", ctr.mbuf_alloc_failures.load()},
-      {"frames_from_lost_workers", ctr.from_lost_worker.load()},
+      {"rx_frames", sum(&C::rx_frames)},
+      {"tx_frames", sum(&C::tx_frames)},
+      {"injected_drops", sum(&C::injected_drops)},
+      {"tx_ring_full", sum(&C::tx_ring_full)},
+      {"mbuf_alloc_failures", sum(&C::mbuf_alloc_failures)},
+      {"frames_from_lost_workers", sum(&C::from_lost_worker)},
       {"control_messages_in", control.messages_in()},
       {"control_messages_out", control.messages_out()},
       {"control_protocol_errors", control.protocol_errors()},
   };
-  for (int v = 0; v < kNumVerdicts; ++v) {
-    uint64_t sum = 0;
-    for (auto& l : links) {
-      sum += l->push.receiver().verdict_count(static_cast<Verdict>(v));
+  auto over_links = [&](auto fn) {
+    uint64_t t = 0;
+    for (const auto& shard : links) {
+      for (const auto& l : shard) t += fn(*l);
     }
+    return t;
+  };
+  for (int v = 0; v < kNumVerdicts; ++v) {
     report->counters.emplace_back(
-        std::string("push_") + VerdictName(static_cast<Verdict>(v)), sum);
+        std::string("push_") + VerdictName(static_cast<Verdict>(v)),
+        over_links([v](const ServerLink& l) {
+          return l.push.receiver().verdict_count(static_cast<Verdict>(v));
+        }));
   }
   for (int s = 1; s < kNumDecodeStatus; ++s) {
-    uint64_t sum = 0;
-    for (auto& l : links) {
-      sum += l->push.receiver().decode_error_count(static_cast<DecodeStatus>(s));
-    }
     report->counters.emplace_back(
         std::string("decode_") + DecodeStatusName(static_cast<DecodeStatus>(s)),
-        sum);
+        over_links([s](const ServerLink& l) {
+          return l.push.receiver().decode_error_count(
+              static_cast<DecodeStatus>(s));
+        }));
   }
   for (int s = 1; s < kNumFrameStatus; ++s) {
+    uint64_t t = 0;
+    for (const auto& lc : lcs) t += lc->counters.frame_drops[s].load();
     report->counters.emplace_back(
         std::string("frame_") + FrameStatusName(static_cast<FrameStatus>(s)),
-        ctr.frame_drops[s].load());
+        t);
   }
   PortDrops total{};
   for (uint16_t p = 0; p < nb_ports; ++p) {
@@ -108,11 +145,10 @@ void AddServerCounters(const LcoreConf& lc, const ServerControl& control,
     total.rx_nombuf += d.rx_nombuf;
     total.oerrors += d.oerrors;
   }
-  uint64_t bitmaps_dropped = 0;
-  for (auto& l : links) {
-    bitmaps_dropped += l->bcast.bitmaps_dropped() + l->push.answer().dropped();
-  }
-  report->counters.emplace_back("bitmaps_dropped", bitmaps_dropped);
+  report->counters.emplace_back(
+      "bitmaps_dropped", over_links([](const ServerLink& l) {
+        return l.bcast.bitmaps_dropped() + l.push.answer().dropped();
+      }));
   report->counters.emplace_back("device_imissed", total.imissed);
   report->counters.emplace_back("device_rx_nombuf", total.rx_nombuf);
   report->counters.emplace_back("device_oerrors", total.oerrors);
@@ -137,6 +173,50 @@ RoundBeginRequest Announcement(Direction d, uint32_t round,
                            t.deadline_ns ? t.min_fraction : 0};
 }
 
+
+// What a remote lcore runs: its ServerLcore until the job ends.
+struct RemoteLcore {
+  ServerLcore* lcore;
+  bool realtime;
+};
+int RunRemoteLcore(void* arg) {
+  auto* r = static_cast<RemoteLcore*>(arg);
+  if (r->realtime) SetRealtime(pthread_self(), kDatapathRtPriority);
+  r->lcore->Run(nullptr);
+  return 0;
+}
+
+// Ports and the pool, with one RX/TX queue pair per datapath lcore.
+uint16_t SetupServerPorts(const ServerOptions& o, uint16_t lcores,
+                          rte_mempool** pool, std::vector<PortCaps>* caps) {
+  const uint16_t nb_ports = rte_eth_dev_count_avail();
+  if (nb_ports == 0) {
+    Die("no Ethernet port", "give the server a port: -a <PCI address> for a "
+        "NIC, or one --vdev=net_memifN,role=server,socket=/tmp/dblp-wN.sock "
+        "per worker");
+  }
+  PortOptions popts = o.dp.port;
+  popts.nb_queues = lcores;
+  const uint32_t mbufs =
+      o.dp.mbufs ? o.dp.mbufs
+                 : nb_ports * MbufsNeeded(popts, o.dp.burst, 1024) + 2048;
+  *pool = CreatePoolOrDie("dblp_server_pool", mbufs, popts.mtu,
+                          static_cast<int>(rte_socket_id()));
+  caps->resize(nb_ports);
+  for (uint16_t p = 0; p < nb_ports; ++p) {
+    popts.port_id = p;
+    (*caps)[p] = SetupPortOrDie(popts, *pool);
+    if (lcores > 1 && (*caps)[p].driver != "net_memif") {
+      Die("port " + std::to_string(p) + " (" + (*caps)[p].driver +
+              ") cannot steer a round's chunk ranges to " +
+              std::to_string(lcores) + " lcores",
+          "run with one datapath lcore (-l with one core) on this port; "
+          "several lcores need net_memif, whose queue k reaches queue k");
+    }
+  }
+  return nb_ports;
+}
+
 }  // namespace
 
 int RunServer(const ServerOptions& o) {
@@ -145,23 +225,10 @@ int RunServer(const ServerOptions& o) {
     Die("--workers=" + std::to_string(o.workers) + " is out of range",
         "use 1.." + std::to_string(kServerRank - 1));
   }
-  const uint16_t nb_ports = rte_eth_dev_count_avail();
-  if (nb_ports == 0) {
-    Die("no Ethernet port", "give the server a port: -a <PCI address> for a "
-        "NIC, or one --vdev=net_memifN,role=server,socket=/tmp/dblp-wN.sock "
-        "per worker");
-  }
-  PortOptions popts = o.dp.port;
-  const uint32_t mbufs =
-      o.dp.mbufs ? o.dp.mbufs
-                 : nb_ports * MbufsNeeded(popts, o.dp.burst, 1024) + 2048;
-  rte_mempool* pool = CreatePoolOrDie("dblp_server_pool", mbufs, popts.mtu,
-                                      static_cast<int>(rte_socket_id()));
-  std::vector<PortCaps> caps(nb_ports);
-  for (uint16_t p = 0; p < nb_ports; ++p) {
-    popts.port_id = p;
-    caps[p] = SetupPortOrDie(popts, pool);
-  }
+  const auto S = static_cast<uint16_t>(rte_lcore_count());
+  rte_mempool* pool = nullptr;
+  std::vector<PortCaps> caps;
+  const uint16_t nb_ports = SetupServerPorts(o, S, &pool, &caps);
   uint32_t local_ip = 0;
   if (!ParseIpv4(o.local_ip, &local_ip)) {
     Die("bad --local_ip " + o.local_ip, "use a dotted IPv4, e.g. 10.0.0.1");
@@ -171,13 +238,20 @@ int RunServer(const ServerOptions& o) {
                 : static_cast<uint32_t>(HashMix(NowNs(), 0x5E55)) | 1u;
   std::unique_ptr<TolerancePolicy> policy = TolerancePolicy::Create(o.policy);
 
-  LcoreConf lc;
-  lc.lcore_id = rte_lcore_id();
+  std::vector<std::unique_ptr<LcoreConf>> lcs;
+  std::vector<const DatapathCounters*> counters;
+  unsigned lcore_id;
+  RTE_LCORE_FOREACH(lcore_id) {
+    lcs.push_back(std::make_unique<LcoreConf>());
+    lcs.back()->lcore_id = lcore_id;
+    lcs.back()->shard = static_cast<uint16_t>(lcs.size() - 1);
+    counters.push_back(&lcs.back()->counters);
+  }
   ServerControl control(
       ServerJoinConfig{o.workers, session, caps[0].mtu, local_ip, o.udp_port,
                        caps[0].mac, o.max_gradient_bytes, policy->Describe(),
-                       nb_ports},
-      &lc.counters, o.dp.stats_period_s);
+                       nb_ports, S},
+      counters, o.dp.stats_period_s);
   const JoinMsg& first =
       control.AdmitWorkers(o.listen, o.join_timeout_ms, g_quit, o.dp.realtime);
 
@@ -185,100 +259,134 @@ int RunServer(const ServerOptions& o) {
   const uint32_t W = o.workers;
   const ChunkLayout layout(first.total_bytes, ChunkPayloadForMtu(caps[0].mtu));
   const uint32_t N = layout.num_chunks();
-  std::vector<std::unique_ptr<ServerLink>> links;
-  std::vector<ReceiveSide*> push_sides;
-  std::vector<SendSide*> bcast_sides;
+  const ShardMap shards(N, S);
+  std::vector<std::unique_ptr<WorkerState>> workers;
+  std::vector<SendOrder> orders;
   for (uint32_t w = 0; w < W; ++w) {
-    links.push_back(std::make_unique<ServerLink>(
-        ReceiveSideConfig{ReceiverConfig{session, FrameType::kPush,
-                                         static_cast<int32_t>(w), layout},
-                          Direction::kPush, static_cast<uint16_t>(w)},
-        SendSideConfig{FrameType::kBroadcast, session, kServerRank,
-                       static_cast<uint16_t>(w), Direction::kBroadcast,
-                       o.dp.burst},
-        SendOrder(o.dp.send_order, w, W, HashMix(o.dp.seed, 0xBC))));
-    push_sides.push_back(&links.back()->push);
-    bcast_sides.push_back(&links.back()->bcast);
+    workers.push_back(std::make_unique<WorkerState>());
+    orders.emplace_back(o.dp.send_order, w, W, HashMix(o.dp.seed, 0xBC));
+  }
+  LinkGrid links(S);
+  std::vector<std::vector<ReceiveSide*>> push_sides(W);
+  std::vector<std::vector<SendSide*>> bcast_sides(W);
+  for (uint16_t k = 0; k < S; ++k) {
+    for (uint32_t w = 0; w < W; ++w) {
+      const ReceiverConfig rc{session, FrameType::kPush,
+                              static_cast<int32_t>(w), layout,
+                              shards.begin(k), shards.end(k)};
+      SendSideConfig sc{FrameType::kBroadcast, session, kServerRank,
+                        static_cast<uint16_t>(w), Direction::kBroadcast,
+                        o.dp.burst};
+      sc.shard = k;
+      links[k].push_back(std::make_unique<ServerLink>(
+          ReceiveSideConfig{rc, Direction::kPush, static_cast<uint16_t>(w),
+                            &workers[w]->push_stop, k},
+          sc));
+      workers[w]->push_stop.Add(&links[k][w]->push.receiver());
+      push_sides[w].push_back(&links[k][w]->push);
+      bcast_sides[w].push_back(&links[k][w]->bcast);
+    }
   }
   control.Attach(push_sides, bcast_sides);
   MeanReducer reducer(layout, W);
   std::vector<float> mean(layout.total_bytes() / sizeof(float), 0.0f);
   // Loss on the pushes we receive, applied as frames arrive.
   RxLossInjector loss(o.dp.loss, o.dp.bursts, HashMix(o.dp.seed, 0xB0));
-  // Emulated link rate, one bucket per port (a port is a link).
-  std::vector<TokenBucket> link_rate;
-  for (uint16_t p = 0; p < nb_ports; ++p) {
-    link_rate.emplace_back(o.dp.link_gbps, uint64_t{o.dp.burst} *
-                                               WireBytesPerFrame(caps[p].mtu));
+  JobSync job(S, &g_quit);
+  ServerDecisions decisions;
+  decisions.next_push = policy->Current();
+  std::vector<std::unique_ptr<ServerLcore>> lcores;
+  std::vector<std::vector<TokenBucket>> link_rate(S);
+  std::vector<std::unique_ptr<RoundPacer>> pacers;
+  std::vector<std::unique_ptr<RxLossInjector>> losses;
+  for (uint16_t k = 0; k < S; ++k) {
+    // Emulated link rate, per port (a port is a link) and shared out
+    // between the lcores that send on it.
+    for (uint16_t p = 0; p < nb_ports; ++p) {
+      link_rate[k].emplace_back(
+          o.dp.link_gbps / S,
+          uint64_t{o.dp.burst} * WireBytesPerFrame(caps[p].mtu));
+    }
+    pacers.push_back(std::make_unique<RoundPacer>(
+        o.dp.idle_spin, o.dp.idle_sleep_us, o.dp.round_timeout_ms, &g_quit,
+        job.progress()));
+    // Each lcore draws its own losses (same schedule, its own stream).
+    losses.push_back(k == 0 ? nullptr
+                            : std::make_unique<RxLossInjector>(
+                                  o.dp.loss, o.dp.bursts,
+                                  HashMix(o.dp.seed, 0xB0 + k)));
+    std::vector<ServerLink*> mine;
+    for (auto& l : links[k]) mine.push_back(l.get());
+    lcores.push_back(std::make_unique<ServerLcore>(
+        *lcs[k], control, job, workers, mine, *pacers[k],
+        ServerLcore::Setup{nb_ports, o.udp_port, local_ip, &caps, &layout,
+                           &shards, k == 0 ? &loss : losses[k].get(),
+                           &reducer,
+                           reinterpret_cast<const uint8_t*>(mean.data()), pool,
+                           &link_rate[k], o.dp.prefetch, o.push_only,
+                           o.continue_on_worker_loss, &orders, &decisions}));
   }
-  RoundPacer pacer(o.dp.idle_spin, o.dp.idle_sleep_us, o.dp.round_timeout_ms,
-                   &g_quit);
-  ServerLcore lcore(
-      lc, control, links,
-      ServerLcore::Setup{nb_ports, o.udp_port, local_ip, &caps, &layout, &loss,
-                         &reducer, reinterpret_cast<const uint8_t*>(mean.data()),
-                         pool, &link_rate, o.dp.prefetch, &pacer,
-                         o.continue_on_worker_loss});
   RunReport report;
   report.role = "server";
   report.policy = policy->Describe();
   report.burst_iterations = o.dp.bursts.iterations;
 
-  RoundTolerance push_tol = policy->Current();
+  RoundTolerance push_tol = decisions.next_push;
   uint64_t push_open_ns = 0;
-  auto open_push = [&](uint64_t it) {
-    reducer.BeginRound();
-    reducer.set_num_workers(lcore.live_count());
+  ServerCoordinator coord;
+  coord.announce_push = [&](uint64_t it) {
     push_open_ns = NowNs();
-    const uint64_t deadline =
-        push_tol.deadline_ns ? push_open_ns + push_tol.deadline_ns : 0;
-    for (auto& l : links) {
-      l->push.Begin(PushRound(it), push_tol.p, deadline,
-                    push_tol.deadline_ns ? push_tol.min_fraction : 0,
-                    push_open_ns);
-    }
-    lcore.outbox().Post(
+    control.Publish(it, push_tol.p, push_tol.critical);
+    lcores[0]->outbox().Post(
         Announcement(Direction::kPush, PushRound(it), push_tol));
   };
-  open_push(0);
-  std::printf("dblp-server: %u workers joined; %u chunks of %u B per round\n",
-              W, N, layout.chunk_payload());
-  std::fflush(stdout);
-
-  std::string failure;
-  loss.StartClock(NowNs());
-  for (uint64_t it = 0; failure.empty(); ++it) {
-    control.Publish(it, push_tol.p, push_tol.critical);
-    const ServerLcore::PushEnd end = lcore.RunPush(it, &failure);
-    if (end != ServerLcore::PushEnd::kStopped) break;
-
-    // Reduce, detect the phase, open the next push.
-    for (auto& l : links) l->push.Close();
+  coord.reduce = [&](uint64_t it) {
     reducer.Finalize(o.push_fill, mean);
     if (it >= o.zero_first && it <= o.zero_last && o.zero_fraction > 0) {
       ZeroRandomChunks(mean, layout, o.zero_fraction, HashMix(o.dp.seed, it));
     }
     const double norm = L2Norm(mean);
-    AddPushRows(it, links, push_open_ns, push_tol, norm, loss.InBurst(it), o,
-                &report);
+    AddPushRows(it, links, workers, push_open_ns, push_tol, norm,
+                loss.InBurst(it), o, N, &report);
     if (!o.dp.dump_dir.empty() && it < o.dp.dump_iterations) {
       DumpBinary(o.dp.dump_dir + "/mean_it" + std::to_string(it) + ".f32",
                  mean.data(), mean.size() * sizeof(float));
     }
     policy->OnIterationEnd(it, norm, NowNs() - push_open_ns);
-    const RoundTolerance next_tol = policy->Current();
-    lcore.outbox().Post(Announcement(Direction::kBroadcast,
-                                     BroadcastRound(it),
-                                     BroadcastTolerance(o, next_tol)));
-    push_tol = next_tol;
-    open_push(it + 1);
-    if (o.push_only) continue;
-    lcore.RunBroadcast(it, &failure);
-    AddBroadcastToRows(links, &report);
-  }
-  control.Stop();
+    const RoundTolerance next = policy->Current();
+    lcores[0]->outbox().Post(Announcement(
+        Direction::kBroadcast, BroadcastRound(it), BroadcastTolerance(o, next)));
+    push_tol = next;
+    reducer.BeginRound();
+    reducer.set_num_workers(lcores[0]->live_count());
+    return next;
+  };
+  coord.broadcast_done = [&](uint64_t) {
+    AddBroadcastToRows(links, W, &report);
+  };
 
-  AddServerCounters(lc, control, links, nb_ports, &report);
+  for (auto& lc : lcores) lc->OpenPush(0, push_tol);
+  coord.announce_push(0);
+  std::printf("dblp-server: %u workers joined; %u chunks of %u B per round, "
+              "%u datapath lcore(s)\n",
+              W, N, layout.chunk_payload(), S);
+  std::fflush(stdout);
+  const uint64_t start_ns = NowNs();
+  loss.StartClock(start_ns);
+  for (auto& l : losses) {
+    if (l) l->StartClock(start_ns);
+  }
+  std::vector<RemoteLcore> remote(S);
+  for (uint16_t k = 1; k < S; ++k) {
+    remote[k] = RemoteLcore{lcores[k].get(), o.dp.realtime};
+    rte_eal_remote_launch(RunRemoteLcore, &remote[k], lcs[k]->lcore_id);
+  }
+  lcores[0]->Run(&coord);
+  rte_eal_mp_wait_lcore();
+  control.Stop();
+  const std::string failure = job.failure();
+
+  AddServerCounters(lcs, control, links, nb_ports, &report);
   report.info = {{"loss", FormatLossSpec(o.dp.loss)},
                  {"link_gbps", o.dp.link_gbps > 0
                                    ? std::to_string(o.dp.link_gbps)

@@ -74,8 +74,10 @@ void WorkerControl::OnMessage(const ControlMessage& m) {
                                  rb->deadline_ns, rb->min_fraction});
     return;
   }
-  DeliverToSides(m, push_.load(std::memory_order_acquire),
-                 bcast_.load(std::memory_order_acquire), NowNs());
+  if (!attached_.load(std::memory_order_acquire)) return;
+  // STOP goes to every push side, a BITMAP to the shard that asked.
+  const uint64_t now = NowNs();
+  DeliverToSides(m, push_, std::span<ReceiveSide* const>(&bcast_, 1), now);
 }
 
 void WorkerControl::SendRequests() {
@@ -91,7 +93,9 @@ void WorkerControl::SendRequests() {
       continue;
     }
     if (std::holds_alternative<StopRequest>(r)) stops_sent_.fetch_add(1);
-    if (auto m = SideRequestMessage(r, bcast_.load())) sidecar_.Send(conn_, *m);
+    for (const ControlMessage& m : SideRequestMessages(r, bcast_)) {
+      sidecar_.Send(conn_, m);
+    }
   }
 }
 
@@ -123,9 +127,10 @@ const WelcomeMsg& WorkerControl::Join(const std::string& server,
   return welcome_;
 }
 
-void WorkerControl::Attach(SendSide* push, ReceiveSide* bcast) {
-  push_.store(push, std::memory_order_release);
-  bcast_.store(bcast, std::memory_order_release);
+void WorkerControl::Attach(std::vector<SendSide*> push, ReceiveSide* bcast) {
+  push_ = std::move(push);
+  bcast_ = bcast;
+  attached_.store(true, std::memory_order_release);
 }
 
 void WorkerControl::Finish(bool ok, const std::string& error) {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "datapath.h"
 #include "dblp/control.h"
@@ -31,8 +32,8 @@ class WorkerControl {
                          uint32_t timeout_ms, const std::atomic<bool>& quit,
                          bool realtime);
   // Datapath, once, before the first round: the sides that STOP, BITMAP
-  // and PROBE messages go to.
-  void Attach(SendSide* push, ReceiveSide* bcast);
+  // and PROBE messages go to (a push side per server shard).
+  void Attach(std::vector<SendSide*> push, ReceiveSide* bcast);
 
   TypedRing<DatapathEvent>& events() { return events_; }
   RingOutbox outbox() { return RingOutbox{&requests_, &sidecar_}; }
@@ -70,8 +71,10 @@ class WorkerControl {
   // Shared between the sidecar thread and the datapath lcore.
   WelcomeMsg welcome_;                      // sidecar: wo before welcomed_
   std::atomic<bool> welcomed_{false};       // sidecar: wo; datapath: ro
-  std::atomic<SendSide*> push_{nullptr};    // datapath: wo once; sidecar: ro
-  std::atomic<ReceiveSide*> bcast_{nullptr};  // as push_
+  // Datapath: wo once, before attached_; sidecar: ro after it.
+  std::vector<SendSide*> push_;
+  ReceiveSide* bcast_ = nullptr;
+  std::atomic<bool> attached_{false};
   std::string failure_;                     // sidecar: wo before server_gone_
   std::atomic<bool> server_gone_{false};    // sidecar: wo; datapath: ro
   std::string final_error_;  // datapath: wo before FinishRequest; sidecar: ro

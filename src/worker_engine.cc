@@ -80,8 +80,10 @@ FrameTemplate ServerTemplate(const WorkerOptions& o, const WelcomeMsg& wel,
 }
 
 void AddWorkerCounters(const LcoreConf& lc, const WorkerControl& control,
-                       const SendSide& push, const ReceiveSide& bcast,
-                       RunReport* report) {
+                       const std::vector<std::unique_ptr<SendSide>>& push,
+                       const ReceiveSide& bcast, RunReport* report) {
+  uint64_t bitmaps_dropped = bcast.answer().dropped();
+  for (const auto& side : push) bitmaps_dropped += side->bitmaps_dropped();
   const DatapathCounters& ctr = lc.counters;
   const ReceiverRound& rx = bcast.receiver();
   const PortDrops drops = ReadPortDrops(0);
@@ -96,7 +98,7 @@ void AddWorkerCounters(const LcoreConf& lc, const WorkerControl& control,
       {"bcast_stale", rx.verdict_count(Verdict::kStaleRound)},
       {"bcast_late", rx.verdict_count(Verdict::kLate)},
       {"bcast_malformed", rx.verdict_count(Verdict::kMalformed)},
-      {"bitmaps_dropped", push.bitmaps_dropped() + bcast.answer().dropped()},
+      {"bitmaps_dropped", bitmaps_dropped},
       {"stops_sent", control.stops_sent()},
       {"control_messages_in", control.messages_in()},
       {"control_messages_out", control.messages_out()},
@@ -111,6 +113,34 @@ void AddWorkerCounters(const LcoreConf& lc, const WorkerControl& control,
   }
 }
 
+// The data port, set up once the WELCOME said how many queues the server's
+// shards need; the push starts once the link is up (frames sent before are
+// lost and would make the first round look like a burst).
+PortCaps SetupWorkerPort(const WorkerOptions& o, uint16_t queues,
+                         rte_mempool** pool) {
+  PortOptions popts = o.dp.port;
+  popts.nb_queues = queues;
+  const uint32_t mbufs =
+      o.dp.mbufs ? o.dp.mbufs : MbufsNeeded(popts, o.dp.burst, 2048);
+  *pool = CreatePoolOrDie("dblp_worker_pool", mbufs, popts.mtu,
+                          static_cast<int>(rte_socket_id()));
+  const PortCaps caps = SetupPortOrDie(popts, *pool);
+  if (queues > 1 && caps.driver != "net_memif") {
+    Die("the server shards rounds over " + std::to_string(queues) +
+            " lcores, which port " + std::to_string(popts.port_id) + " (" +
+            caps.driver + ") cannot steer",
+        "run dblp-server with one datapath lcore, or connect over net_memif");
+  }
+  if (!WaitForLink(popts.port_id, o.join_timeout_ms)) {
+    Die("port " + std::to_string(popts.port_id) + " (" + caps.driver +
+            ") link is down after " + std::to_string(o.join_timeout_ms) +
+            " ms",
+        "for net_memif start dblp-server (role=server, same socket=) "
+        "first; for a NIC check the cable and the switch port");
+  }
+  return caps;
+}
+
 }  // namespace
 
 int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
@@ -119,36 +149,22 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
     Die("no Ethernet port", "give the worker a port: -a <PCI address> for a "
         "NIC, or --vdev=net_memif0,role=client,socket=/tmp/dblp-w0.sock");
   }
-  PortOptions popts = o.dp.port;
-  const uint32_t mbufs =
-      o.dp.mbufs ? o.dp.mbufs : MbufsNeeded(popts, o.dp.burst, 2048);
-  rte_mempool* pool = CreatePoolOrDie("dblp_worker_pool", mbufs, popts.mtu,
-                                      static_cast<int>(rte_socket_id()));
-  const PortCaps caps = SetupPortOrDie(popts, pool);
-  // Join only with a working data link: frames sent before it is up are
-  // lost, and would make the first round look like a burst.
-  if (!WaitForLink(popts.port_id, o.join_timeout_ms)) {
-    Die("port " + std::to_string(popts.port_id) + " (" + caps.driver +
-            ") link is down after " + std::to_string(o.join_timeout_ms) +
-            " ms",
-        "for net_memif start dblp-server (role=server, same socket=) "
-        "first; for a NIC check the cable and the switch port");
-  }
-
   LcoreConf lc;
   lc.lcore_id = rte_lcore_id();
   WorkerControl control(&lc.counters, o.dp.stats_period_s);
   JoinMsg join;
   join.worker_name = o.name;
   join.total_bytes = source->floats() * sizeof(float);
-  join.mtu = caps.mtu;
+  join.mtu = o.dp.port.mtu;
   join.layers = source->Layers();
   const WelcomeMsg wel =
       control.Join(o.server, join, o.join_timeout_ms, g_quit, o.dp.realtime);
   const ChunkLayout layout(wel.total_bytes, wel.chunk_payload);
-  if (layout.num_chunks() != wel.num_chunks) {
+  const uint16_t queues = wel.num_shards;
+  if (layout.num_chunks() != wel.num_chunks || queues == 0 || queues > 64) {
     control.Finish(false, "inconsistent WELCOME");
-    Die("WELCOME is inconsistent (chunk count)", "update both apps");
+    Die("WELCOME is inconsistent (chunk count or shards)",
+        "run the same DBLP build on the server and the workers");
   }
   try {
     source->Bind(wel.rank, wel.num_workers);
@@ -160,31 +176,45 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
         "check the source's flags (e.g. --max_train and --batch for the "
         "number of workers)");
   }
+  rte_mempool* pool = nullptr;
+  const PortCaps caps = SetupWorkerPort(o, queues, &pool);
   Endpoint local;
   FrameTemplate to_server = ServerTemplate(o, wel, caps, &local);
 
-  SendSide push(SendSideConfig{FrameType::kPush, wel.session,
-                               static_cast<uint16_t>(wel.rank), 0,
-                               Direction::kPush, o.dp.burst});
+  // One push side per server shard, each on its own TX queue.
+  std::vector<std::unique_ptr<SendSide>> push;
+  std::vector<SendSide*> push_ptrs;
+  for (uint16_t q = 0; q < queues; ++q) {
+    SendSideConfig sc{FrameType::kPush, wel.session,
+                      static_cast<uint16_t>(wel.rank), 0, Direction::kPush,
+                      o.dp.burst};
+    sc.shard = q;
+    push.push_back(std::make_unique<SendSide>(sc));
+    push_ptrs.push_back(push.back().get());
+  }
   ReceiveSide bcast(ReceiveSideConfig{
       ReceiverConfig{wel.session, FrameType::kBroadcast, kServerRank, layout},
       Direction::kBroadcast, 0});
-  control.Attach(&push, &bcast);
+  control.Attach(push_ptrs, &bcast);
 
   // Loss on the broadcast we receive, applied as frames arrive.
   RxLossInjector loss(o.dp.loss, o.dp.bursts,
                       HashMix(o.dp.seed, wel.rank + 1));
   TokenBucket link(o.dp.link_gbps,
                    uint64_t{o.dp.burst} * WireBytesPerFrame(caps.mtu));
-  ChunkTransmitter tx{0, lc.tx_queue, pool, &lc.counters, &link, 8,
-                      WireBytesPerFrame(caps.mtu), o.dp.prefetch};
+  std::vector<ChunkTransmitter> tx;
+  for (uint16_t q = 0; q < queues; ++q) {
+    tx.push_back(ChunkTransmitter{0, q, pool, &lc.counters, &link, 8,
+                                  WireBytesPerFrame(caps.mtu), o.dp.prefetch});
+  }
   RoundPacer pacer(o.dp.idle_spin, o.dp.idle_sleep_us, o.dp.round_timeout_ms,
                    &g_quit);
   std::vector<float> grad(source->floats()), avg(source->floats()),
       prev_avg(source->floats(), 0.0f);
   const auto* grad_bytes = reinterpret_cast<const uint8_t*>(grad.data());
   WorkerLcore lcore(lc, control, push, bcast,
-                    WorkerLcore::Setup{0, local.udp_port, &layout, &loss, &tx,
+                    WorkerLcore::Setup{0, queues, local.udp_port, &layout,
+                                       &loss, &tx,
                                        &to_server, grad_bytes,
                                        reinterpret_cast<uint8_t*>(avg.data()),
                                        &pacer});
@@ -259,13 +289,22 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
         t.bcast_done_ns > t.push_done_ns
             ? static_cast<double>(t.bcast_done_ns - t.push_done_ns) / 1e3
             : 0;
-    r.passes = push.sender().passes();
-    r.packets_sent = push.sender().packets_sent();
-    r.packets_resent = push.sender().packets_resent();
+    r.passes = 0;
+    double rtt_sum = 0;
+    int rtt_n = 0;
+    for (const auto& side : push) {
+      r.passes = std::max(r.passes, side->sender().passes());
+      r.packets_sent += side->sender().packets_sent();
+      r.packets_resent += side->sender().packets_resent();
+      if (side->mean_rtt_us() > 0) {
+        rtt_sum += side->mean_rtt_us();
+        ++rtt_n;
+      }
+    }
     r.delivered_fraction = bcast.receiver().delivered_fraction();
     r.p = t.announced_p;
     r.burst = loss.InBurst(it);
-    r.control_rtt_us = push.mean_rtt_us();
+    r.control_rtt_us = rtt_n ? rtt_sum / rtt_n : 0;
     report.rows.push_back(r);
   }
   control.Finish(failure.empty(), failure);

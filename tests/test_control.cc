@@ -221,11 +221,12 @@ TEST(ControlCodec, GoldenProbeIsBigEndian) {
                    .direction = Direction::kBroadcast,
                    .pass = 0x0A0B0C0D};
   const std::vector<uint8_t> want = {
-      0x00, 0x00, 0x00, 0x0A,  // L = type + 9 body bytes
+      0x00, 0x00, 0x00, 0x0C,  // L = type + 11 body bytes
       0x04,                    // PROBE
       0x01, 0x02, 0x03, 0x04,  // round
       0x01,                    // direction = broadcast
       0x0A, 0x0B, 0x0C, 0x0D,  // pass
+      0x00, 0x00,              // shard (the sender's chunk range)
   };
   EXPECT_EQ(EncodeControl(p), want);
 }
@@ -374,7 +375,9 @@ TEST(ControlDecoder, HeaderErrorsDoNotWaitForBody) {
 }
 
 TEST(ControlDecoder, EveryErrorReachedByCraftedFrame) {
-  auto probe = [](uint8_t dir) { return Bytes().U32(1).U8(dir).U32(2); };
+  auto probe = [](uint8_t dir) {
+    return Bytes().U32(1).U8(dir).U32(2).U16(0);
+  };
   auto layer_frame = [](uint32_t dims_count, int64_t dim) {
     Bytes b;
     b.U16(1).U32(2).Str("w").U64(100).U32(1500).U32(1).Str("l").U32(dims_count);
@@ -435,7 +438,8 @@ TEST(ControlDecoder, EveryErrorReachedByCraftedFrame) {
   ExpectRejected(Frame(5, Bytes().U32(1).U8(0).U32(64).U32(2).U64(1).U64(0)),
                  ControlError::kBadBitmap, "needs 1");
   ExpectRejected(
-      Frame(5, Bytes().U32(1).U8(0).U32(70).U32(2).U64(~0ull).U64(1ull << 6)),
+      Frame(5, Bytes().U32(1).U8(0).U32(70).U32(2).U64(~0ull).U64(1ull << 6)
+                   .U16(0)),
       ControlError::kBadBitmap, "beyond");
 
   // kBadValue: enums, fractions, negative dims.
@@ -469,7 +473,7 @@ TEST(ControlDecoder, EveryErrorReachedByCraftedFrame) {
 TEST(ControlDecoder, PoisonedAfterError) {
   const auto good = EncodeControl(ProbeMsg{.round = 1});
   std::vector<uint8_t> stream = good;
-  const auto bad = Frame(4, Bytes().U32(1).U8(9).U32(2));  // bad direction
+  const auto bad = Frame(4, Bytes().U32(1).U8(9).U32(2).U16(0));  // direction
   stream.insert(stream.end(), bad.begin(), bad.end());
   stream.insert(stream.end(), good.begin(), good.end());
 

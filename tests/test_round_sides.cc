@@ -114,24 +114,25 @@ class Link : public ::testing::Test {
   // Control: what the sides asked for reaches the other side.
   void Deliver() {
     for (const ControlRequest& q : tx_out_.posted) {
-      auto m = SideRequestMessage(q, nullptr);
-      ASSERT_TRUE(m.has_value());
+      const auto msgs = SideRequestMessages(q, nullptr);
+      ASSERT_EQ(msgs.size(), 1u);
       ++probes_;
-      if (!lose_probes_) DeliverToSides(*m, send_.get(), recv_.get(), now_);
+      if (!lose_probes_) DeliverToSides(msgs[0], send_.get(), recv_.get(), now_);
     }
     tx_out_.posted.clear();
     for (const ControlRequest& q : rx_out_.posted) {
-      auto m = SideRequestMessage(q, recv_.get());
-      ASSERT_TRUE(m.has_value());
-      if (std::holds_alternative<StopMsg>(*m)) ++stops_;
-      if (std::holds_alternative<BitmapMsg>(*m)) {
+      const auto msgs = SideRequestMessages(q, recv_.get());
+      ASSERT_EQ(msgs.size(), 1u);
+      const ControlMessage& m = msgs[0];
+      if (std::holds_alternative<StopMsg>(m)) ++stops_;
+      if (std::holds_alternative<BitmapMsg>(m)) {
         ++bitmaps_;
         if (lose_bitmaps_ > 0) {
           --lose_bitmaps_;
           continue;
         }
       }
-      DeliverToSides(*m, send_.get(), recv_.get(), now_);
+      DeliverToSides(m, send_.get(), recv_.get(), now_);
     }
     rx_out_.posted.clear();
   }
@@ -384,16 +385,74 @@ TEST_F(Link, DeadlineClosesWithoutArrivals) {
 }
 
 TEST(RoundControl, RequestsBecomeTheirMessages) {
-  const auto probe = SideRequestMessage(
-      ProbeRequest{1, Direction::kBroadcast, 9, 2}, nullptr);
-  ASSERT_TRUE(probe.has_value());
-  EXPECT_EQ(std::get<ProbeMsg>(*probe), (ProbeMsg{9, Direction::kBroadcast, 2}));
-  const auto stop = SideRequestMessage(
+  const auto probe = SideRequestMessages(
+      ProbeRequest{1, Direction::kBroadcast, 9, 2, 3}, nullptr);
+  ASSERT_EQ(probe.size(), 1u);
+  EXPECT_EQ(std::get<ProbeMsg>(probe[0]),
+            (ProbeMsg{9, Direction::kBroadcast, 2, 3}));
+  const auto stop = SideRequestMessages(
       StopRequest{0, Direction::kPush, StopTrigger::kDeadline, 4, 17}, nullptr);
-  EXPECT_EQ(std::get<StopMsg>(*stop),
+  ASSERT_EQ(stop.size(), 1u);
+  EXPECT_EQ(std::get<StopMsg>(stop[0]),
             (StopMsg{4, Direction::kPush, 17, StopReason::kDeadline}));
-  EXPECT_FALSE(SideRequestMessage(BitmapRequest{}, nullptr).has_value());
-  EXPECT_FALSE(SideRequestMessage(FinishRequest{}, nullptr).has_value());
+  EXPECT_TRUE(SideRequestMessages(BitmapRequest{}, nullptr).empty());
+  EXPECT_TRUE(SideRequestMessages(FinishRequest{}, nullptr).empty());
+}
+
+// Sender shards 0 and 2 asked before the receiver looked: each gets its own
+// BITMAP, from one snapshot taken after the drain.
+TEST(RoundControl, EachAskingShardGetsItsOwnBitmap) {
+  const ChunkLayout layout(640, 64);
+  ReceiveSide recv(ReceiveSideConfig{
+      ReceiverConfig{1, FrameType::kPush, 0, layout}, Direction::kPush, 0});
+  recv.Begin(4, 0.0, 0, 0, 0);
+  recv.ProbeArrived(4, 0);
+  recv.ProbeArrived(4, 2);
+  FakeOutbox out;
+  recv.Step(0, RxProgress{false, 1, 1}, out);  // seen at poll 1
+  EXPECT_TRUE(out.posted.empty());             // not drained since
+  recv.Step(0, RxProgress{false, 2, 2}, out);
+  ASSERT_EQ(out.posted.size(), 1u);
+  const auto msgs = SideRequestMessages(out.posted[0], &recv);
+  ASSERT_EQ(msgs.size(), 2u);
+  EXPECT_EQ(std::get<BitmapMsg>(msgs[0]).shard, 0u);
+  EXPECT_EQ(std::get<BitmapMsg>(msgs[1]).shard, 2u);
+  EXPECT_EQ(std::get<BitmapMsg>(msgs[1]).round, 4u);
+}
+
+// A BITMAP reaches only the send side of the shard whose PROBE it answers,
+// STOP reaches every shard.
+TEST(RoundControl, BitmapsGoToTheirShardStopToAll) {
+  const ChunkLayout layout(uint64_t{256} * 64, 64);
+  std::vector<std::unique_ptr<SendSide>> sides;
+  std::vector<SendSide*> ptrs;
+  for (uint16_t k = 0; k < 2; ++k) {
+    SendSideConfig c;
+    c.shard = k;
+    sides.push_back(std::make_unique<SendSide>(c));
+    ptrs.push_back(sides.back().get());
+  }
+  std::vector<uint32_t> lo(128), hi(128);
+  std::iota(lo.begin(), lo.end(), 0u);
+  std::iota(hi.begin(), hi.end(), 128u);
+  sides[0]->Begin(0, lo, 0, 256);
+  sides[1]->Begin(0, hi, 0, 256);
+  BitmapMsg bm{0, Direction::kPush, 256, std::vector<uint64_t>(4, 0), 1};
+  EXPECT_TRUE(DeliverToSides(bm, ptrs, {}, 5));
+  EXPECT_FALSE(sides[1]->BitmapArrived(bm, 5));  // shard 1's mailbox full
+  EXPECT_TRUE(sides[0]->BitmapArrived(bm, 5));   // shard 0's was empty
+  EXPECT_TRUE(DeliverToSides(StopMsg{0, Direction::kPush, 200,
+                                     StopReason::kThreshold},
+                             ptrs, {}, 9));
+  struct NoFrames {
+    uint32_t Send(const DataHeader&, const uint32_t*, uint32_t n) { return n; }
+  } nf;
+  FakeOutbox out;
+  for (auto& s : sides) {
+    s->Step(10, nf, out);
+    EXPECT_TRUE(s->done());
+    EXPECT_EQ(s->done_ns(), 9u);
+  }
 }
 
 TEST(RoundControl, MessagesOfTheOtherDirectionAreNotHandedOver) {

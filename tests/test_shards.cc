@@ -151,31 +151,5 @@ TEST(StopGroup, MisroutedFramesAreCountedNotAccepted) {
   EXPECT_EQ(a.verdict_count(Verdict::kMisrouted), 1u);
 }
 
-BitmapMsg Part(uint32_t round, std::vector<uint64_t> words) {
-  return BitmapMsg{round, Direction::kPush,
-                   static_cast<uint32_t>(words.size() * 64), std::move(words)};
-}
-
-TEST(BitmapMerge, WaitsForEveryShardAndOrsTheParts) {
-  BitmapMerge merge(3);
-  EXPECT_FALSE(merge.Add(0, Part(4, {0x1, 0, 0})).has_value());
-  EXPECT_FALSE(merge.Add(0, Part(4, {0x1, 0, 0})).has_value());  // again
-  EXPECT_FALSE(merge.Add(2, Part(4, {0, 0, 0x4})).has_value());
-  const auto m = merge.Add(1, Part(4, {0, 0x2, 0}));
-  ASSERT_TRUE(m.has_value());
-  EXPECT_EQ(m->words, (std::vector<uint64_t>{0x1, 0x2, 0x4}));
-  EXPECT_EQ(m->round, 4u);
-}
-
-TEST(BitmapMerge, ANewerRoundStartsOver) {
-  BitmapMerge merge(2);
-  EXPECT_FALSE(merge.Add(0, Part(4, {0x1})).has_value());
-  EXPECT_FALSE(merge.Add(0, Part(6, {0x8})).has_value());
-  const auto m = merge.Add(1, Part(6, {0x10}));
-  ASSERT_TRUE(m.has_value());
-  EXPECT_EQ(m->words, (std::vector<uint64_t>{0x18}));
-  EXPECT_TRUE(BitmapMerge(1).Add(0, Part(2, {0x3})).has_value());
-}
-
 }  // namespace
 }  // namespace dblp

@@ -237,6 +237,7 @@ class Writer {
     U32(m.round);
     Dir(m.direction);
     U32(m.pass);
+    U16(m.shard);
   }
   void Body(const BitmapMsg& m) {
     U32(m.round);
@@ -244,6 +245,7 @@ class Writer {
     U32(m.num_bits);
     U32(static_cast<uint32_t>(m.words.size()));
     for (uint64_t w : m.words) U64(w);
+    U16(m.shard);
   }
   void Body(const StopMsg& m) {
     U32(m.round);
@@ -411,7 +413,7 @@ class Reader {
   }
   bool Body(ProbeMsg& m) {
     return U32(m.round, "round") && Dir(m.direction, "direction") &&
-           U32(m.pass, "pass");
+           U32(m.pass, "pass") && U16(m.shard, "shard");
   }
   bool Body(BitmapMsg& m) {
     uint32_t n;
@@ -433,7 +435,7 @@ class Reader {
     for (uint32_t i = 0; i < n; ++i) {
       if (!U64(m.words[i], "words")) return false;
     }
-    return true;
+    return U16(m.shard, "shard");
   }
   bool Body(StopMsg& m) {
     return U32(m.round, "round") && Dir(m.direction, "direction") &&

@@ -24,7 +24,8 @@
 
 namespace dblp {
 
-inline constexpr uint16_t kControlVersion = 1;
+// 2: PROBE and BITMAP name the sender's shard (rounds sharded over lcores).
+inline constexpr uint16_t kControlVersion = 2;
 inline constexpr uint32_t kMaxControlFrame = 1u << 20;  // default decoder limit
 inline constexpr size_t kControlFrameHeader = 4;        // the u32 length
 
@@ -98,6 +99,9 @@ struct ProbeMsg {
   uint32_t round = 0;
   Direction direction = Direction::kPush;
   uint32_t pass = 0;
+  // The sender's shard that asks (its chunk range, shards.h); the BITMAP
+  // answering it names the same shard.
+  uint16_t shard = 0;
   bool operator==(const ProbeMsg&) const = default;
 };
 
@@ -108,6 +112,7 @@ struct BitmapMsg {
   Direction direction = Direction::kPush;
   uint32_t num_bits = 0;
   std::vector<uint64_t> words;
+  uint16_t shard = 0;  // the PROBE's
   bool operator==(const BitmapMsg&) const = default;
 };
 

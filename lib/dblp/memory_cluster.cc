@@ -73,7 +73,9 @@ struct ControlPipe {
 // holds the BITMAP a BitmapRequest refers to.
 struct PipeOutbox {
   void Post(const ControlRequest& r) {
-    if (auto m = SideRequestMessage(r, answering)) pipe->Send(*m, clock->now);
+    for (const ControlMessage& m : SideRequestMessages(r, answering)) {
+      pipe->Send(m, clock->now);
+    }
   }
 
   ControlPipe* pipe = nullptr;

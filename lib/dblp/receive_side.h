@@ -6,7 +6,7 @@
 //   datapath: Begin(round, ...) and Announce(ROUND_BEGIN); OnFrame(frame,
 //             consume) per received frame; Step(now, rx, outbox) once per
 //             loop turn; Close() when the round is over.
-//   control:  ProbeArrived(round) when the sender's PROBE comes in, and
+//   control:  ProbeArrived(round, shard) when a sender's PROBE comes in, and
 //             reads answer() to send the BITMAP it is asked to (any thread).
 //
 // A PROBE is answered only after an RX poll that *started after* the PROBE
@@ -84,8 +84,12 @@ class ReceiveSide {
   // Datapath: the round is over; its later frames count as late.
   void Close() { rx_.Close(); }
 
-  // Any thread (control): the sender's PROBE for `round`.
-  void ProbeArrived(uint32_t round) {
+  // Any thread (control): sender shard `shard`'s PROBE for `round`.
+  // PROBEs of one round that arrive before the datapath picks them up are
+  // answered together, each shard with its own BITMAP.
+  void ProbeArrived(uint32_t round, uint16_t shard = 0) {
+    probe_askers_.fetch_or(uint64_t{1} << (shard % 64),
+                           std::memory_order_relaxed);
     probe_word_.store((static_cast<uint64_t>(round) << 1) | 1,
                       std::memory_order_release);
   }
@@ -113,9 +117,11 @@ class ReceiveSide {
   ReceiverRound rx_;                     // datapath: owner; control: ro
   BitmapMailbox answer_;                 // datapath -> control
   std::atomic<uint64_t> probe_word_{0};  // control: wo; datapath: exchanges
+  std::atomic<uint64_t> probe_askers_{0};  // control: or; datapath: exchanges
   // Datapath only.
   bool probe_pending_ = false;
   uint32_t probe_round_ = 0;
+  uint64_t askers_ = 0;  // sender shards whose PROBE is pending
   uint64_t probe_gen_ = 0;
   bool poll_stop_ = false;  // a new p may stop the round with no arrival
   bool begun_ = false;
@@ -145,18 +151,22 @@ bool ReceiveSide::Step(uint64_t now_ns, const RxProgress& rx,
   if (probe_word_.load(std::memory_order_relaxed) != 0) {
     const uint64_t w = probe_word_.exchange(0, std::memory_order_acquire);
     if (w != 0) {
+      const uint32_t round = static_cast<uint32_t>(w >> 1);
+      if (!probe_pending_ || round != probe_round_) askers_ = 0;
+      askers_ |= probe_askers_.exchange(0, std::memory_order_acquire);
       probe_pending_ = true;
-      probe_round_ = static_cast<uint32_t>(w >> 1);
+      probe_round_ = round;
       probe_gen_ = rx.poll_gen;
     }
   }
   if (probe_pending_ && rx.drained_gen > probe_gen_) {
     probe_pending_ = false;
-    if (AnswerProbe()) {
-      outbox.Post(BitmapRequest{config_.peer, config_.direction, probe_round_,
-                                config_.shard});
+    if (askers_ != 0 && AnswerProbe()) {
+      outbox.Post(BitmapRequest{config_.peer, config_.direction, config_.shard,
+                                probe_round_, askers_});
       asked = true;
     }
+    askers_ = 0;
   }
   return asked;
 }

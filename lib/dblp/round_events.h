@@ -20,12 +20,14 @@ namespace dblp {
 // ---- datapath -> control: what a round side asks the control thread to
 // send to its peer. `peer` is the worker rank at the server, 0 at a worker.
 
-// A pass is over: ask the receiver which chunks it has.
+// A pass is over: ask the receiver which chunks it has. `shard` is the
+// asking send side's (its chunk range when rounds are sharded over lcores).
 struct ProbeRequest {
   uint16_t peer = 0;
   Direction direction = Direction::kPush;
   uint32_t round = 0;
   uint32_t pass = 0;
+  uint16_t shard = 0;
 };
 // Enough arrived: tell the sender to stop.
 struct StopRequest {
@@ -35,13 +37,15 @@ struct StopRequest {
   uint32_t round = 0;
   uint32_t received = 0;
 };
-// The answer to a PROBE is in the receive side's answer mailbox (of shard
-// `shard` when the round is sharded over lcores: a partial answer).
+// The answer to PROBEs is in the answer mailbox of receive side `side` (its
+// shard; 0 when the receiver is not sharded): one BITMAP to each asking
+// sender shard in `askers` (bit k = shard k).
 struct BitmapRequest {
   uint16_t peer = 0;
   Direction direction = Direction::kPush;
+  uint16_t side = 0;
   uint32_t round = 0;
-  uint16_t shard = 0;
+  uint64_t askers = 1;
 };
 // A round's tolerance, announced to every live worker (server only).
 struct RoundBeginRequest {

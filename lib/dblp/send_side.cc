@@ -3,8 +3,8 @@
 namespace dblp {
 
 void SendSide::Begin(uint32_t round, std::span<const uint32_t> order,
-                     uint64_t now_ns) {
-  round_.Begin(round, order);
+                     uint64_t now_ns, uint32_t num_chunks) {
+  round_.Begin(round, order, num_chunks);
   // From now on the control thread accepts this round's STOP.
   live_round_.store(round, std::memory_order_release);
   done_ = false;

@@ -4,8 +4,10 @@
 
 namespace dblp {
 
-void SenderRound::Begin(uint32_t round, std::span<const uint32_t> order) {
+void SenderRound::Begin(uint32_t round, std::span<const uint32_t> order,
+                        uint32_t num_chunks) {
   order_.assign(order.begin(), order.end());
+  num_chunks_ = num_chunks ? num_chunks : static_cast<uint32_t>(order.size());
   pass_ = order_;
   cursor_ = 0;
   round_ = round;
@@ -38,7 +40,7 @@ void SenderRound::Unsend(uint32_t k) {
 }
 
 bool SenderRound::OnBitmap(const Bitmap& received) {
-  if (state_ != State::kAwaitingBitmap || received.size() != order_.size()) {
+  if (state_ != State::kAwaitingBitmap || received.size() != num_chunks_) {
     return false;
   }
   if (stop_requested()) {  // a BITMAP overtaken by STOP starts no pass

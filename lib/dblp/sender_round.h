@@ -25,9 +25,12 @@ class SenderRound {
     kStopped,         // STOP seen (or nothing left to send)
   };
 
-  // Owner: starts `round`; `order` is the first-pass order (a permutation of
-  // 0..N-1, see SendOrder).
-  void Begin(uint32_t round, std::span<const uint32_t> order);
+  // Owner: starts `round`; `order` is the first-pass order: a permutation
+  // of 0..N-1 (see SendOrder), or of one shard's chunk range (shards.h),
+  // with `num_chunks` = N, the size of the round's BITMAPs (0: the order's
+  // size).
+  void Begin(uint32_t round, std::span<const uint32_t> order,
+             uint32_t num_chunks = 0);
 
   // Owner: writes up to `max` seqs to send next into `out` and returns how
   // many. Returns 0 when the pass is exhausted (state becomes
@@ -63,7 +66,7 @@ class SenderRound {
   }
   State state() const { return state_; }
   uint32_t round() const { return round_; }
-  uint32_t num_chunks() const { return static_cast<uint32_t>(order_.size()); }
+  uint32_t num_chunks() const { return num_chunks_; }
   // Passes started so far (the first pass is 1).
   uint32_t passes() const { return passes_; }
   uint64_t packets_sent() const { return sent_; }
@@ -78,6 +81,7 @@ class SenderRound {
   std::vector<uint32_t> order_;    // first-pass order of this round
   std::vector<uint32_t> pass_;     // seqs of the current pass
   size_t cursor_ = 0;              // next index into pass_
+  uint32_t num_chunks_ = 0;        // of the whole round (BITMAP size)
   uint32_t round_ = 0;
   uint32_t passes_ = 0;
   uint64_t sent_ = 0;

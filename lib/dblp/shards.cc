@@ -50,29 +50,4 @@ StopTrigger StopGroup::Poll(uint32_t round, const StopRule& rule,
   return StopTrigger::kNone;
 }
 
-std::optional<BitmapMsg> BitmapMerge::Add(uint32_t s, BitmapMsg part) {
-  if (num_shards_ <= 1) return part;
-  if (s >= num_shards_) return std::nullopt;
-  const bool fresh = count_ == 0 || part.round != merged_.round ||
-                     part.direction != merged_.direction ||
-                     part.num_bits != merged_.num_bits ||
-                     part.words.size() != merged_.words.size();
-  if (fresh) {
-    answered_.assign(num_shards_, false);
-    count_ = 0;
-    merged_ = std::move(part);
-    answered_[s] = true;
-    count_ = 1;
-  } else if (!answered_[s]) {
-    for (size_t i = 0; i < part.words.size(); ++i) {
-      merged_.words[i] |= part.words[i];
-    }
-    answered_[s] = true;
-    ++count_;
-  }
-  if (count_ < num_shards_) return std::nullopt;
-  count_ = 0;
-  return merged_;
-}
-
 }  // namespace dblp

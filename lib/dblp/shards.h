@@ -5,21 +5,19 @@
 // has exactly one writer: the lcore of its shard, which polls RX queue s of
 // every port (a sender puts chunk `seq` on TX queue ShardOf(seq)).
 //
-// A sharded receiver is one ReceiveSide per shard. What the shards must
-// agree on is handled here:
-//  - StopGroup: STOP once the shards' counts *together* reach the round's
-//    threshold, handed out once per round whichever shard sees it;
-//  - BitmapMerge: the answer to a PROBE is the OR of every shard's partial
-//    bitmap, sent once all shards answered.
+// A sharded sender is one SendSide per shard, a sharded receiver one
+// ReceiveSide per shard, over the same ranges: sender shard k's PROBE is
+// answered by receiver shard k's bitmap (the control messages name the
+// shard). What the receiver's shards must agree on is the STOP: StopGroup
+// stops the round once their counts *together* reach its threshold, once,
+// whichever shard sees it.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
-#include <optional>
 #include <span>
 #include <vector>
 
-#include "dblp/control.h"
 #include "dblp/receiver_round.h"
 #include "dblp/stop_decision.h"
 
@@ -83,21 +81,6 @@ class StopGroup {
   }
   std::vector<const ReceiverRound*> shards_;  // setup only
   std::atomic<uint64_t> taken_{0};            // shard lcores: CAS
-};
-
-// The control thread's merge of the shards' partial BITMAP answers.
-class BitmapMerge {
- public:
-  explicit BitmapMerge(uint32_t num_shards) : num_shards_(num_shards) {}
-  // Control: shard `s` answered `part`. Returns the merged BITMAP once
-  // every shard answered for part's round; a newer round starts over.
-  std::optional<BitmapMsg> Add(uint32_t s, BitmapMsg part);
-
- private:
-  uint32_t num_shards_;
-  std::vector<bool> answered_;
-  uint32_t count_ = 0;
-  BitmapMsg merged_;
 };
 
 }  // namespace dblp

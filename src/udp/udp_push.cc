@@ -479,8 +479,9 @@ void PushServer::OnWakeup() {
             },
             [&](const auto& side) {  // STOP or BITMAP of worker side.peer
               if (size_t{side.peer} >= sides_.size()) return;
-              if (auto m = SideRequestMessage(r, sides_[side.peer].get())) {
-                sc_->Send(links_[side.peer].conn, *m);
+              for (const ControlMessage& m :
+                   SideRequestMessages(r, sides_[side.peer].get())) {
+                sc_->Send(links_[side.peer].conn, m);
               }
             }},
         r);
@@ -867,8 +868,10 @@ void PushWorker::OnWakeup() {
         sc_->Send(conn_, ErrorMsg{2, failure_});
       }
       sc_->Close(conn_, "job finished");
-    } else if (auto m = SideRequestMessage(r, nullptr)) {
-      sc_->Send(conn_, *m);  // the send side's PROBE
+    } else {
+      for (const ControlMessage& m : SideRequestMessages(r, nullptr)) {
+        sc_->Send(conn_, m);  // the send side's PROBE
+      }
     }
   }
 }
