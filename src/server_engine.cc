@@ -12,6 +12,7 @@
 #include "dblp/loss_fill.h"
 #include "eal_app.h"
 #include "lcore_loop.h"
+#include "numa_placement.h"
 #include "run_report.h"
 #include "server_control.h"
 
@@ -200,8 +201,10 @@ uint16_t SetupServerPorts(const ServerOptions& o, uint16_t lcores,
   const uint32_t mbufs =
       o.dp.mbufs ? o.dp.mbufs
                  : nb_ports * MbufsNeeded(popts, o.dp.burst, 1024) + 2048;
-  *pool = CreatePoolOrDie("dblp_server_pool", mbufs, popts.mtu,
-                          static_cast<int>(rte_socket_id()));
+  // The pool, the sums and the mean live on the ports' NUMA node.
+  const int node = PortNumaNode(0);
+  WarnLcoresOffNode(node, "dblp-server");
+  *pool = CreatePoolOrDie("dblp_server_pool", mbufs, popts.mtu, node);
   caps->resize(nb_ports);
   for (uint16_t p = 0; p < nb_ports; ++p) {
     popts.port_id = p;
@@ -290,6 +293,9 @@ int RunServer(const ServerOptions& o) {
   control.Attach(push_sides, bcast_sides);
   MeanReducer reducer(layout, W);
   std::vector<float> mean(layout.total_bytes() / sizeof(float), 0.0f);
+  const int node = PortNumaNode(0);
+  PlaceOnNodeOrWarn(reducer.sum_storage(), node, "sum buffer");
+  PlaceOnNodeOrWarn(std::span<const float>(mean), node, "mean buffer");
   // Loss on the pushes we receive, applied as frames arrive.
   RxLossInjector loss(o.dp.loss, o.dp.bursts, HashMix(o.dp.seed, 0xB0));
   JobSync job(S, &g_quit);

@@ -14,6 +14,7 @@
 #include "eal_app.h"
 #include "frame_builder.h"
 #include "lcore_loop.h"
+#include "numa_placement.h"
 #include "run_report.h"
 #include "worker_control.h"
 
@@ -122,8 +123,9 @@ PortCaps SetupWorkerPort(const WorkerOptions& o, uint16_t queues,
   popts.nb_queues = queues;
   const uint32_t mbufs =
       o.dp.mbufs ? o.dp.mbufs : MbufsNeeded(popts, o.dp.burst, 2048);
-  *pool = CreatePoolOrDie("dblp_worker_pool", mbufs, popts.mtu,
-                          static_cast<int>(rte_socket_id()));
+  const int node = PortNumaNode(popts.port_id);
+  WarnLcoresOffNode(node, "dblp-worker");
+  *pool = CreatePoolOrDie("dblp_worker_pool", mbufs, popts.mtu, node);
   const PortCaps caps = SetupPortOrDie(popts, *pool);
   if (queues > 1 && caps.driver != "net_memif") {
     Die("the server shards rounds over " + std::to_string(queues) +
@@ -212,6 +214,10 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
   std::vector<float> grad(source->floats()), avg(source->floats()),
       prev_avg(source->floats(), 0.0f);
   const auto* grad_bytes = reinterpret_cast<const uint8_t*>(grad.data());
+  // The buffers the lcore streams through, next to the port.
+  const int node = PortNumaNode(0);
+  PlaceOnNodeOrWarn(std::span<const float>(grad), node, "gradient buffer");
+  PlaceOnNodeOrWarn(std::span<const float>(avg), node, "mean buffer");
   WorkerLcore lcore(lc, control, push, bcast,
                     WorkerLcore::Setup{0, queues, local.udp_port, &layout,
                                        &loss, &tx,

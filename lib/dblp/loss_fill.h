@@ -116,6 +116,10 @@ class MeanReducer {
   const ChunkLayout& layout() const { return layout_; }
   // Chunks with at least one contribution this round.
   uint32_t CoveredChunks() const;
+  // The sum slices' memory (for NUMA placement next to the receiving port).
+  std::span<const float> sum_storage() const {
+    return {sums_.get(), stride_floats_ * layout_.num_chunks()};
+  }
 
  private:
   struct alignas(64) CountSlot {

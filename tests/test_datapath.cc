@@ -1,0 +1,116 @@
+// The DPDK side's shared pieces (src/datapath.h, src/lcore_loop.h,
+// src/numa_placement.h) under a real EAL (--no-huge, no port): typed rings,
+// the pacer's watchdog, the lcores' phase barrier, NUMA placement.
+#include <gtest/gtest.h>
+#include <rte_eal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "datapath.h"
+#include "eal_app.h"
+#include "lcore_loop.h"
+#include "numa_placement.h"
+
+namespace dblp {
+namespace {
+
+TEST(TypedRing, CarriesEveryKindByValue) {
+  TypedRing<ControlRequest> ring("test_req", 64, /*multi_producer=*/true);
+  ring.Push(ProbeRequest{3, Direction::kBroadcast, 9, 2, 1});
+  ring.Push(BitmapRequest{1, Direction::kPush, 2, 7, 0b101});
+  ring.Push(FinishRequest{false});
+  ControlRequest r;
+  ASSERT_TRUE(ring.Pop(&r));
+  EXPECT_EQ(std::get<ProbeRequest>(r).shard, 1u);
+  EXPECT_EQ(std::get<ProbeRequest>(r).pass, 2u);
+  ASSERT_TRUE(ring.Pop(&r));
+  EXPECT_EQ(std::get<BitmapRequest>(r).askers, 0b101u);
+  EXPECT_EQ(std::get<BitmapRequest>(r).side, 2u);
+  ASSERT_TRUE(ring.Pop(&r));
+  EXPECT_FALSE(std::get<FinishRequest>(r).ok);
+  EXPECT_FALSE(ring.Pop(&r));
+}
+
+TEST(RoundPacer, TimesOutOnlyWithoutProgressAnywhere) {
+  std::atomic<bool> quit{false};
+  std::atomic<uint64_t> shared{0};
+  RoundPacer a(0, 0, /*timeout_ms=*/1, &quit, &shared);
+  RoundPacer b(0, 0, 1, &quit, &shared);
+  const uint64_t t0 = 10'000'000'000;
+  a.Start(t0);
+  b.Start(t0);
+  // Lcore b keeps working; idle lcore a is not stuck.
+  b.After(true, t0 + 3'000'000);
+  EXPECT_EQ(a.After(false, t0 + 3'500'000), RoundPacer::Step::kContinue);
+  // Another lcore's progress stamped after our clock read is no timeout
+  // (an unsigned underflow once read it as one).
+  shared.store(t0 + 9'000'000);
+  EXPECT_EQ(a.After(false, t0 + 8'999'000), RoundPacer::Step::kContinue);
+  EXPECT_EQ(a.After(false, t0 + 10'500'000), RoundPacer::Step::kTimedOut);
+  quit.store(true);
+  EXPECT_EQ(a.After(false, t0 + 10'500'000), RoundPacer::Step::kQuit);
+}
+
+TEST(JobSync, PhasesStayInStepAndAFailureReleasesEveryone) {
+  std::atomic<bool> quit{false};
+  JobSync job(3, &quit);
+  std::atomic<int> phase_sum[200] = {};
+  auto run = [&] {
+    for (int p = 0; p < 200; ++p) {
+      phase_sum[p].fetch_add(1);
+      ASSERT_TRUE(job.Barrier());
+      // Everyone finished phase p before anyone starts p + 1.
+      ASSERT_EQ(phase_sum[p].load(), 3);
+    }
+  };
+  std::thread t1(run), t2(run);
+  run();
+  t1.join();
+  t2.join();
+
+  std::thread waiter([&] { EXPECT_FALSE(job.Barrier()); });
+  usleep(20000);
+  job.Fail("lcore 2 timed out");
+  waiter.join();
+  EXPECT_TRUE(job.failed());
+  EXPECT_EQ(job.failure(), "lcore 2 timed out");
+  job.Fail("a later failure");  // the first one is kept
+  EXPECT_EQ(job.failure(), "lcore 2 timed out");
+}
+
+TEST(NumaPlacement, BuffersGoToAnExistingNodeOnly) {
+  std::vector<float> buf(1 << 20, 1.0f);
+  std::string error;
+  EXPECT_TRUE(PlaceOnNode(buf.data(), buf.size() * sizeof(float),
+                          static_cast<int>(rte_socket_id()), &error))
+      << error;
+  EXPECT_EQ(buf[12345], 1.0f);  // contents kept
+  EXPECT_FALSE(PlaceOnNode(buf.data(), 4096, 4000, &error));
+  EXPECT_NE(error.find("no NUMA node 4000"), std::string::npos) << error;
+}
+
+}  // namespace
+}  // namespace dblp
+
+int main(int argc, char** argv) {
+  testing::InitGoogleTest(&argc, argv);
+  const std::string prefix =
+      "--file-prefix=dblp-test-datapath-" + std::to_string(getpid());
+  std::vector<std::string> eal = {argv[0], "--no-huge", "-m", "128",
+                                  "--no-pci", prefix, "--no-telemetry",
+                                  "-l", "0", "--log-level=*:warning"};
+  std::vector<char*> eal_argv;
+  for (auto& s : eal) eal_argv.push_back(s.data());
+  eal_argv.push_back(nullptr);
+  dblp::InitEalOrDie(static_cast<int>(eal.size()), eal_argv.data());
+  const int rc = RUN_ALL_TESTS();
+  const std::string runtime_dir = rte_eal_get_runtime_dir();
+  rte_eal_cleanup();
+  std::filesystem::remove_all(runtime_dir);  // one per --file-prefix
+  return rc;
+}
