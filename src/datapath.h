@@ -218,7 +218,9 @@ class RxLossInjector {
 // for the UDP port `udp_port` and applies the loss injector. Returns true if
 // the frame goes on to the protocol (`*pf` then locates its DBLP bytes);
 // every frame turned away is counted by reason in `ctr`.
-inline bool AdmitFrame(const rte_mbuf* m, uint16_t udp_port,
+// Always inlined: it runs once per received frame.
+[[gnu::always_inline]] inline bool AdmitFrame(const rte_mbuf* m,
+                                              uint16_t udp_port,
                        RxLossInjector& loss, uint64_t now_ns,
                        DatapathCounters& ctr, ParsedFrame* pf) {
   const FrameStatus fs = ParseFrame(m, udp_port, udp_port, pf);

@@ -256,9 +256,8 @@ void ServerLcore::ReceiveBurst(uint16_t port, rte_mbuf** pkts, uint16_t n,
     // Unknown ranks go to worker 0's receiver, which counts them as
     // wrong-sender (or malformed) without accepting anything.
     const uint16_t rank = PeekSenderRank(pf.dblp, pf.dblp_len);
-    const uint32_t w = rank < num_workers ? rank : 0;
-    ServerLink& l = *links_[w];
-    if (!workers_[w]->alive.load(std::memory_order_relaxed)) {
+    ServerLink& l = *links_[rank < num_workers ? rank : 0];
+    if (!l.worker.alive.load(std::memory_order_relaxed)) {
       DatapathCounters::Add(conf_.counters.from_lost_worker);
       continue;
     }

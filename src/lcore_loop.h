@@ -152,10 +152,12 @@ struct WorkerState {
 // One server lcore's sides for one worker (its shard of that worker's
 // rounds). That lcore only, except the sides' control-thread entry points.
 struct ServerLink {
-  ServerLink(const ReceiveSideConfig& rc, const SendSideConfig& sc)
-      : push(rc), bcast(sc) {}
+  ServerLink(const ReceiveSideConfig& rc, const SendSideConfig& sc,
+             const WorkerState& w)
+      : push(rc), bcast(sc), worker(w) {}
   ReceiveSide push;
   SendSide bcast;
+  const WorkerState& worker;  // alive, read per frame
   std::vector<uint32_t> order_buf;
   // The worker's return path, learned from its first accepted frame.
   bool learned = false;

@@ -284,7 +284,7 @@ int RunServer(const ServerOptions& o) {
       links[k].push_back(std::make_unique<ServerLink>(
           ReceiveSideConfig{rc, Direction::kPush, static_cast<uint16_t>(w),
                             &workers[w]->push_stop, k},
-          sc));
+          sc, *workers[w]));
       workers[w]->push_stop.Add(&links[k][w]->push.receiver());
       push_sides[w].push_back(&links[k][w]->push);
       bcast_sides[w].push_back(&links[k][w]->bcast);

@@ -67,7 +67,8 @@ class ReceiveSide {
   // Datapath: one frame (bytes after the UDP header). On kAccepted,
   // `consume(header, payload)` takes the chunk (copy or accumulate).
   template <class Consume>
-  Verdict OnFrame(const uint8_t* buf, size_t len, Consume&& consume) {
+  [[gnu::always_inline]] Verdict OnFrame(const uint8_t* buf, size_t len,
+                                         Consume&& consume) {
     DataHeader h;
     const uint8_t* payload = nullptr;
     const Verdict v = rx_.OnFrame(buf, len, &h, &payload);

@@ -32,7 +32,11 @@ const char* VerdictName(Verdict v) {
   return "unknown";
 }
 
-ReceiverRound::ReceiverRound(const ReceiverConfig& config) : config_(config) {
+ReceiverRound::ReceiverRound(const ReceiverConfig& config)
+    : config_(config),
+      seq_span_(config.seq_end > config.seq_begin
+                    ? config.seq_end - config.seq_begin
+                    : 0) {
   bitmap_.Reset(config_.layout.num_chunks());
 }
 
@@ -85,7 +89,8 @@ Verdict ReceiverRound::OnFrame(const uint8_t* buf, size_t len, DataHeader* hdr,
     Bump(decode_errors_[static_cast<int>(v)]);
     return Count(Verdict::kOutOfRange);
   }
-  if (hdr->seq < config_.seq_begin || hdr->seq >= config_.seq_end) {
+  // One unsigned compare: a seq below seq_begin wraps to a huge offset.
+  if (hdr->seq - config_.seq_begin >= seq_span_) {
     return Count(Verdict::kMisrouted);
   }
   if (!bitmap_.Set(hdr->seq)) return Count(Verdict::kDuplicate);

@@ -123,6 +123,7 @@ class ReceiverRound {
   }
 
   ReceiverConfig config_;
+  uint32_t seq_span_;  // seq_end - seq_begin (owner only, set at construction)
   AtomicBitmap bitmap_;                     // owner: wo; control: ro
   std::atomic<uint32_t> round_{0};          // owner: wo; any: ro
   std::atomic<bool> open_{false};           // owner: wo; any: ro
