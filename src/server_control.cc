@@ -16,6 +16,8 @@ ServerControl::ServerControl(const ServerJoinConfig& join,
                              double stats_period_s)
     : cfg_(join),
       sidecar_(MakeCallbacks(std::move(ctr), stats_period_s)),
+      desk_(JoinPolicy{join.workers, join.mtu, join.max_gradient_bytes}),
+      errors_(join.workers),
       alive_(new std::atomic<bool>[join.workers]) {
   for (uint32_t w = 0; w < join.workers; ++w) alive_[w].store(true);
 }
@@ -53,75 +55,29 @@ ControlSidecar::Callbacks ServerControl::MakeCallbacks(
   return cb;
 }
 
-int ServerControl::RankOf(ConnId c) const {
-  for (size_t w = 0; w < links_.size(); ++w) {
-    if (links_[w].conn == c) return static_cast<int>(w);
-  }
-  return -1;
-}
-
-void ServerControl::Refuse(ConnId c, const std::string& why) {
-  sidecar_.Send(c, ErrorMsg{1, why});
-  sidecar_.Close(c, why);
-}
-
 void ServerControl::OnJoin(ConnId c, const JoinMsg& j) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (joined_.load()) return Refuse(c, "job already has all workers");
-  if (j.protocol_version != kControlVersion) {
-    return Refuse(c, "control protocol version " +
-                         std::to_string(j.protocol_version) + " != server's " +
-                         std::to_string(kControlVersion) +
-                         ": run the same DBLP build everywhere");
+  if (const std::string why = desk_.Admit(c, j); !why.empty()) {
+    sidecar_.Send(c, ErrorMsg{1, why});
+    sidecar_.Close(c, why);
+    return;
   }
-  if (j.total_bytes == 0 || j.total_bytes % 4 != 0) {
-    return Refuse(c, "gradient size must be a positive multiple of 4");
-  }
-  if (j.total_bytes > cfg_.max_gradient_bytes) {
-    return Refuse(c, "gradient of " + std::to_string(j.total_bytes) +
-                         " bytes is above the server's limit of " +
-                         std::to_string(cfg_.max_gradient_bytes) +
-                         ": lower --floats or raise the server's "
-                         "--max_gradient_mb");
-  }
-  if (RankOf(c) >= 0) return Refuse(c, "JOIN sent twice");
-  if (j.mtu != cfg_.mtu) {
-    return Refuse(c, "worker MTU " + std::to_string(j.mtu) +
-                         " != server MTU " + std::to_string(cfg_.mtu) +
-                         ": pass the same --mtu to every app");
-  }
-  if (links_.empty()) {
-    first_join_ = j;
-  } else if (j.total_bytes != first_join_.total_bytes ||
-             j.layers != first_join_.layers) {
-    return Refuse(c, "gradient layout differs from the first worker's: "
-                     "every worker must run the same model (--floats / "
-                     "--model)");
-  }
-  links_.push_back(Link{c, j.worker_name, ""});
-  if (links_.size() == cfg_.workers) Welcome();
+  if (desk_.full()) Welcome();
 }
 
 // Every worker joined: each gets its rank and the job's layout.
 void ServerControl::Welcome() {
+  desk_.Close();
   const uint32_t payload = ChunkPayloadForMtu(cfg_.mtu);
-  const ChunkLayout layout(first_join_.total_bytes, payload);
   for (uint32_t w = 0; w < cfg_.workers; ++w) {
-    WelcomeMsg wm;
+    WelcomeMsg wm = desk_.Welcome(w, payload);
     wm.session = cfg_.session;
-    wm.rank = static_cast<uint16_t>(w);
-    wm.num_workers = static_cast<uint16_t>(cfg_.workers);
-    wm.mtu = cfg_.mtu;
-    wm.chunk_payload = payload;
-    wm.num_chunks = layout.num_chunks();
-    wm.total_bytes = layout.total_bytes();
     wm.udp_base_port = cfg_.udp_port;
     wm.num_shards = cfg_.shards;
     wm.server_ipv4 = cfg_.local_ip;
     std::memcpy(wm.server_mac.data(), cfg_.mac.addr_bytes, 6);
     wm.policy = cfg_.policy;
-    wm.layers = first_join_.layers;
-    sidecar_.Send(links_[w].conn, wm);
+    sidecar_.Send(desk_.members()[w].conn, wm);
   }
   joined_.store(true, std::memory_order_release);
 }
@@ -129,7 +85,7 @@ void ServerControl::Welcome() {
 void ServerControl::OnMessage(ConnId c, const ControlMessage& m) {
   if (const auto* j = std::get_if<JoinMsg>(&m)) return OnJoin(c, *j);
   if (!attached_.load(std::memory_order_acquire)) return;
-  const int w = RankOf(c);
+  const int w = desk_.RankOf(c);
   if (w < 0) return;
   // A PROBE or BITMAP goes to the side of the shard it names, STOP to every
   // shard's broadcast side.
@@ -137,7 +93,7 @@ void ServerControl::OnMessage(ConnId c, const ControlMessage& m) {
   if (const auto* err = std::get_if<ErrorMsg>(&m)) {
     // The worker failed; its connection closes next (PeerGoneEvent).
     std::lock_guard<std::mutex> lock(mu_);
-    links_[w].error = err->text;
+    errors_[w] = err->text;
   } else if (std::holds_alternative<ByeMsg>(m)) {
     events_.Push(PeerByeEvent{static_cast<uint16_t>(w)});
   }
@@ -145,11 +101,11 @@ void ServerControl::OnMessage(ConnId c, const ControlMessage& m) {
 
 void ServerControl::OnClose(ConnId c, const std::string& reason) {
   std::lock_guard<std::mutex> lock(mu_);
-  const int w = RankOf(c);
+  const int w = desk_.RankOf(c);
   if (w < 0) return;
   if (!joined_.load()) {
     // A worker that left during the join: free its slot.
-    links_.erase(links_.begin() + w);
+    desk_.Leave(c);
     std::fprintf(stderr, "dblp-server: a worker left before the job "
                          "started (%s)\n", reason.c_str());
     return;
@@ -161,7 +117,7 @@ void ServerControl::OnClose(ConnId c, const std::string& reason) {
 
 std::string ServerControl::worker_error(uint32_t w) {
   std::lock_guard<std::mutex> lock(mu_);
-  return links_[w].error;
+  return errors_[w];
 }
 
 void ServerControl::Announce(const RoundBeginRequest& r) {
@@ -174,8 +130,8 @@ void ServerControl::Announce(const RoundBeginRequest& r) {
     failed_.store(true, std::memory_order_release);
     return;
   }
-  for (uint32_t w = 0; w < links_.size(); ++w) {
-    if (alive_[w].load()) sidecar_.Send(links_[w].conn, rb);
+  for (uint32_t w = 0; w < desk_.members().size(); ++w) {
+    if (alive_[w].load()) sidecar_.Send(desk_.members()[w].conn, rb);
   }
 }
 
@@ -191,14 +147,14 @@ void ServerControl::SendRequests() {
                    [](const FinishRequest&) -> uint16_t { return 0; },
                    [](const auto& q) -> uint16_t { return q.peer; }},
         r);
-    if (peer >= links_.size()) continue;
+    if (peer >= desk_.members().size()) continue;
     ReceiveSide* answering = nullptr;
     if (const auto* b = std::get_if<BitmapRequest>(&r)) {
       if (b->side >= push_[peer].size()) continue;
       answering = push_[peer][b->side];
     }
     for (const ControlMessage& m : SideRequestMessages(r, answering)) {
-      sidecar_.Send(links_[peer].conn, m);
+      sidecar_.Send(desk_.members()[peer].conn, m);
     }
   }
 }
@@ -226,7 +182,7 @@ const JoinMsg& ServerControl::AdmitWorkers(const std::string& listen,
       size_t have;
       {
         std::lock_guard<std::mutex> lock(mu_);
-        have = links_.size();
+        have = desk_.members().size();
       }
       Stop();
       Die("only " + std::to_string(have) + " of " +
@@ -235,7 +191,7 @@ const JoinMsg& ServerControl::AdmitWorkers(const std::string& listen,
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  return first_join_;
+  return desk_.first();
 }
 
 void ServerControl::Attach(std::vector<std::vector<ReceiveSide*>> push,

@@ -13,6 +13,7 @@
 #include "datapath.h"
 #include "dblp/control.h"
 #include "dblp/control_sidecar.h"
+#include "dblp/join.h"
 #include "dblp/receive_side.h"
 #include "dblp/send_side.h"
 #include "dblp/shards.h"
@@ -59,7 +60,9 @@ class ServerControl {
   // The control plane failed (a ROUND_BEGIN the wire cannot carry).
   bool failed() const { return failed_.load(std::memory_order_acquire); }
   const std::string& failure() const { return failure_; }
-  const std::string& worker_name(uint32_t w) const { return links_[w].name; }
+  const std::string& worker_name(uint32_t w) const {
+    return desk_.members()[w].name;
+  }
   // Why worker w failed (its ERROR), valid after its PeerGoneEvent.
   std::string worker_error(uint32_t w);
   // Datapath: worker w is gone; it gets no more ROUND_BEGIN.
@@ -76,11 +79,6 @@ class ServerControl {
   uint64_t protocol_errors() const { return sidecar_.protocol_errors(); }
 
  private:
-  struct Link {
-    ConnId conn = 0;
-    std::string name;
-    std::string error;  // sidecar: wo (under mu_); datapath: reads under mu_
-  };
   ControlSidecar::Callbacks MakeCallbacks(
       std::vector<const DatapathCounters*> ctr, double stats_period_s);
   void OnJoin(ConnId c, const JoinMsg& j);
@@ -89,8 +87,6 @@ class ServerControl {
   void OnClose(ConnId c, const std::string& reason);
   void SendRequests();
   void Announce(const RoundBeginRequest& r);
-  int RankOf(ConnId c) const;
-  void Refuse(ConnId c, const std::string& why);
 
   ServerJoinConfig cfg_;
   TypedRing<DatapathEvent> events_{"dblp_s_ev", 4096};       // sidecar -> dp
@@ -102,8 +98,10 @@ class ServerControl {
   // Join state: the sidecar writes it under mu_ until joined_; read-only
   // for everyone after.
   std::mutex mu_;
-  std::vector<Link> links_;
-  JoinMsg first_join_;
+  JoinDesk desk_;
+  // Why worker w failed (its ERROR): sidecar: wo under mu_; datapath:
+  // reads under mu_ (worker_error).
+  std::vector<std::string> errors_;
   std::atomic<bool> joined_{false};         // sidecar: wo; datapath: ro
   // Rounds: set by the datapath once (Attach); read by the sidecar.
   std::vector<std::vector<ReceiveSide*>> push_;

@@ -23,6 +23,7 @@
 #include "dblp/chunking.h"
 #include "dblp/control.h"
 #include "dblp/control_sidecar.h"
+#include "dblp/join.h"
 #include "dblp/loss_fill.h"
 #include "dblp/loss_model.h"
 #include "dblp/packet_frames.h"
@@ -199,15 +200,13 @@ class PushServer {
   UdpPushServerResult Run();
 
  private:
-  struct Link {
-    ConnId conn = 0;
-    std::string name;
-    // Why the worker left (an ERROR's text, or the close reason): the
-    // sidecar writes both once, before its PeerGoneEvent; the datapath
-    // reads them after taking that event.
+  // Why a worker left (an ERROR's text, or the close reason): the sidecar
+  // writes both once, before its PeerGoneEvent; the datapath reads them
+  // after taking that event.
+  struct Departure {
     bool failed = false;
-    std::string gone_why;
-    bool gone_told = false;  // sidecar only
+    std::string why;
+    bool told = false;  // sidecar only
   };
 
   UdpPushServerResult Fail(int code, const std::string& msg) {
@@ -223,7 +222,6 @@ class PushServer {
   void OnWakeup();
   void Refuse(ConnId c, const std::string& why);
   void TellGone(uint32_t w, bool failed, const std::string& why);
-  int RankOf(ConnId c) const;
 
   // Datapath thread.
   std::string AwaitWorkers();
@@ -253,8 +251,8 @@ class PushServer {
   // read-only after, by both threads (but for Link's departure fields). The sides are made with the last
   // JOIN, so the sidecar can hand them PROBEs as soon as `joined_` is set.
   std::mutex join_mu_;
-  std::vector<Link> links_;
-  JoinMsg first_join_;
+  JoinDesk desk_{JoinPolicy{o_.workers, o_.mtu, o_.max_gradient_bytes}};
+  std::vector<Departure> gone_;  // by worker rank, sized at the WELCOME
   std::vector<std::unique_ptr<ReceiveSide>> sides_;  // by worker rank
   std::atomic<bool> joined_{false};
 
@@ -348,13 +346,6 @@ UdpPushServerResult PushServer::Run() {
 
 // ---- sidecar thread -------------------------------------------------------
 
-int PushServer::RankOf(ConnId c) const {
-  for (size_t w = 0; w < links_.size(); ++w) {
-    if (links_[w].conn == c) return static_cast<int>(w);
-  }
-  return -1;
-}
-
 void PushServer::Refuse(ConnId c, const std::string& why) {
   sc_->Send(c, ErrorMsg{1, why});
   sc_->Close(c, why);
@@ -363,7 +354,7 @@ void PushServer::Refuse(ConnId c, const std::string& why) {
 void PushServer::OnMessage(ConnId c, const ControlMessage& m) {
   if (const auto* j = std::get_if<JoinMsg>(&m)) return OnJoin(c, *j);
   if (!joined_.load(std::memory_order_acquire)) return;
-  const int w = RankOf(c);
+  const int w = desk_.RankOf(c);
   if (w < 0) return;
   const auto peer = static_cast<uint16_t>(w);
   // A PROBE goes to the worker's side, which answers it after an RX poll
@@ -378,40 +369,17 @@ void PushServer::OnMessage(ConnId c, const ControlMessage& m) {
 
 void PushServer::OnJoin(ConnId c, const JoinMsg& j) {
   std::lock_guard<std::mutex> lock(join_mu_);
-  if (joined_.load()) return Refuse(c, "job already has all workers");
-  if (j.protocol_version != kControlVersion) {
-    return Refuse(c,
-                  "control protocol version mismatch: run the same "
-                  "DBLP build everywhere");
+  if (const std::string why = desk_.Admit(c, j); !why.empty()) {
+    return Refuse(c, why);
   }
-  if (j.total_bytes == 0 || j.total_bytes % 4 != 0 ||
-      j.total_bytes > o_.max_gradient_bytes) {
-    return Refuse(c, "gradient of " + std::to_string(j.total_bytes) +
-                         " bytes: must be a positive multiple of 4 up "
-                         "to " +
-                         std::to_string(o_.max_gradient_bytes));
-  }
-  if (j.mtu != o_.mtu) {
-    return Refuse(c, "worker MTU " + std::to_string(j.mtu) +
-                         " != server MTU " + std::to_string(o_.mtu) +
-                         ": pass the same --mtu to both");
-  }
-  if (RankOf(c) >= 0) return Refuse(c, "JOIN sent twice");
-  if (links_.empty()) {
-    first_join_ = j;
-  } else if (j.total_bytes != first_join_.total_bytes) {
-    return Refuse(c, "gradient size differs from the first worker's");
-  }
-  Link link;
-  link.conn = c;
-  link.name = j.worker_name;
-  links_.push_back(std::move(link));
-  if (links_.size() == o_.workers) Welcome();
+  if (desk_.full()) Welcome();
 }
 
 // The last JOIN: the sides, then WELCOME to every worker, then `joined_`.
 void PushServer::Welcome() {
-  const ChunkLayout layout(first_join_.total_bytes, chunk_payload_);
+  desk_.Close();
+  gone_.resize(o_.workers);
+  const ChunkLayout layout(desk_.first().total_bytes, chunk_payload_);
   for (uint32_t w = 0; w < o_.workers; ++w) {
     ReceiveSideConfig rc;
     rc.receiver = ReceiverConfig{session_, FrameType::kPush,
@@ -421,28 +389,22 @@ void PushServer::Welcome() {
     sides_.push_back(std::make_unique<ReceiveSide>(rc));
   }
   for (uint32_t w = 0; w < o_.workers; ++w) {
-    WelcomeMsg wm;
+    WelcomeMsg wm = desk_.Welcome(w, chunk_payload_);
     wm.session = session_;
-    wm.rank = static_cast<uint16_t>(w);
-    wm.num_workers = static_cast<uint16_t>(o_.workers);
-    wm.mtu = o_.mtu;
-    wm.chunk_payload = chunk_payload_;
-    wm.num_chunks = layout.num_chunks();
-    wm.total_bytes = layout.total_bytes();
     wm.udp_base_port = port_.bound_port();
     wm.server_ipv4 = ntohl(port_.bound_addr().sin_addr.s_addr);
     wm.policy = "fixed p=" + std::to_string(o_.p);
-    sc_->Send(links_[w].conn, wm);
+    sc_->Send(desk_.members()[w].conn, wm);
   }
   joined_.store(true, std::memory_order_release);
 }
 
 void PushServer::OnClose(ConnId c, const std::string& reason) {
   std::lock_guard<std::mutex> lock(join_mu_);
-  const int w = RankOf(c);
+  const int w = desk_.RankOf(c);
   if (w < 0) return;
   if (!joined_.load()) {
-    links_.erase(links_.begin() + w);  // left during the join: free the slot
+    desk_.Leave(c);  // left during the join: free the slot
     return;
   }
   TellGone(static_cast<uint32_t>(w), false, reason);
@@ -451,11 +413,11 @@ void PushServer::OnClose(ConnId c, const std::string& reason) {
 // Only the first of a worker's ERROR and close is told: the datapath may be
 // reading the text of the first while a second would write it.
 void PushServer::TellGone(uint32_t w, bool failed, const std::string& why) {
-  Link& l = links_[w];
-  if (l.gone_told) return;
-  l.gone_told = true;
-  l.failed = failed;
-  l.gone_why = why;
+  Departure& d = gone_[w];
+  if (d.told) return;
+  d.told = true;
+  d.failed = failed;
+  d.why = why;
   events_.Push(PeerGoneEvent{static_cast<uint16_t>(w)});
 }
 
@@ -467,13 +429,13 @@ void PushServer::OnWakeup() {
             [&](const RoundBeginRequest& rb) {
               const RoundBeginMsg m{rb.round, rb.round / 2,  rb.direction,
                                     rb.p,     rb.deadline_ns, rb.min_fraction};
-              for (const Link& l : links_) sc_->Send(l.conn, m);
+              for (const auto& w : desk_.members()) sc_->Send(w.conn, m);
             },
             [&](const FinishRequest& f) {
               // ERROR (with the cause) or a plain close to every worker.
-              for (const Link& l : links_) {
-                if (!f.ok) sc_->Send(l.conn, ErrorMsg{2, failure_});
-                sc_->Close(l.conn, f.ok ? "job finished" : failure_);
+              for (const auto& w : desk_.members()) {
+                if (!f.ok) sc_->Send(w.conn, ErrorMsg{2, failure_});
+                sc_->Close(w.conn, f.ok ? "job finished" : failure_);
               }
               finished_.store(true, std::memory_order_release);
             },
@@ -481,7 +443,7 @@ void PushServer::OnWakeup() {
               if (size_t{side.peer} >= sides_.size()) return;
               for (const ControlMessage& m :
                    SideRequestMessages(r, sides_[side.peer].get())) {
-                sc_->Send(links_[side.peer].conn, m);
+                sc_->Send(desk_.members()[side.peer].conn, m);
               }
             }},
         r);
@@ -498,7 +460,7 @@ std::string PushServer::AwaitWorkers() {
   size_t have;
   {
     std::lock_guard<std::mutex> lock(join_mu_);
-    have = links_.size();
+    have = desk_.members().size();
   }
   return "only " + std::to_string(have) + " of " + std::to_string(o_.workers) +
          " workers joined within " + std::to_string(o_.join_timeout_ms) +
@@ -507,7 +469,7 @@ std::string PushServer::AwaitWorkers() {
 
 std::string PushServer::SetUpJob() {
   const uint32_t W = o_.workers;
-  layout_ = ChunkLayout(first_join_.total_bytes, chunk_payload_);
+  layout_ = ChunkLayout(desk_.first().total_bytes, chunk_payload_);
   res_.chunks = layout_.num_chunks();
   try {
     reducer_ = std::make_unique<MeanReducer>(layout_, W);
@@ -614,14 +576,14 @@ bool PushServer::TakeEvents(std::string* failure) {
     }
     const auto* gone = std::get_if<PeerGoneEvent>(&e);
     if (gone == nullptr || !failure->empty()) continue;
-    const Link& l = links_[gone->peer];
-    const std::string who =
-        "worker " + std::to_string(gone->peer) + " (" + l.name + ")";
-    if (l.failed) {
-      *failure = who + " failed: " + l.gone_why;
+    const Departure& d = gone_[gone->peer];
+    const std::string who = "worker " + std::to_string(gone->peer) + " (" +
+                            desk_.members()[gone->peer].name + ")";
+    if (d.failed) {
+      *failure = who + " failed: " + d.why;
     } else if (!bye_[gone->peer]) {
       *failure = who + " disconnected in iteration " + std::to_string(it_) +
-                 ": " + l.gone_why;
+                 ": " + d.why;
     }
   }
   return true;

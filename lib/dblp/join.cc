@@ -1,0 +1,63 @@
+#include "dblp/join.h"
+
+#include "dblp/chunking.h"
+
+namespace dblp {
+
+std::string JoinDesk::Admit(ConnId c, const JoinMsg& j) {
+  if (closed_ || full()) return "job already has all workers";
+  if (j.protocol_version != kControlVersion) {
+    return "control protocol version " + std::to_string(j.protocol_version) +
+           " != server's " + std::to_string(kControlVersion) +
+           ": run the same DBLP build everywhere";
+  }
+  if (j.total_bytes == 0 || j.total_bytes % 4 != 0) {
+    return "gradient size must be a positive multiple of 4";
+  }
+  if (j.total_bytes > policy_.max_gradient_bytes) {
+    return "gradient of " + std::to_string(j.total_bytes) +
+           " bytes is above the server's limit of " +
+           std::to_string(policy_.max_gradient_bytes) +
+           ": lower --floats or raise the server's limit";
+  }
+  if (RankOf(c) >= 0) return "JOIN sent twice";
+  if (j.mtu != policy_.mtu) {
+    return "worker MTU " + std::to_string(j.mtu) + " != server MTU " +
+           std::to_string(policy_.mtu) + ": pass the same --mtu to every app";
+  }
+  if (members_.empty()) {
+    first_ = j;
+  } else if (j.total_bytes != first_.total_bytes || j.layers != first_.layers) {
+    return "gradient layout differs from the first worker's: every worker "
+           "must run the same model (--floats / --model)";
+  }
+  members_.push_back(Member{c, j.worker_name});
+  return "";
+}
+
+void JoinDesk::Leave(ConnId c) {
+  const int w = RankOf(c);
+  if (w >= 0 && !closed_) members_.erase(members_.begin() + w);
+}
+
+int JoinDesk::RankOf(ConnId c) const {
+  for (size_t w = 0; w < members_.size(); ++w) {
+    if (members_[w].conn == c) return static_cast<int>(w);
+  }
+  return -1;
+}
+
+WelcomeMsg JoinDesk::Welcome(uint32_t rank, uint32_t chunk_payload) const {
+  const ChunkLayout layout(first_.total_bytes, chunk_payload);
+  WelcomeMsg wm;
+  wm.rank = static_cast<uint16_t>(rank);
+  wm.num_workers = static_cast<uint16_t>(policy_.workers);
+  wm.mtu = policy_.mtu;
+  wm.chunk_payload = chunk_payload;
+  wm.num_chunks = layout.num_chunks();
+  wm.total_bytes = layout.total_bytes();
+  wm.layers = first_.layers;
+  return wm;
+}
+
+}  // namespace dblp

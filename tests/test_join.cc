@@ -1,0 +1,86 @@
+// A server's admission of workers (JoinDesk): every refusal names its
+// cause, ranks follow JOIN order, a worker that leaves before the job frees
+// its place, and the WELCOME carries the first JOIN's layout.
+#include <gtest/gtest.h>
+
+#include "dblp/chunking.h"
+#include "dblp/join.h"
+
+namespace dblp {
+namespace {
+
+JoinMsg Join(const std::string& name, uint64_t bytes = 4096,
+             uint32_t mtu = 1500) {
+  JoinMsg j;
+  j.worker_name = name;
+  j.total_bytes = bytes;
+  j.mtu = mtu;
+  j.layers = {LayerInfo{"fc", {32, 32}}};
+  return j;
+}
+
+TEST(JoinDesk, AdmitsInOrderUntilFull) {
+  JoinDesk desk(JoinPolicy{2, 1500, 1 << 20});
+  EXPECT_EQ(desk.Admit(11, Join("a")), "");
+  EXPECT_EQ(desk.Admit(12, Join("b")), "");
+  EXPECT_TRUE(desk.full());
+  EXPECT_EQ(desk.RankOf(11), 0);
+  EXPECT_EQ(desk.RankOf(12), 1);
+  EXPECT_EQ(desk.RankOf(13), -1);
+  EXPECT_EQ(desk.Admit(13, Join("c")), "job already has all workers");
+  EXPECT_EQ(desk.members()[1].name, "b");
+}
+
+TEST(JoinDesk, EveryRefusalNamesItsCause) {
+  JoinDesk desk(JoinPolicy{3, 1500, 1 << 20});
+  JoinMsg old = Join("v");
+  old.protocol_version = 1;
+  EXPECT_NE(desk.Admit(1, old).find("protocol version 1"), std::string::npos);
+  EXPECT_NE(desk.Admit(1, Join("z", 0)).find("multiple of 4"),
+            std::string::npos);
+  EXPECT_NE(desk.Admit(1, Join("odd", 4097)).find("multiple of 4"),
+            std::string::npos);
+  EXPECT_NE(desk.Admit(1, Join("big", 2 << 20)).find("limit"),
+            std::string::npos);
+  EXPECT_NE(desk.Admit(1, Join("jumbo", 4096, 9000)).find("--mtu"),
+            std::string::npos);
+  ASSERT_EQ(desk.Admit(1, Join("a")), "");
+  EXPECT_EQ(desk.Admit(1, Join("a")), "JOIN sent twice");
+  EXPECT_NE(desk.Admit(2, Join("b", 8192)).find("layout differs"),
+            std::string::npos);
+  JoinMsg other = Join("c");
+  other.layers[0].shape = {32, 16};
+  EXPECT_NE(desk.Admit(3, other).find("same model"), std::string::npos);
+  EXPECT_EQ(desk.members().size(), 1u);  // nothing refused was admitted
+}
+
+TEST(JoinDesk, LeavingBeforeTheJobFreesThePlace) {
+  JoinDesk desk(JoinPolicy{2, 1500, 1 << 20});
+  ASSERT_EQ(desk.Admit(1, Join("a")), "");
+  ASSERT_EQ(desk.Admit(2, Join("b")), "");
+  desk.Leave(1);
+  EXPECT_EQ(desk.RankOf(2), 0);
+  EXPECT_EQ(desk.Admit(3, Join("c")), "");
+  EXPECT_EQ(desk.RankOf(3), 1);
+  desk.Close();
+  desk.Leave(3);  // after the job started the rank stays
+  EXPECT_EQ(desk.RankOf(3), 1);
+  EXPECT_EQ(desk.Admit(4, Join("d")), "job already has all workers");
+}
+
+TEST(JoinDesk, WelcomeCarriesTheFirstJoinsLayout) {
+  JoinDesk desk(JoinPolicy{2, 1500, 1 << 20});
+  ASSERT_EQ(desk.Admit(1, Join("a", 40000)), "");
+  ASSERT_EQ(desk.Admit(2, Join("b", 40000)), "");
+  const WelcomeMsg w = desk.Welcome(1, 1452);
+  EXPECT_EQ(w.rank, 1u);
+  EXPECT_EQ(w.num_workers, 2u);
+  EXPECT_EQ(w.total_bytes, 40000u);
+  EXPECT_EQ(w.chunk_payload, 1452u);
+  EXPECT_EQ(w.num_chunks, ChunkLayout(40000, 1452).num_chunks());
+  EXPECT_EQ(w.layers, desk.first().layers);
+  EXPECT_EQ(w.mtu, 1500u);
+}
+
+}  // namespace
+}  // namespace dblp
