@@ -250,6 +250,17 @@ TEST_F(Link, LostBitmapIsRecoveredByAProbeRetry) {
   ExpectNothingTwice();
 }
 
+TEST_F(Link, AProbeRetryIsNoProgress) {
+  SetUpLink(640, 64);  // one burst is the whole pass
+  lose_probes_ = true;  // a receiver that never answers
+  Begin(0, 0.0);
+  EXPECT_TRUE(send_->Step(now_, frames_, tx_out_));  // frames + first PROBE
+  Deliver();
+  EXPECT_EQ(send_->probes_sent(), 1u);
+  EXPECT_FALSE(send_->Step(now_ + 5000, frames_, tx_out_));  // a retry
+  EXPECT_EQ(send_->probes_sent(), 2u);
+}
+
 TEST_F(Link, BusyBitmapMailboxCountsTheDropAndTheRoundGoesOn) {
   SetUpLink(640, 8);
   Begin(0, 0.0);

@@ -144,12 +144,14 @@ bool SendSide::Step(uint64_t now_ns, Frames& frames, Outbox& outbox) {
   if (round_.state() == SenderRound::State::kAwaitingBitmap &&
       (!probe_out_ || (config_.probe_retry_ns != 0 &&
                        now_ns - probe_ns_ >= config_.probe_retry_ns))) {
+    // A retry is no progress: a receiver that never answers must still
+    // trip the loop's no-progress watchdog.
+    progress = progress || !probe_out_;
     probe_out_ = true;
     probe_ns_ = now_ns;
     ++probes_;
     outbox.Post(ProbeRequest{config_.peer, config_.direction, round_.round(),
                              round_.passes(), config_.shard});
-    progress = true;
   }
   return progress;
 }
