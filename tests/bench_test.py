@@ -7,7 +7,10 @@ What it checks is what the benchmark promises, not how fast this machine
 is: every run produced every measured round; delivered fraction is 1 with
 p = 0 (loss or not) and >= 1 - p with p = 0.05; the lossy p = 0 rounds
 resent frames; the ratios in the report are computed from the numbers next
-to them; usage errors exit 2 naming the fix.
+to them; the data-movement floor (dblp-floor) was measured for the size
+and its ratios are the DBLP round over it; an old result without the
+floor still renders (n/a); usage errors exit 2 naming the fix, and so do
+dblp-floor's bad flags.
 
 Run: python3 tests/bench_test.py BUILD_DIR
 """
@@ -74,9 +77,34 @@ def main():
           "fast 0.10x [0.10-0.10] (1) · slow 0.50x [0.25-0.75] (2)",
           b.split_ratio(pairs, 9.0))
 
+    # dblp-floor alone: bad flags exit 2 naming the flag (gflags' own
+    # errors included), and a tiny run reports positive times.
+    floor = os.path.join(build, "apps", "dblp-floor")
+    for bad, needle in ((["--size_mb=0"], "size_mb"),
+                        (["--measure=both,copy"], "measure"),
+                        (["--rounds=abc"], "rounds"),
+                        (["--no_such_flag=1"], "no_such_flag"),
+                        (["stray"], "stray")):
+        r = subprocess.run([floor] + bad, capture_output=True, text=True,
+                           timeout=60)
+        check("dblp-floor %s exits 2 naming it" % bad,
+              r.returncode == 2 and needle in r.stderr and
+              "error" in r.stderr, "rc=%d %s" % (r.returncode, r.stderr))
+    r = subprocess.run([floor, "--size_mb=0.25", "--rounds=3", "--json"],
+                       capture_output=True, text=True, timeout=60)
+    try:
+        j = json.loads(r.stdout)
+    except ValueError:
+        j = {}
+    check("dblp-floor --json: copy and add, positive, per round",
+          r.returncode == 0 and j.get("chunks") == 181 and
+          all(j[w]["median_ms"] > 0 and j[w]["min_ms"] > 0 and
+              j[w]["chunks_per_s"] > 0 and len(j[w]["round_ms"]) == 3
+              for w in ("copy", "add")), r.stdout + r.stderr)
+
     # Usage errors.
     for bad in (["--sizes_mb=abc"], ["--cpus=0"], ["--p=1"],
-                ["--build=/nonexistent"]):
+                ["--server_lcores=0"], ["--build=/nonexistent"]):
         r = subprocess.run([sys.executable, BENCH] + bad,
                            capture_output=True, text=True, timeout=60)
         check("usage error %s exits 2 with a message" % bad,
@@ -122,6 +150,43 @@ def main():
             md = f.read()
         check("report names the command and the reference",
               "dblp-bench" in md and "testpmd" in md and "kernel UDP" in md)
+
+        floors = res.get("floor", [])
+        f = floors[0] if floors else {}
+        check("floor measured for the size: copy and add positive",
+              len(floors) == 1 and f["size_mb"] == 1.0 and
+              f["chunks"] == 723 and
+              all(f[k] > 0 for k in (
+                  "copy_ms", "copy_min_ms", "copy_chunks_per_s", "add_ms",
+                  "add_min_ms", "add_chunks_per_s")) and
+              f["copy_min_ms"] <= f["copy_ms"] and
+              f["add_min_ms"] <= f["add_ms"], floors)
+        p50_ms = runs["0%, p=0"]["dpdk"]["p50_us"] / 1e3
+        check("floor ratios are the DBLP round p50 over the floor",
+              bool(f) and abs(f["dblp_p50_ms"] - p50_ms) < 1e-9 and
+              abs(f["dblp_over_copy"] - p50_ms / f["copy_ms"]) < 1e-9 and
+              abs(f["dblp_over_copy_add"] -
+                  p50_ms / (f["copy_ms"] + f["add_ms"])) < 1e-9, f)
+        check("report shows the floor and the server's lcores",
+              "floor copy ms" in md and "DBLP / (copy + add) floor" in md
+              and res.get("server_lcores") == 1 and
+              "Server: 1 datapath lcore(s) (EAL `--lcores 0@0`)" in md, md)
+
+        # A result dir from before the floor still renders, with n/a.
+        old = dict(res)
+        for k in ("floor", "server_lcores", "server_eal_lcores"):
+            old.pop(k)
+        old_dir = os.path.join(out, "old")
+        os.makedirs(old_dir)
+        with open(os.path.join(old_dir, "bench.json"), "w") as fh:
+            json.dump(old, fh)
+        r = subprocess.run([sys.executable, BENCH, "--render", old_dir],
+                           capture_output=True, text=True, timeout=60)
+        floor_rows = [line for line in r.stdout.splitlines()
+                      if line.startswith("| 1 MiB | n/a |")]
+        check("--render of a result without the floor prints n/a",
+              r.returncode == 0 and len(floor_rows) == 1 and
+              floor_rows[0].count("n/a") == 5, r.stdout[-1500:] + r.stderr)
 
     print("%d failed" % len(failures))
     sys.exit(1 if failures else 0)
