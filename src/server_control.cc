@@ -18,6 +18,7 @@ ServerControl::ServerControl(const ServerJoinConfig& join,
       sidecar_(MakeCallbacks(std::move(ctr), stats_period_s)),
       desk_(JoinPolicy{join.workers, join.mtu, join.max_gradient_bytes}),
       errors_(join.workers),
+      bye_seen_(join.workers, false),
       alive_(new std::atomic<bool>[join.workers]) {
   for (uint32_t w = 0; w < join.workers; ++w) alive_[w].store(true);
 }
@@ -94,7 +95,9 @@ void ServerControl::OnMessage(ConnId c, const ControlMessage& m) {
     // The worker failed; its connection closes next (PeerGoneEvent).
     std::lock_guard<std::mutex> lock(mu_);
     errors_[w] = err->text;
-  } else if (std::holds_alternative<ByeMsg>(m)) {
+  } else if (std::holds_alternative<ByeMsg>(m) && !bye_seen_[w]) {
+    // One BYE per worker: a peer repeating it must not fill the ring.
+    bye_seen_[w] = true;
     events_.Push(PeerByeEvent{static_cast<uint16_t>(w)});
   }
 }

@@ -102,6 +102,7 @@ class ServerControl {
   // Why worker w failed (its ERROR): sidecar: wo under mu_; datapath:
   // reads under mu_ (worker_error).
   std::vector<std::string> errors_;
+  std::vector<bool> bye_seen_;  // sidecar only
   std::atomic<bool> joined_{false};         // sidecar: wo; datapath: ro
   // Rounds: set by the datapath once (Attach); read by the sidecar.
   std::vector<std::vector<ReceiveSide*>> push_;

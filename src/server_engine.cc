@@ -228,6 +228,10 @@ int RunServer(const ServerOptions& o) {
     Die("--workers=" + std::to_string(o.workers) + " is out of range",
         "use 1.." + std::to_string(kServerRank - 1));
   }
+  if (rte_lcore_count() > 64) {
+    Die(std::to_string(rte_lcore_count()) + " datapath lcores",
+        "give dblp-server at most 64 lcores (-l/--lcores)");
+  }
   const auto S = static_cast<uint16_t>(rte_lcore_count());
   rte_mempool* pool = nullptr;
   std::vector<PortCaps> caps;

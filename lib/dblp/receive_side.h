@@ -160,7 +160,9 @@ bool ReceiveSide::Step(uint64_t now_ns, const RxProgress& rx,
       probe_gen_ = rx.poll_gen;
     }
   }
-  if (probe_pending_ && rx.drained_gen > probe_gen_) {
+  // A busy answer slot (the control thread has not sent the last answer
+  // yet) keeps the PROBE pending for the next turn rather than losing it.
+  if (probe_pending_ && rx.drained_gen > probe_gen_ && !answer_.ready()) {
     probe_pending_ = false;
     if (askers_ != 0 && AnswerProbe()) {
       outbox.Post(BitmapRequest{config_.peer, config_.direction, config_.shard,
