@@ -141,8 +141,9 @@ class WorkerLcore {
   WorkerIterationTimes times_;
 };
 
-// The server's state for one worker, shared by its lcores. Writer: lcore 0
-// (it handles control events); readers: every lcore.
+// The server's state for one worker, shared by its lcores. alive and
+// said_bye: writer lcore 0 (it handles control events), readers every
+// lcore; push_stop: every lcore (its own CAS protocol, shards.h).
 struct WorkerState {
   std::atomic<bool> alive{true};      // false: lost, its frames dropped
   std::atomic<bool> said_bye{false};  // finished its iterations
@@ -150,7 +151,9 @@ struct WorkerState {
 };
 
 // One server lcore's sides for one worker (its shard of that worker's
-// rounds). That lcore only, except the sides' control-thread entry points.
+// rounds). Writer: that lcore; the control thread uses the sides' own
+// entry points; lcore 0 reads the stats of every lcore's links only while
+// the others wait at a JobSync barrier (the rows of an iteration).
 struct ServerLink {
   ServerLink(const ReceiveSideConfig& rc, const SendSideConfig& sc,
              const WorkerState& w)
