@@ -199,8 +199,7 @@ namespace {
 constexpr uint16_t kRxPrefetchAhead = 4;
 }  // namespace
 
-ServerLcore::ServerLcore(LcoreConf& conf, ServerControl& control,
-                         JobSync& job,
+ServerLcore::ServerLcore(LcoreConf& conf, ServerControl& control, JobSync& job,
                          std::vector<std::unique_ptr<WorkerState>>& workers,
                          std::vector<ServerLink*> links, RoundPacer& pacer,
                          const Setup& setup)
@@ -243,8 +242,8 @@ void ServerLcore::ReceiveBurst(uint16_t port, rte_mbuf** pkts, uint16_t n,
       // Headers a few frames ahead; the next frame's sum slice, which the
       // permuted send order scatters over the whole gradient.
       if (i + kRxPrefetchAhead < n) {
-        rte_prefetch0(rte_pktmbuf_mtod(pkts[i + kRxPrefetchAhead],
-                                       const void*));
+        rte_prefetch0(
+            rte_pktmbuf_mtod(pkts[i + kRxPrefetchAhead], const void*));
       }
       if (i + 1 < n) reducer.Prefetch(PeekSeq(pkts[i + 1]));
     }
@@ -266,20 +265,48 @@ void ServerLcore::ReceiveBurst(uint16_t port, rte_mbuf** pkts, uint16_t n,
       continue;
     }
     l.arrivals = true;
-    if (!l.learned) Learn(l, port, rank, pf);
+    if (!l.learned) {
+      Learn(l, port, rank, pf.src);
+      WorkerState& ws = *workers_[rank];
+      if (!ws.return_claimed.exchange(true, std::memory_order_relaxed)) {
+        ws.return_port = port;
+        ws.return_addr = pf.src;
+        ws.return_ready.store(true, std::memory_order_release);
+      }
+    }
   }
 }
 
 void ServerLcore::Learn(ServerLink& l, uint16_t port, uint16_t rank,
-                        const ParsedFrame& pf) {
+                        const Endpoint& src) {
   l.learned = true;
   l.port = port;
   const auto worker_port = static_cast<uint16_t>(setup_.udp_port + 1 + rank);
   const PortCaps& caps = (*setup_.caps)[port];
   const Endpoint local{caps.mac, setup_.local_ip, worker_port};
-  Endpoint peer = pf.src;
+  Endpoint peer = src;
   peer.udp_port = worker_port;
   l.tmpl = FrameTemplate(local, peer, caps);
+}
+
+// Before a broadcast: a link whose shard saw none of its worker's frames
+// takes the return path another lcore learned. False (the job fails) if
+// no lcore ever accepted a frame from a live worker.
+bool ServerLcore::AdoptReturnPaths() {
+  for (uint32_t w = 0; w < links_.size(); ++w) {
+    ServerLink& l = *links_[w];
+    const WorkerState& ws = *workers_[w];
+    if (l.learned || !ws.alive.load(std::memory_order_relaxed)) continue;
+    if (!ws.return_ready.load(std::memory_order_acquire)) {
+      job_.Fail("worker " + std::to_string(w) + " (" + control_.worker_name(w) +
+                ") sent no frame the server accepted, so its return "
+                "address is unknown; check that its frames reach the "
+                "server's port (--p below 1)");
+      return false;
+    }
+    Learn(l, ws.return_port, static_cast<uint16_t>(w), ws.return_addr);
+  }
+  return true;
 }
 
 uint32_t ServerLcore::PollPushes(uint64_t now_ns) {
@@ -339,8 +366,8 @@ bool ServerLcore::HandleEvents() {
       WorkerState& ws = *workers_[gone->peer];
       if (ws.said_bye || !ws.alive) continue;
       const std::string why = control_.worker_error(gone->peer);
-      if (!LoseWorker(gone->peer, why.empty() ? "disconnected"
-                                              : "failed (" + why + ")")) {
+      if (!LoseWorker(gone->peer,
+                      why.empty() ? "disconnected" : "failed (" + why + ")")) {
         return false;
       }
     }
@@ -397,8 +424,8 @@ bool ServerLcore::RunUntil(Done done, bool broadcasting,
           why += "; chunks received:";
           for (uint32_t w = 0; w < workers_.size(); ++w) {
             why += " w" + std::to_string(w) + "=" +
-                   std::to_string(workers_[w]->push_stop.Received(
-                       PushRound(iteration_))) +
+                   std::to_string(
+                       workers_[w]->push_stop.Received(PushRound(iteration_))) +
                    "/" + std::to_string(setup_.layout->num_chunks());
           }
         }
@@ -463,6 +490,7 @@ void ServerLcore::OpenPush(uint64_t it, const RoundTolerance& tol) {
 }
 
 bool ServerLcore::RunBroadcast(uint64_t it) {
+  if (!AdoptReturnPaths()) return false;
   const uint32_t round = BroadcastRound(it);
   const uint32_t n = setup_.layout->num_chunks();
   const uint64_t now = NowNs();

@@ -31,8 +31,8 @@
 #include "dblp/send_order.h"
 #include "dblp/send_side.h"
 #include "dblp/shards.h"
-#include "dblp/tolerance.h"
 #include "dblp/token_bucket.h"
+#include "dblp/tolerance.h"
 #include "frame_builder.h"
 #include "port.h"
 #include "server_control.h"
@@ -73,7 +73,7 @@ class JobSync {
   alignas(RTE_CACHE_LINE_SIZE) std::atomic<unsigned> arrived_{0};  // all: RMW
   std::atomic<uint64_t> generation_{0};  // last lcore to arrive: wo; all: ro
   std::atomic<bool> failed_{false};      // any lcore: wo; all: ro
-  std::mutex failure_mu_;                // Fail / failure only, never per packet
+  std::mutex failure_mu_;  // Fail / failure only, never per packet
   std::string failure_;
   alignas(RTE_CACHE_LINE_SIZE) std::atomic<uint64_t> progress_ns_{0};
 };
@@ -93,10 +93,10 @@ class WorkerLcore {
  public:
   struct Setup {
     uint16_t port = 0;
-    uint16_t queues = 1;        // = the server's shards
-    uint16_t udp_port = 0;      // ours: the broadcast arrives here
+    uint16_t queues = 1;    // = the server's shards
+    uint16_t udp_port = 0;  // ours: the broadcast arrives here
     const ChunkLayout* layout = nullptr;
-    RxLossInjector* loss = nullptr;   // on the broadcast we receive
+    RxLossInjector* loss = nullptr;               // on the broadcast we receive
     std::vector<ChunkTransmitter>* tx = nullptr;  // one per queue
     FrameTemplate* to_server = nullptr;
     const uint8_t* gradient = nullptr;  // what the push sends
@@ -104,8 +104,8 @@ class WorkerLcore {
     RoundPacer* pacer = nullptr;
   };
   WorkerLcore(LcoreConf& conf, WorkerControl& control,
-              std::vector<std::unique_ptr<SendSide>>& push,
-              ReceiveSide& bcast, const Setup& setup);
+              std::vector<std::unique_ptr<SendSide>>& push, ReceiveSide& bcast,
+              const Setup& setup);
 
   // Opens iteration `it`'s broadcast receiver and waits for the server to
   // open its push round. False (with *failure) on a timeout, a lost server
@@ -136,7 +136,7 @@ class WorkerLcore {
   RingOutbox outbox_;
   uint64_t drained_gen_ = 0;
   bool have_go_ = false;
-  uint32_t go_round_ = 0;   // the latest push ROUND_BEGIN
+  uint32_t go_round_ = 0;  // the latest push ROUND_BEGIN
   double go_p_ = 0;
   WorkerIterationTimes times_;
 };
@@ -144,10 +144,18 @@ class WorkerLcore {
 // The server's state for one worker, shared by its lcores. alive and
 // said_bye: writer lcore 0 (it handles control events), readers every
 // lcore; push_stop: every lcore (its own CAS protocol, shards.h).
+// return_port/return_addr: writer the lcore that wins return_claimed (the
+// first to accept a frame from the worker), readers every lcore after
+// return_ready (release/acquire) — an lcore whose shard got none of the
+// worker's frames still knows where to broadcast.
 struct WorkerState {
   std::atomic<bool> alive{true};      // false: lost, its frames dropped
   std::atomic<bool> said_bye{false};  // finished its iterations
   StopGroup push_stop;                // the push STOP across shards
+  std::atomic<bool> return_claimed{false};
+  std::atomic<bool> return_ready{false};
+  uint16_t return_port = 0;  // the port its frames arrive on
+  Endpoint return_addr;      // their source MAC and IP
 };
 
 // One server lcore's sides for one worker (its shard of that worker's
@@ -162,7 +170,8 @@ struct ServerLink {
   SendSide bcast;
   const WorkerState& worker;  // alive, read per frame
   std::vector<uint32_t> order_buf;
-  // The worker's return path, learned from its first accepted frame.
+  // The worker's return path: from this lcore's first accepted frame of
+  // the worker, else from WorkerState at the broadcast.
   bool learned = false;
   uint16_t port = 0;
   FrameTemplate tmpl;
@@ -201,7 +210,7 @@ class ServerLcore {
     const ShardMap* shards = nullptr;
     RxLossInjector* loss = nullptr;  // on the pushes we receive
     MeanReducer* reducer = nullptr;
-    const uint8_t* mean = nullptr;   // what the broadcast sends
+    const uint8_t* mean = nullptr;  // what the broadcast sends
     rte_mempool* pool = nullptr;
     std::vector<TokenBucket>* link_rate = nullptr;  // this lcore's, per port
     bool prefetch = true;
@@ -233,8 +242,8 @@ class ServerLcore {
   enum class PushEnd : uint8_t { kStopped, kAllBye, kFailed };
   bool Turn(uint64_t now_ns, bool broadcasting);
   uint32_t PollPushes(uint64_t now_ns);
-  void Learn(ServerLink& l, uint16_t port, uint16_t rank,
-             const ParsedFrame& pf);
+  void Learn(ServerLink& l, uint16_t port, uint16_t rank, const Endpoint& src);
+  bool AdoptReturnPaths();
   bool HandleEvents();
   bool LoseWorker(uint32_t w, const std::string& how);
   uint64_t DrainedFor(const ServerLink& l) const;

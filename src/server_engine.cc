@@ -15,145 +15,10 @@
 #include "numa_placement.h"
 #include "run_report.h"
 #include "server_control.h"
+#include "server_report.h"
 
 namespace dblp {
 namespace {
-
-using LinkGrid = std::vector<std::vector<std::unique_ptr<ServerLink>>>;
-
-// One row per worker for the push just reduced.
-void AddPushRows(uint64_t it, const LinkGrid& links,
-                 const std::vector<std::unique_ptr<WorkerState>>& workers,
-                 uint64_t push_open_ns, const RoundTolerance& tol, double norm,
-                 bool burst, const ServerOptions& o, uint32_t num_chunks,
-                 RunReport* report) {
-  for (uint32_t w = 0; w < workers.size(); ++w) {
-    // The shards' bitmaps cover disjoint chunk ranges.
-    uint64_t stop_ns = 0;
-    std::vector<uint64_t> words((num_chunks + 63) / 64, 0);
-    Bitmap part;
-    for (const auto& shard : links) {
-      const ReceiveSide& push = shard[w]->push;
-      stop_ns = std::max(stop_ns, push.stop_ns());
-      push.receiver().SnapshotBitmap(part);
-      for (size_t i = 0; i < words.size(); ++i) words[i] |= part.words()[i];
-    }
-    Bitmap arrived(num_chunks);
-    arrived.AssignWords(words);
-    IterationRecord r;
-    r.iteration = it;
-    r.rank = w;
-    r.send_latency_us =
-        stop_ns > push_open_ns
-            ? static_cast<double>(stop_ns - push_open_ns) / 1e3
-            : 0;
-    r.delivered_fraction =
-        static_cast<double>(arrived.Count()) / num_chunks;
-    r.p = tol.p;
-    r.critical = tol.critical;
-    r.grad_norm = norm;
-    r.burst = burst;
-    report->rows.push_back(r);
-    if (!o.dp.dump_dir.empty() && it < o.dp.dump_iterations) {
-      DumpBinary(o.dp.dump_dir + "/w" + std::to_string(w) + "_it" +
-                     std::to_string(it) + "_push.bits",
-                 arrived.words().data(),
-                 arrived.words().size() * sizeof(uint64_t));
-    }
-  }
-}
-
-// Completes the iteration's rows with the broadcast side (its shards).
-void AddBroadcastToRows(const LinkGrid& links, uint32_t W, RunReport* report) {
-  for (uint32_t w = 0; w < W; ++w) {
-    IterationRecord& r = report->rows[report->rows.size() - W + w];
-    uint64_t begin = UINT64_MAX, done = 0;
-    double rtt_sum = 0;
-    int rtt_n = 0;
-    r.bcast_passes = 0;
-    r.packets_sent = r.packets_resent = 0;
-    for (const auto& shard : links) {
-      const SendSide& b = shard[w]->bcast;
-      begin = std::min(begin, b.begin_ns());
-      done = std::max(done, b.done_ns());
-      r.bcast_passes = std::max(r.bcast_passes, b.sender().passes());
-      r.packets_sent += b.sender().packets_sent();
-      r.packets_resent += b.sender().packets_resent();
-      if (b.mean_rtt_us() > 0) {
-        rtt_sum += b.mean_rtt_us();
-        ++rtt_n;
-      }
-    }
-    r.bcast_latency_us =
-        done > begin ? static_cast<double>(done - begin) / 1e3 : 0;
-    r.control_rtt_us = rtt_n ? rtt_sum / rtt_n : 0;
-  }
-}
-
-void AddServerCounters(const std::vector<std::unique_ptr<LcoreConf>>& lcs,
-                       const ServerControl& control, const LinkGrid& links,
-                       uint16_t nb_ports, RunReport* report) {
-  auto sum = [&](auto field) {
-    uint64_t t = 0;
-    for (const auto& lc : lcs) t += (lc->counters.*field).load();
-    return t;
-  };
-  using C = DatapathCounters;
-  report->counters = {
-      {"rx_frames", sum(&C::rx_frames)},
-      {"tx_frames", sum(&C::tx_frames)},
-      {"injected_drops", sum(&C::injected_drops)},
-      {"tx_ring_full", sum(&C::tx_ring_full)},
-      {"mbuf_alloc_failures", sum(&C::mbuf_alloc_failures)},
-      {"frames_from_lost_workers", sum(&C::from_lost_worker)},
-      {"control_messages_in", control.messages_in()},
-      {"control_messages_out", control.messages_out()},
-      {"control_protocol_errors", control.protocol_errors()},
-  };
-  auto over_links = [&](auto fn) {
-    uint64_t t = 0;
-    for (const auto& shard : links) {
-      for (const auto& l : shard) t += fn(*l);
-    }
-    return t;
-  };
-  for (int v = 0; v < kNumVerdicts; ++v) {
-    report->counters.emplace_back(
-        std::string("push_") + VerdictName(static_cast<Verdict>(v)),
-        over_links([v](const ServerLink& l) {
-          return l.push.receiver().verdict_count(static_cast<Verdict>(v));
-        }));
-  }
-  for (int s = 1; s < kNumDecodeStatus; ++s) {
-    report->counters.emplace_back(
-        std::string("decode_") + DecodeStatusName(static_cast<DecodeStatus>(s)),
-        over_links([s](const ServerLink& l) {
-          return l.push.receiver().decode_error_count(
-              static_cast<DecodeStatus>(s));
-        }));
-  }
-  for (int s = 1; s < kNumFrameStatus; ++s) {
-    uint64_t t = 0;
-    for (const auto& lc : lcs) t += lc->counters.frame_drops[s].load();
-    report->counters.emplace_back(
-        std::string("frame_") + FrameStatusName(static_cast<FrameStatus>(s)),
-        t);
-  }
-  PortDrops total{};
-  for (uint16_t p = 0; p < nb_ports; ++p) {
-    const PortDrops d = ReadPortDrops(p);
-    total.imissed += d.imissed;
-    total.rx_nombuf += d.rx_nombuf;
-    total.oerrors += d.oerrors;
-  }
-  report->counters.emplace_back(
-      "bitmaps_dropped", over_links([](const ServerLink& l) {
-        return l.bcast.bitmaps_dropped() + l.push.answer().dropped();
-      }));
-  report->counters.emplace_back("device_imissed", total.imissed);
-  report->counters.emplace_back("device_rx_nombuf", total.rx_nombuf);
-  report->counters.emplace_back("device_oerrors", total.oerrors);
-}
 
 // The broadcast's tolerance after the policy saw this iteration.
 RoundTolerance BroadcastTolerance(const ServerOptions& o,
@@ -174,6 +39,29 @@ RoundBeginRequest Announcement(Direction d, uint32_t round,
                            t.deadline_ns ? t.min_fraction : 0};
 }
 
+// Lcore k's link to worker w: shard k of w's pushes and broadcasts.
+LinkGrid BuildLinkGrid(uint32_t session, const ChunkLayout& layout,
+                       const ShardMap& shards, uint32_t burst,
+                       std::vector<std::unique_ptr<WorkerState>>& workers) {
+  LinkGrid links(shards.num_shards());
+  for (uint16_t k = 0; k < shards.num_shards(); ++k) {
+    for (uint32_t w = 0; w < workers.size(); ++w) {
+      const ReceiverConfig rc{
+          session, FrameType::kPush, static_cast<int32_t>(w),
+          layout,  shards.begin(k),  shards.end(k)};
+      SendSideConfig sc{FrameType::kBroadcast, session,
+                        kServerRank,           static_cast<uint16_t>(w),
+                        Direction::kBroadcast, burst};
+      sc.shard = k;
+      links[k].push_back(std::make_unique<ServerLink>(
+          ReceiveSideConfig{rc, Direction::kPush, static_cast<uint16_t>(w),
+                            &workers[w]->push_stop, k},
+          sc, *workers[w]));
+      workers[w]->push_stop.Add(&links[k][w]->push.receiver());
+    }
+  }
+  return links;
+}
 
 // What a remote lcore runs: its ServerLcore until the job ends.
 struct RemoteLcore {
@@ -192,7 +80,8 @@ uint16_t SetupServerPorts(const ServerOptions& o, uint16_t lcores,
                           rte_mempool** pool, std::vector<PortCaps>* caps) {
   const uint16_t nb_ports = rte_eth_dev_count_avail();
   if (nb_ports == 0) {
-    Die("no Ethernet port", "give the server a port: -a <PCI address> for a "
+    Die("no Ethernet port",
+        "give the server a port: -a <PCI address> for a "
         "NIC, or one --vdev=net_memifN,role=server,socket=/tmp/dblp-wN.sock "
         "per worker");
   }
@@ -262,7 +151,8 @@ int RunServer(const ServerOptions& o) {
   const JoinMsg& first =
       control.AdmitWorkers(o.listen, o.join_timeout_ms, g_quit, o.dp.realtime);
 
-  // ---- the job ---------------------------------------------------------------
+  // ---- the job
+  // ---------------------------------------------------------------
   const uint32_t W = o.workers;
   const ChunkLayout layout(first.total_bytes, ChunkPayloadForMtu(caps[0].mtu));
   const uint32_t N = layout.num_chunks();
@@ -273,25 +163,13 @@ int RunServer(const ServerOptions& o) {
     workers.push_back(std::make_unique<WorkerState>());
     orders.emplace_back(o.dp.send_order, w, W, HashMix(o.dp.seed, 0xBC));
   }
-  LinkGrid links(S);
+  LinkGrid links = BuildLinkGrid(session, layout, shards, o.dp.burst, workers);
   std::vector<std::vector<ReceiveSide*>> push_sides(W);
   std::vector<std::vector<SendSide*>> bcast_sides(W);
-  for (uint16_t k = 0; k < S; ++k) {
+  for (auto& shard : links) {
     for (uint32_t w = 0; w < W; ++w) {
-      const ReceiverConfig rc{session, FrameType::kPush,
-                              static_cast<int32_t>(w), layout,
-                              shards.begin(k), shards.end(k)};
-      SendSideConfig sc{FrameType::kBroadcast, session, kServerRank,
-                        static_cast<uint16_t>(w), Direction::kBroadcast,
-                        o.dp.burst};
-      sc.shard = k;
-      links[k].push_back(std::make_unique<ServerLink>(
-          ReceiveSideConfig{rc, Direction::kPush, static_cast<uint16_t>(w),
-                            &workers[w]->push_stop, k},
-          sc, *workers[w]));
-      workers[w]->push_stop.Add(&links[k][w]->push.receiver());
-      push_sides[w].push_back(&links[k][w]->push);
-      bcast_sides[w].push_back(&links[k][w]->bcast);
+      push_sides[w].push_back(&shard[w]->push);
+      bcast_sides[w].push_back(&shard[w]->bcast);
     }
   }
   control.Attach(push_sides, bcast_sides);
@@ -321,17 +199,16 @@ int RunServer(const ServerOptions& o) {
         o.dp.idle_spin, o.dp.idle_sleep_us, o.dp.round_timeout_ms, &g_quit,
         job.progress()));
     // Each lcore draws its own losses (same schedule, its own stream).
-    losses.push_back(k == 0 ? nullptr
-                            : std::make_unique<RxLossInjector>(
-                                  o.dp.loss, o.dp.bursts,
-                                  HashMix(o.dp.seed, 0xB0 + k)));
+    losses.push_back(
+        k == 0 ? nullptr
+               : std::make_unique<RxLossInjector>(
+                     o.dp.loss, o.dp.bursts, HashMix(o.dp.seed, 0xB0 + k)));
     std::vector<ServerLink*> mine;
     for (auto& l : links[k]) mine.push_back(l.get());
     lcores.push_back(std::make_unique<ServerLcore>(
         *lcs[k], control, job, workers, mine, *pacers[k],
         ServerLcore::Setup{nb_ports, o.udp_port, local_ip, &caps, &layout,
-                           &shards, k == 0 ? &loss : losses[k].get(),
-                           &reducer,
+                           &shards, k == 0 ? &loss : losses[k].get(), &reducer,
                            reinterpret_cast<const uint8_t*>(mean.data()), pool,
                            &link_rate[k], o.dp.prefetch, o.push_only,
                            o.continue_on_worker_loss, &orders, &decisions}));
@@ -364,8 +241,9 @@ int RunServer(const ServerOptions& o) {
     }
     policy->OnIterationEnd(it, norm, NowNs() - push_open_ns);
     const RoundTolerance next = policy->Current();
-    lcores[0]->outbox().Post(Announcement(
-        Direction::kBroadcast, BroadcastRound(it), BroadcastTolerance(o, next)));
+    lcores[0]->outbox().Post(Announcement(Direction::kBroadcast,
+                                          BroadcastRound(it),
+                                          BroadcastTolerance(o, next)));
     push_tol = next;
     reducer.BeginRound();
     reducer.set_num_workers(lcores[0]->live_count());
@@ -377,9 +255,10 @@ int RunServer(const ServerOptions& o) {
 
   for (auto& lc : lcores) lc->OpenPush(0, push_tol);
   coord.announce_push(0);
-  std::printf("dblp-server: %u workers joined; %u chunks of %u B per round, "
-              "%u datapath lcore(s)\n",
-              W, N, layout.chunk_payload(), S);
+  std::printf(
+      "dblp-server: %u workers joined; %u chunks of %u B per round, "
+      "%u datapath lcore(s)\n",
+      W, N, layout.chunk_payload(), S);
   std::fflush(stdout);
   const uint64_t start_ns = NowNs();
   loss.StartClock(start_ns);
@@ -397,14 +276,14 @@ int RunServer(const ServerOptions& o) {
   const std::string failure = job.failure();
 
   AddServerCounters(lcs, control, links, nb_ports, &report);
-  report.info = {{"loss", FormatLossSpec(o.dp.loss)},
-                 {"link_gbps", o.dp.link_gbps > 0
-                                   ? std::to_string(o.dp.link_gbps)
-                                   : "unpaced"},
-                 {"chunks", std::to_string(N)},
-                 {"chunk_bytes", std::to_string(layout.chunk_payload())},
-                 {"push_fill", FillModeName(o.push_fill)},
-                 {"broadcast", o.reliable_broadcast ? "reliable" : "same_p"}};
+  report.info = {
+      {"loss", FormatLossSpec(o.dp.loss)},
+      {"link_gbps",
+       o.dp.link_gbps > 0 ? std::to_string(o.dp.link_gbps) : "unpaced"},
+      {"chunks", std::to_string(N)},
+      {"chunk_bytes", std::to_string(layout.chunk_payload())},
+      {"push_fill", FillModeName(o.push_fill)},
+      {"broadcast", o.reliable_broadcast ? "reliable" : "same_p"}};
   std::fputs(FormatRunSummary(report).c_str(), stdout);
   int exit_code = failure.empty() ? 0 : 1;
   if (!o.dp.out_dir.empty()) {

@@ -49,8 +49,12 @@ TEST(ShardMap, FilterKeepsTheOrder) {
 
 std::vector<uint8_t> Frame(uint32_t session, uint32_t round, uint32_t seq,
                            const ChunkLayout& layout) {
-  DataHeader h{FrameType::kPush, session, 0,
-               static_cast<uint16_t>(layout.Length(seq)), round, seq};
+  DataHeader h{FrameType::kPush,
+               session,
+               0,
+               static_cast<uint16_t>(layout.Length(seq)),
+               round,
+               seq};
   std::vector<uint8_t> f(kDataHeaderBytes + h.payload_len, 0);
   EncodeDataHeader(h, f.data());
   return f;
@@ -73,8 +77,8 @@ TEST(StopGroup, ExactlyOneStopNeverEarlyUnderConcurrency) {
     StopGroup group;
     std::vector<std::unique_ptr<ReceiveSide>> sides;
     for (uint16_t s = 0; s < 2; ++s) {
-      ReceiverConfig rc{7, FrameType::kPush, 0, layout, map.begin(s),
-                        map.end(s)};
+      ReceiverConfig rc{7,      FrameType::kPush, 0,
+                        layout, map.begin(s),     map.end(s)};
       sides.push_back(std::make_unique<ReceiveSide>(
           ReceiveSideConfig{rc, Direction::kPush, 0, &group, s}));
       group.Add(&sides.back()->receiver());
@@ -137,6 +141,27 @@ TEST(StopGroup, AShardThatHasNotBegunCountsNothing) {
   }
   EXPECT_EQ(group.Received(2), 0u);
   EXPECT_EQ(group.Received(0), 128u);
+}
+
+TEST(StopGroup, TheStopWordNeverMovesBackToAnOlderRound) {
+  const ChunkLayout layout(uint64_t{128} * 64, 64);
+  StopGroup group;
+  ReceiverRound a(ReceiverConfig{1, FrameType::kPush, 0, layout, 0, 128});
+  group.Add(&a);
+  a.Begin(4, 0.0);
+  uint32_t total = 0;
+  const StopRule zero{0, 0, 0};  // every count closes
+  EXPECT_EQ(group.Poll(4, zero, 0, &total), StopTrigger::kThreshold);
+  EXPECT_TRUE(group.taken(4));
+  // A lagging shard still deciding round 2 (and one across the u32 wrap)
+  // must not take the word back.
+  EXPECT_EQ(group.Poll(2, zero, 0, &total), StopTrigger::kNone);
+  EXPECT_TRUE(group.taken(4));
+  EXPECT_EQ(group.Poll(0xFFFFFFFEu, zero, 0, &total), StopTrigger::kNone);
+  EXPECT_TRUE(group.taken(4));
+  // The next round is handed out once.
+  EXPECT_EQ(group.Poll(6, zero, 0, &total), StopTrigger::kThreshold);
+  EXPECT_EQ(group.Poll(6, zero, 0, &total), StopTrigger::kNone);
 }
 
 TEST(StopGroup, MisroutedFramesAreCountedNotAccepted) {

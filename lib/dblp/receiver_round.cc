@@ -49,7 +49,7 @@ void ReceiverRound::Begin(uint32_t round, double p, uint64_t deadline_ns,
   threshold_.store(threshold, std::memory_order_relaxed);
   SetDeadline(deadline_ns, deadline_min_fraction);
   stop_taken_.store(false, std::memory_order_relaxed);
-  round_.store(round, std::memory_order_relaxed);
+  round_.store(round, std::memory_order_release);
   begun_ = true;
   open_.store(true, std::memory_order_release);
 }

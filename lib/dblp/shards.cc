@@ -40,8 +40,12 @@ StopTrigger StopGroup::Poll(uint32_t round, const StopRule& rule,
   *total = Received(round);
   const StopTrigger t = rule.Evaluate(*total, now_ns);
   if (t == StopTrigger::kNone) return t;
-  // Several shards may reach the decision at once: one hands it out.
+  // Several shards may reach the decision at once: one hands it out. The
+  // word never moves back: a shard still in an older round gets nothing.
   while (seen != Word(round)) {
+    if (seen != 0 && !RoundIsOlder(static_cast<uint32_t>(seen >> 1), round)) {
+      return StopTrigger::kNone;
+    }
     if (taken_.compare_exchange_weak(seen, Word(round),
                                      std::memory_order_acq_rel)) {
       return t;

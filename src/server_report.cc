@@ -1,0 +1,141 @@
+#include "server_report.h"
+
+#include <algorithm>
+#include <string>
+
+#include "datapath.h"
+#include "port.h"
+
+namespace dblp {
+
+void AddPushRows(uint64_t it, const LinkGrid& links,
+                 const std::vector<std::unique_ptr<WorkerState>>& workers,
+                 uint64_t push_open_ns, const RoundTolerance& tol, double norm,
+                 bool burst, const ServerOptions& o, uint32_t num_chunks,
+                 RunReport* report) {
+  for (uint32_t w = 0; w < workers.size(); ++w) {
+    // The shards' bitmaps cover disjoint chunk ranges.
+    uint64_t stop_ns = 0;
+    std::vector<uint64_t> words((num_chunks + 63) / 64, 0);
+    Bitmap part;
+    for (const auto& shard : links) {
+      const ReceiveSide& push = shard[w]->push;
+      stop_ns = std::max(stop_ns, push.stop_ns());
+      push.receiver().SnapshotBitmap(part);
+      for (size_t i = 0; i < words.size(); ++i) words[i] |= part.words()[i];
+    }
+    Bitmap arrived(num_chunks);
+    arrived.AssignWords(words);
+    IterationRecord r;
+    r.iteration = it;
+    r.rank = w;
+    r.send_latency_us = stop_ns > push_open_ns
+                            ? static_cast<double>(stop_ns - push_open_ns) / 1e3
+                            : 0;
+    r.delivered_fraction = static_cast<double>(arrived.Count()) / num_chunks;
+    r.p = tol.p;
+    r.critical = tol.critical;
+    r.grad_norm = norm;
+    r.burst = burst;
+    report->rows.push_back(r);
+    if (!o.dp.dump_dir.empty() && it < o.dp.dump_iterations) {
+      DumpBinary(o.dp.dump_dir + "/w" + std::to_string(w) + "_it" +
+                     std::to_string(it) + "_push.bits",
+                 arrived.words().data(),
+                 arrived.words().size() * sizeof(uint64_t));
+    }
+  }
+}
+
+void AddBroadcastToRows(const LinkGrid& links, uint32_t W, RunReport* report) {
+  for (uint32_t w = 0; w < W; ++w) {
+    IterationRecord& r = report->rows[report->rows.size() - W + w];
+    uint64_t begin = UINT64_MAX, done = 0;
+    double rtt_sum = 0;
+    int rtt_n = 0;
+    r.bcast_passes = 0;
+    r.packets_sent = r.packets_resent = 0;
+    for (const auto& shard : links) {
+      const SendSide& b = shard[w]->bcast;
+      begin = std::min(begin, b.begin_ns());
+      done = std::max(done, b.done_ns());
+      r.bcast_passes = std::max(r.bcast_passes, b.sender().passes());
+      r.packets_sent += b.sender().packets_sent();
+      r.packets_resent += b.sender().packets_resent();
+      if (b.mean_rtt_us() > 0) {
+        rtt_sum += b.mean_rtt_us();
+        ++rtt_n;
+      }
+    }
+    r.bcast_latency_us =
+        done > begin ? static_cast<double>(done - begin) / 1e3 : 0;
+    r.control_rtt_us = rtt_n ? rtt_sum / rtt_n : 0;
+  }
+}
+
+void AddServerCounters(const std::vector<std::unique_ptr<LcoreConf>>& lcs,
+                       const ServerControl& control, const LinkGrid& links,
+                       uint16_t nb_ports, RunReport* report) {
+  auto sum = [&](auto field) {
+    uint64_t t = 0;
+    for (const auto& lc : lcs) t += (lc->counters.*field).load();
+    return t;
+  };
+  using C = DatapathCounters;
+  report->counters = {
+      {"rx_frames", sum(&C::rx_frames)},
+      {"tx_frames", sum(&C::tx_frames)},
+      {"injected_drops", sum(&C::injected_drops)},
+      {"tx_ring_full", sum(&C::tx_ring_full)},
+      {"mbuf_alloc_failures", sum(&C::mbuf_alloc_failures)},
+      {"frames_from_lost_workers", sum(&C::from_lost_worker)},
+      {"control_messages_in", control.messages_in()},
+      {"control_messages_out", control.messages_out()},
+      {"control_protocol_errors", control.protocol_errors()},
+  };
+  auto over_links = [&](auto fn) {
+    uint64_t t = 0;
+    for (const auto& shard : links) {
+      for (const auto& l : shard) t += fn(*l);
+    }
+    return t;
+  };
+  for (int v = 0; v < kNumVerdicts; ++v) {
+    report->counters.emplace_back(
+        std::string("push_") + VerdictName(static_cast<Verdict>(v)),
+        over_links([v](const ServerLink& l) {
+          return l.push.receiver().verdict_count(static_cast<Verdict>(v));
+        }));
+  }
+  for (int s = 1; s < kNumDecodeStatus; ++s) {
+    report->counters.emplace_back(
+        std::string("decode_") + DecodeStatusName(static_cast<DecodeStatus>(s)),
+        over_links([s](const ServerLink& l) {
+          return l.push.receiver().decode_error_count(
+              static_cast<DecodeStatus>(s));
+        }));
+  }
+  for (int s = 1; s < kNumFrameStatus; ++s) {
+    uint64_t t = 0;
+    for (const auto& lc : lcs) t += lc->counters.frame_drops[s].load();
+    report->counters.emplace_back(
+        std::string("frame_") + FrameStatusName(static_cast<FrameStatus>(s)),
+        t);
+  }
+  PortDrops total{};
+  for (uint16_t p = 0; p < nb_ports; ++p) {
+    const PortDrops d = ReadPortDrops(p);
+    total.imissed += d.imissed;
+    total.rx_nombuf += d.rx_nombuf;
+    total.oerrors += d.oerrors;
+  }
+  report->counters.emplace_back(
+      "bitmaps_dropped", over_links([](const ServerLink& l) {
+        return l.bcast.bitmaps_dropped() + l.push.answer().dropped();
+      }));
+  report->counters.emplace_back("device_imissed", total.imissed);
+  report->counters.emplace_back("device_rx_nombuf", total.rx_nombuf);
+  report->counters.emplace_back("device_oerrors", total.oerrors);
+}
+
+}  // namespace dblp
