@@ -10,40 +10,58 @@
 DEFINE_string(listen, "127.0.0.1:9100", "TCP control address to listen on");
 DEFINE_uint32(workers, 3, "number of workers in the job");
 DEFINE_string(local_ip, "10.0.0.1", "the server's IPv4 on the data ports");
-DEFINE_uint32(udp_port, 47000, "UDP port of pushes (worker r receives the "
+DEFINE_uint32(udp_port, 47000,
+              "UDP port of pushes (worker r receives the "
               "broadcast on udp_port + 1 + r)");
 DEFINE_string(policy, "dblp", "reliable | fixed | dblp | ltp");
 DEFINE_double(p_fixed, 0.008, "fixed (MLT) tolerance");
 DEFINE_double(p_low, 0.008, "dblp: tolerance inside a critical regime");
 DEFINE_double(p_high, 0.408, "dblp: tolerance outside critical regimes");
-DEFINE_uint32(clr_freq, 10, "dblp: check the gradient norm every N "
+DEFINE_uint32(clr_freq, 10,
+              "dblp: check the gradient norm every N "
               "iterations; a detected regime lasts N iterations");
-DEFINE_double(clr_eta, 0.5, "dblp: relative norm change that means a "
+DEFINE_double(clr_eta, 0.5,
+              "dblp: relative norm change that means a "
               "critical regime");
-DEFINE_double(ltp_deadline_factor, 1.5, "ltp: deadline = factor x median "
+DEFINE_double(ltp_deadline_factor, 1.5,
+              "ltp: deadline = factor x median "
               "round time");
 DEFINE_uint32(ltp_window, 16, "ltp: rounds in the median");
-DEFINE_double(ltp_min_fraction, 0.5, "ltp: fraction needed before a "
+DEFINE_double(ltp_min_fraction, 0.5,
+              "ltp: fraction needed before a "
               "deadline may close a round");
-DEFINE_string(push_fill, "zero", "server mean of missing chunks: zero | "
+DEFINE_string(push_fill, "zero",
+              "server mean of missing chunks: zero | "
               "prev | rescale");
-DEFINE_string(bcast_tolerance, "same", "broadcast with the same p "
+DEFINE_string(bcast_tolerance, "same",
+              "broadcast with the same p "
               "(same), every chunk (reliable), or no broadcast at all (none: "
               "a push benchmark, the workers apply a zero mean)");
-DEFINE_string(on_worker_loss, "abort", "abort | continue (without the "
+DEFINE_uint32(resync_every, 0,
+              "every N training steps the workers push "
+              "their parameters reliably and all load the average, so "
+              "replicas a truncated broadcast drifted apart are identical "
+              "again (0 = never)");
+DEFINE_string(on_worker_loss, "abort",
+              "abort | continue (without the "
               "lost worker)");
 DEFINE_uint32(session, 0, "session id (0 = random)");
-DEFINE_uint32(max_gradient_mb, 1024, "refuse workers whose gradient is "
+DEFINE_uint32(max_gradient_mb, 1024,
+              "refuse workers whose gradient is "
               "larger (the server keeps about three copies in memory)");
-DEFINE_double(zero_fraction, 0, "experiment: zero this fraction of the mean's "
+DEFINE_double(zero_fraction, 0,
+              "experiment: zero this fraction of the mean's "
               "chunks (the same for every worker) in --zero_iters");
-DEFINE_string(zero_iters, "", "experiment: FIRST,LAST iterations of "
+DEFINE_string(zero_iters, "",
+              "experiment: FIRST,LAST iterations of "
               "--zero_fraction");
-DEFINE_uint32(join_timeout_ms, 60000, "give up waiting for workers after "
+DEFINE_uint32(join_timeout_ms, 60000,
+              "give up waiting for workers after "
               "this long");
 
 int main(int argc, char** argv) {
-  dblp::ParseAppFlagsOrDie(argc, argv,
+  dblp::ParseAppFlagsOrDie(
+      argc, argv,
       "dblp-server [EAL options] -- [options]\n"
       "  e.g. dblp-server -l 0 --no-huge -m 512 --no-pci --file-prefix=srv "
       "--vdev=net_memif0,role=server,socket=/tmp/dblp-w0.sock -- "
@@ -80,6 +98,18 @@ int main(int argc, char** argv) {
   }
   o.reliable_broadcast = FLAGS_bcast_tolerance == "reliable";
   o.push_only = FLAGS_bcast_tolerance == "none";
+  o.resync_every = FLAGS_resync_every;
+  if (o.resync_every > 0 && o.push_only) {
+    dblp::FlagError(
+        "--resync_every needs a broadcast: drop "
+        "--bcast_tolerance=none or --resync_every");
+  }
+  if (o.resync_every > 0 && o.push_fill == dblp::FillMode::kPrevious) {
+    dblp::FlagError(
+        "--resync_every with --push_fill=prev would fill "
+        "gradients from an averaged model: use --push_fill=zero "
+        "or rescale");
+  }
   if (FLAGS_on_worker_loss != "abort" && FLAGS_on_worker_loss != "continue") {
     dblp::FlagError("--on_worker_loss=" + FLAGS_on_worker_loss +
                     ": use abort or continue");

@@ -75,6 +75,7 @@ void ServerControl::Welcome() {
     wm.session = cfg_.session;
     wm.udp_base_port = cfg_.udp_port;
     wm.num_shards = cfg_.shards;
+    wm.resync_every = cfg_.resync_every;
     wm.server_ipv4 = cfg_.local_ip;
     std::memcpy(wm.server_mac.data(), cfg_.mac.addr_bytes, 6);
     wm.policy = cfg_.policy;

@@ -32,6 +32,7 @@ struct ServerJoinConfig {
   std::string policy;  // described in the WELCOME
   uint16_t ports = 1;  // for the banner
   uint16_t shards = 1;  // datapath lcores: a round's chunk ranges
+  uint32_t resync_every = 0;  // told to the workers in WELCOME
 };
 
 class ServerControl {

@@ -10,6 +10,7 @@
 #include "datapath.h"
 #include "dblp/clr_detector.h"  // L2Norm
 #include "dblp/loss_fill.h"
+#include "dblp/resync.h"
 #include "eal_app.h"
 #include "lcore_loop.h"
 #include "numa_placement.h"
@@ -146,7 +147,7 @@ int RunServer(const ServerOptions& o) {
   ServerControl control(
       ServerJoinConfig{o.workers, session, caps[0].mtu, local_ip, o.udp_port,
                        caps[0].mac, o.max_gradient_bytes, policy->Describe(),
-                       nb_ports, S},
+                       nb_ports, S, o.resync_every},
       counters, o.dp.stats_period_s);
   const JoinMsg& first =
       control.AdmitWorkers(o.listen, o.join_timeout_ms, g_quit, o.dp.realtime);
@@ -227,27 +228,33 @@ int RunServer(const ServerOptions& o) {
     lcores[0]->outbox().Post(
         Announcement(Direction::kPush, PushRound(it), push_tol));
   };
+  const ResyncSchedule resync(o.resync_every);
   coord.reduce = [&](uint64_t it) {
+    // A resync's "mean" is the average model: no policy, no zeroing, and
+    // both rounds reliable.
+    const bool sync = resync.IsResync(it);
     reducer.Finalize(o.push_fill, mean);
-    if (it >= o.zero_first && it <= o.zero_last && o.zero_fraction > 0) {
+    if (!sync && it >= o.zero_first && it <= o.zero_last &&
+        o.zero_fraction > 0) {
       ZeroRandomChunks(mean, layout, o.zero_fraction, HashMix(o.dp.seed, it));
     }
     const double norm = L2Norm(mean);
     AddPushRows(it, links, workers, push_open_ns, push_tol, norm,
                 loss.InBurst(it), o, N, &report);
+    for (uint32_t w = 0; w < W; ++w) report.rows.rbegin()[w].resync = sync;
     if (!o.dp.dump_dir.empty() && it < o.dp.dump_iterations) {
       DumpBinary(o.dp.dump_dir + "/mean_it" + std::to_string(it) + ".f32",
                  mean.data(), mean.size() * sizeof(float));
     }
-    policy->OnIterationEnd(it, norm, NowNs() - push_open_ns);
+    if (!sync) policy->OnIterationEnd(it, norm, NowNs() - push_open_ns);
     const RoundTolerance next = policy->Current();
-    lcores[0]->outbox().Post(Announcement(Direction::kBroadcast,
-                                          BroadcastRound(it),
-                                          BroadcastTolerance(o, next)));
-    push_tol = next;
+    lcores[0]->outbox().Post(
+        Announcement(Direction::kBroadcast, BroadcastRound(it),
+                     sync ? RoundTolerance{} : BroadcastTolerance(o, next)));
+    push_tol = resync.IsResync(it + 1) ? RoundTolerance{} : next;
     reducer.BeginRound();
     reducer.set_num_workers(lcores[0]->live_count());
-    return next;
+    return push_tol;
   };
   coord.broadcast_done = [&](uint64_t) {
     AddBroadcastToRows(links, W, &report);
@@ -283,7 +290,8 @@ int RunServer(const ServerOptions& o) {
       {"chunks", std::to_string(N)},
       {"chunk_bytes", std::to_string(layout.chunk_payload())},
       {"push_fill", FillModeName(o.push_fill)},
-      {"broadcast", o.reliable_broadcast ? "reliable" : "same_p"}};
+      {"broadcast", o.reliable_broadcast ? "reliable" : "same_p"},
+      {"resync_every", std::to_string(o.resync_every)}};
   std::fputs(FormatRunSummary(report).c_str(), stdout);
   int exit_code = failure.empty() ? 0 : 1;
   if (!o.dp.out_dir.empty()) {

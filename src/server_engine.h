@@ -25,6 +25,10 @@ struct ServerOptions {
   // 1 ns deadline and a floor of zero chunks, so every worker closes it as
   // soon as the announcement arrives and the job measures pushes only.
   bool push_only = false;
+  // Every this many training steps, a re-synchronisation iteration: the
+  // workers push their parameters reliably and load the average
+  // (dblp/resync.h). 0: never.
+  uint32_t resync_every = 0;
   bool continue_on_worker_loss = false;
   uint32_t session = 0;        // 0 = derived from the clock
   uint32_t join_timeout_ms = 60000;

@@ -10,6 +10,7 @@
 
 #include "datapath.h"
 #include "dblp/receive_side.h"
+#include "dblp/resync.h"
 #include "dblp/send_side.h"
 #include "eal_app.h"
 #include "frame_builder.h"
@@ -21,6 +22,29 @@
 namespace dblp {
 namespace {
 
+// A resync iteration's broadcast is reliable: loading less than the whole
+// average would leave a model made of two. Returns why it failed, or "".
+std::string LoadAverageModel(GradientSource& source, uint64_t it,
+                             std::span<const float> avg,
+                             const Bitmap& arrived) {
+  if (arrived.MissingCount() != 0) {
+    return "resync iteration " + std::to_string(it) +
+           ": the average model "
+           "arrived with " +
+           std::to_string(arrived.MissingCount()) + " of " +
+           std::to_string(arrived.size()) +
+           " chunks missing (its broadcast must be reliable: run the server "
+           "and the workers from the same build)";
+  }
+  try {
+    source.ImportModel(avg);
+  } catch (const std::exception& e) {
+    return "loading the average model of iteration " + std::to_string(it) +
+           ": " + e.what();
+  }
+  return "";
+}
+
 // Test hook (--hostile_per_round): frames of the previous round, then
 // frames of another job and of a future round, then valid L2-L4 around bad
 // DBLP bytes, all sent at the server before our push.
@@ -30,8 +54,12 @@ void SendHostileFrames(const WelcomeMsg& wel, uint32_t push_round,
                        FrameTemplate& to_server, const uint8_t* grad,
                        const ChunkLayout& layout) {
   ChunkTransmitter hostile{0, 0, pool, ctr, nullptr, 64};
-  DataHeader stale{FrameType::kPush, wel.session,
-                   static_cast<uint16_t>(wel.rank), 0, push_round - 2, 0};
+  DataHeader stale{FrameType::kPush,
+                   wel.session,
+                   static_cast<uint16_t>(wel.rank),
+                   0,
+                   push_round - 2,
+                   0};
   hostile.Send(to_server, stale, replay.data(),
                static_cast<uint32_t>(std::min<size_t>(replay.size(), count)),
                grad, layout);
@@ -135,8 +163,7 @@ PortCaps SetupWorkerPort(const WorkerOptions& o, uint16_t queues,
   }
   if (!WaitForLink(popts.port_id, o.join_timeout_ms)) {
     Die("port " + std::to_string(popts.port_id) + " (" + caps.driver +
-            ") link is down after " + std::to_string(o.join_timeout_ms) +
-            " ms",
+            ") link is down after " + std::to_string(o.join_timeout_ms) + " ms",
         "for net_memif start dblp-server (role=server, same socket=) "
         "first; for a NIC check the cable and the switch port");
   }
@@ -148,7 +175,8 @@ PortCaps SetupWorkerPort(const WorkerOptions& o, uint16_t queues,
 int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
   const std::atomic<bool>& g_quit = InstallQuitHandlers();
   if (rte_eth_dev_count_avail() == 0) {
-    Die("no Ethernet port", "give the worker a port: -a <PCI address> for a "
+    Die("no Ethernet port",
+        "give the worker a port: -a <PCI address> for a "
         "NIC, or --vdev=net_memif0,role=client,socket=/tmp/dblp-w0.sock");
   }
   LcoreConf lc;
@@ -187,9 +215,9 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
   std::vector<std::unique_ptr<SendSide>> push;
   std::vector<SendSide*> push_ptrs;
   for (uint16_t q = 0; q < queues; ++q) {
-    SendSideConfig sc{FrameType::kPush, wel.session,
-                      static_cast<uint16_t>(wel.rank), 0, Direction::kPush,
-                      o.dp.burst};
+    SendSideConfig sc{
+        FrameType::kPush, wel.session, static_cast<uint16_t>(wel.rank), 0,
+        Direction::kPush, o.dp.burst};
     sc.shard = q;
     push.push_back(std::make_unique<SendSide>(sc));
     push_ptrs.push_back(push.back().get());
@@ -200,8 +228,7 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
   control.Attach(push_ptrs, &bcast);
 
   // Loss on the broadcast we receive, applied as frames arrive.
-  RxLossInjector loss(o.dp.loss, o.dp.bursts,
-                      HashMix(o.dp.seed, wel.rank + 1));
+  RxLossInjector loss(o.dp.loss, o.dp.bursts, HashMix(o.dp.seed, wel.rank + 1));
   TokenBucket link(o.dp.link_gbps,
                    uint64_t{o.dp.burst} * WireBytesPerFrame(caps.mtu));
   std::vector<ChunkTransmitter> tx;
@@ -218,22 +245,21 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
   const int node = PortNumaNode(0);
   PlaceOnNodeOrWarn(std::span<const float>(grad), node, "gradient buffer");
   PlaceOnNodeOrWarn(std::span<const float>(avg), node, "mean buffer");
-  WorkerLcore lcore(lc, control, push, bcast,
-                    WorkerLcore::Setup{0, queues, local.udp_port, &layout,
-                                       &loss, &tx,
-                                       &to_server, grad_bytes,
-                                       reinterpret_cast<uint8_t*>(avg.data()),
-                                       &pacer});
+  WorkerLcore lcore(
+      lc, control, push, bcast,
+      WorkerLcore::Setup{0, queues, local.udp_port, &layout, &loss, &tx,
+                         &to_server, grad_bytes,
+                         reinterpret_cast<uint8_t*>(avg.data()), &pacer});
   SendOrder order(o.dp.send_order, wel.rank, wel.num_workers, o.dp.seed);
   std::vector<uint32_t> order_buf, replay;
 
-  std::printf("dblp-worker: rank %u of %u, session %08x, %s, %u chunks of %u "
-              "B, port %s (%s), server %s:%u\n",
-              wel.rank, wel.num_workers, wel.session,
-              source->Describe().c_str(), layout.num_chunks(),
-              layout.chunk_payload(), caps.driver.c_str(),
-              FormatMac(caps.mac.addr_bytes).c_str(),
-              FormatIpv4(wel.server_ipv4).c_str(), wel.udp_base_port);
+  std::printf(
+      "dblp-worker: rank %u of %u, session %08x, %s, %u chunks of %u "
+      "B, port %s (%s), server %s:%u\n",
+      wel.rank, wel.num_workers, wel.session, source->Describe().c_str(),
+      layout.num_chunks(), layout.chunk_payload(), caps.driver.c_str(),
+      FormatMac(caps.mac.addr_bytes).c_str(),
+      FormatIpv4(wel.server_ipv4).c_str(), wel.udp_base_port);
   std::fflush(stdout);
 
   RunReport report;
@@ -243,10 +269,18 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
   report.burst_iterations = o.dp.bursts.iterations;
   std::string failure;
   loss.StartClock(NowNs());
-  for (uint64_t it = 0; it < o.iterations && failure.empty(); ++it) {
+  const ResyncSchedule resync(wel.resync_every);
+  const uint64_t iterations = resync.ProtocolIterations(o.iterations);
+  for (uint64_t it = 0; it < iterations && failure.empty(); ++it) {
     control.set_iteration(it);
+    const bool sync = resync.IsResync(it);
+    const uint64_t step = resync.TrainStep(it);
     try {
-      source->Compute(it, grad);
+      if (sync) {
+        source->ExportModel(grad);
+      } else {
+        source->Compute(step, grad);
+      }
     } catch (const std::exception& e) {
       failure = "computing the gradient of iteration " + std::to_string(it) +
                 ": " + e.what();
@@ -265,23 +299,37 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
 
     Bitmap arrived;
     bcast.receiver().SnapshotBitmap(arrived);
-    FillMissing(avg, arrived, layout, o.bcast_fill, prev_avg);
-    try {
-      source->Apply(it, avg);
-    } catch (const std::exception& e) {
-      failure = "applying the mean of iteration " + std::to_string(it) +
-                ": " + e.what();
-      break;
+    if (sync) {
+      failure = LoadAverageModel(*source, it, avg, arrived);
+      if (!failure.empty()) break;
+    } else {
+      FillMissing(avg, arrived, layout, o.bcast_fill, prev_avg);
+      try {
+        source->Apply(step, avg);
+      } catch (const std::exception& e) {
+        failure = "applying the mean of iteration " + std::to_string(it) +
+                  ": " + e.what();
+        break;
+      }
+      prev_avg = avg;
     }
     if (!o.dp.dump_dir.empty() && it < o.dp.dump_iterations) {
-      const std::string base = o.dp.dump_dir + "/w" +
-                               std::to_string(wel.rank) + "_it" +
-                               std::to_string(it);
+      const std::string base = o.dp.dump_dir + "/w" + std::to_string(wel.rank) +
+                               "_it" + std::to_string(it);
       DumpBinary(base + "_avg.f32", avg.data(), avg.size() * sizeof(float));
       DumpBinary(base + "_bcast.bits", arrived.words().data(),
                  arrived.words().size() * sizeof(uint64_t));
+      if (sync) {
+        // The replica before and after, to check that the resync made every
+        // worker's the same (tests/training_smoke_test.py --resync).
+        DumpBinary(base + "_model_before.f32", grad.data(),
+                   grad.size() * sizeof(float));
+        std::vector<float> model(grad.size());
+        source->ExportModel(model);
+        DumpBinary(base + "_model.f32", model.data(),
+                   model.size() * sizeof(float));
+      }
     }
-    prev_avg = avg;
 
     const WorkerIterationTimes& t = lcore.times();
     IterationRecord r;
@@ -310,20 +358,21 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
     r.delivered_fraction = bcast.receiver().delivered_fraction();
     r.p = t.announced_p;
     r.burst = loss.InBurst(it);
+    r.resync = sync;
     r.control_rtt_us = rtt_n ? rtt_sum / rtt_n : 0;
     report.rows.push_back(r);
   }
   control.Finish(failure.empty(), failure);
 
   AddWorkerCounters(lc, control, push, bcast, &report);
-  report.info = {{"source", source->Describe()},
-                 {"link_gbps", o.dp.link_gbps > 0
-                                   ? std::to_string(o.dp.link_gbps)
-                                   : "unpaced"},
-                 {"chunks", std::to_string(layout.num_chunks())},
-                 {"chunk_bytes", std::to_string(layout.chunk_payload())},
-                 {"loss", FormatLossSpec(o.dp.loss)},
-                 {"driver", caps.driver}};
+  report.info = {
+      {"source", source->Describe()},
+      {"link_gbps",
+       o.dp.link_gbps > 0 ? std::to_string(o.dp.link_gbps) : "unpaced"},
+      {"chunks", std::to_string(layout.num_chunks())},
+      {"chunk_bytes", std::to_string(layout.chunk_payload())},
+      {"loss", FormatLossSpec(o.dp.loss)},
+      {"driver", caps.driver}};
   std::fputs(FormatRunSummary(report).c_str(), stdout);
   int exit_code = failure.empty() ? 0 : 1;
   if (!o.dp.out_dir.empty()) {

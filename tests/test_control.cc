@@ -108,6 +108,7 @@ std::vector<ControlMessage> Samples() {
   w.total_bytes = 25'161'728;
   w.udp_base_port = 40000;
   w.num_shards = 4;
+  w.resync_every = 10;
   w.server_ipv4 = 0x0A000001;
   w.server_mac = {0x02, 0x00, 0x5e, 0x10, 0xfe, 0xff};
   w.policy = "dblp";

@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -21,10 +22,10 @@ constexpr uint32_t kEvalBatch = 1000;
 
 torch::Tensor ImagesTensor(const Dataset& d) {
   // clone(): the tensor owns its memory, so the vectors can be released.
-  return torch::from_blob(const_cast<float*>(d.images.data()),
-                          {static_cast<int64_t>(d.count), kImageSide,
-                           kImageSide},
-                          torch::kFloat32)
+  return torch::from_blob(
+             const_cast<float*>(d.images.data()),
+             {static_cast<int64_t>(d.count), kImageSide, kImageSide},
+             torch::kFloat32)
       .clone();
 }
 
@@ -70,8 +71,7 @@ void ValidateTrainingOptions(const TrainingOptions& o) {
     throw std::invalid_argument("momentum must be in [0, 1)");
   }
   if (o.threads < 1 || o.threads > 256) {
-    throw std::invalid_argument("--train_threads=" +
-                                std::to_string(o.threads) +
+    throw std::invalid_argument("--train_threads=" + std::to_string(o.threads) +
                                 ": use 1..256 (1 on a shared machine)");
   }
   if (o.max_eval < 1) {
@@ -102,9 +102,9 @@ struct TrainingSource::Impl {
   uint32_t shard = 0;
   uint32_t per_epoch = 0;  // full batches per epoch (the tail is dropped)
 
-  uint32_t epoch = 0;  // epoch in progress, 0-based
-  uint32_t cursor = 0;  // batches taken in this epoch
-  torch::Tensor order;  // this epoch's permutation of the shard
+  uint32_t epoch = 0;       // epoch in progress, 0-based
+  uint32_t cursor = 0;      // batches taken in this epoch
+  torch::Tensor order;      // this epoch's permutation of the shard
   bool epoch_done = false;  // the latest batch closed an epoch
   double loss_sum = 0;
   double eval_seconds = 0;  // spent in test evaluations since Bind
@@ -113,17 +113,17 @@ struct TrainingSource::Impl {
   double epoch_loss = std::numeric_limits<double>::quiet_NaN();
   double accuracy = std::numeric_limits<double>::quiet_NaN();
   uint32_t completed = 0;
-  uint64_t applied = 0;  // iterations whose step has been taken
+  uint64_t applied = 0;             // iterations whose step has been taken
   uint64_t logged_at = UINT64_MAX;  // `applied` of the latest log line
-  bool logged_eval = false;          // ... and whether it evaluated
+  bool logged_eval = false;         // ... and whether it evaluated
   std::chrono::steady_clock::time_point start;
   std::ofstream csv;
 
   void NewEpoch() {
     const std::vector<uint32_t> p =
         SeededPermutation(shard, EpochSeed(o.seed, rank, epoch));
-    order = torch::tensor(std::vector<int64_t>(p.begin(), p.end()),
-                          torch::kInt64);
+    order =
+        torch::tensor(std::vector<int64_t>(p.begin(), p.end()), torch::kInt64);
     cursor = 0;
   }
 
@@ -174,8 +174,8 @@ struct TrainingSource::Impl {
     loss_sum = 0;
     loss_n = 0;
     const auto eval_start = std::chrono::steady_clock::now();
-    const double acc = evaluate ? Evaluate()
-                                : std::numeric_limits<double>::quiet_NaN();
+    const double acc =
+        evaluate ? Evaluate() : std::numeric_limits<double>::quiet_NaN();
     const auto now = std::chrono::steady_clock::now();
     // Test evaluations are bookkeeping, not training: train_s leaves them
     // out so a policy's training time is not diluted by a fixed cost.
@@ -192,8 +192,8 @@ struct TrainingSource::Impl {
     }
     if (csv.is_open()) {
       csv << epoch_number << ',' << applied << ','
-          << FormatDouble(epoch_loss, 6) << ',' << FormatDouble(acc, 6)
-          << ',' << FormatDouble(wall, 3) << ','
+          << FormatDouble(epoch_loss, 6) << ',' << FormatDouble(acc, 6) << ','
+          << FormatDouble(wall, 3) << ','
           << FormatDouble(wall - eval_seconds, 3) << '\n';
       csv.flush();
     }
@@ -260,8 +260,8 @@ std::vector<LayerInfo> TrainingSource::Layers() const {
   std::vector<LayerInfo> layers;
   for (size_t i = 0; i < impl_->params.size(); ++i) {
     const auto sizes = impl_->params[i].sizes();
-    layers.push_back({impl_->names[i],
-                      std::vector<int64_t>(sizes.begin(), sizes.end())});
+    layers.push_back(
+        {impl_->names[i], std::vector<int64_t>(sizes.begin(), sizes.end())});
   }
   return layers;
 }
@@ -275,9 +275,8 @@ void TrainingSource::Bind(uint32_t rank, uint32_t num_workers) {
     throw std::invalid_argument("rank " + std::to_string(rank) + " of " +
                                 std::to_string(num_workers) + " workers");
   }
-  const std::vector<uint32_t> indices =
-      ShardIndices(s.raw_train.images.count, rank, num_workers, s.o.seed,
-                   s.train_total);
+  const std::vector<uint32_t> indices = ShardIndices(
+      s.raw_train.images.count, rank, num_workers, s.o.seed, s.train_total);
   if (indices.size() < s.o.batch) {
     throw std::runtime_error(
         "worker " + std::to_string(rank) + "'s shard holds " +
@@ -307,10 +306,9 @@ void TrainingSource::Bind(uint32_t rank, uint32_t num_workers) {
 void TrainingSource::Compute(uint64_t it, std::span<float> grad) {
   Impl& s = *impl_;
   if (grad.size() != s.floats) {
-    throw std::invalid_argument("gradient buffer of " +
-                                std::to_string(grad.size()) +
-                                " floats, the model has " +
-                                std::to_string(s.floats));
+    throw std::invalid_argument(
+        "gradient buffer of " + std::to_string(grad.size()) +
+        " floats, the model has " + std::to_string(s.floats));
   }
   s.ForwardBackward(it);
   size_t at = 0;
@@ -331,10 +329,9 @@ void TrainingSource::Compute(uint64_t it, std::span<float> grad) {
 void TrainingSource::Apply(uint64_t it, std::span<const float> average) {
   Impl& s = *impl_;
   if (average.size() != s.floats) {
-    throw std::invalid_argument("averaged gradient of " +
-                                std::to_string(average.size()) +
-                                " floats, the model has " +
-                                std::to_string(s.floats));
+    throw std::invalid_argument(
+        "averaged gradient of " + std::to_string(average.size()) +
+        " floats, the model has " + std::to_string(s.floats));
   }
   if (!s.bound) throw std::logic_error("training source used before Bind");
   size_t at = 0;
@@ -351,6 +348,33 @@ void TrainingSource::Apply(uint64_t it, std::span<const float> average) {
   }
   s.optimizer->step();
   s.AfterStep(it);
+}
+
+void TrainingSource::ExportModel(std::span<float> out) {
+  const std::vector<float> flat = FlatParameters();
+  if (out.size() != flat.size()) {
+    throw std::invalid_argument(
+        "model buffer of " + std::to_string(out.size()) +
+        " floats, the model has " + std::to_string(flat.size()));
+  }
+  std::copy(flat.begin(), flat.end(), out.begin());
+}
+
+void TrainingSource::ImportModel(std::span<const float> model) {
+  Impl& s = *impl_;
+  if (model.size() != s.floats) {
+    throw std::invalid_argument("model of " + std::to_string(model.size()) +
+                                " floats, this one has " +
+                                std::to_string(s.floats));
+  }
+  torch::NoGradGuard no_grad;
+  size_t at = 0;
+  for (torch::Tensor& p : s.params) {
+    const torch::Tensor src = torch::from_blob(
+        const_cast<float*>(model.data() + at), p.sizes(), torch::kFloat32);
+    p.copy_(src);
+    at += static_cast<size_t>(p.numel());
+  }
 }
 
 void TrainingSource::LocalStep(uint64_t it) {

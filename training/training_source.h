@@ -67,6 +67,10 @@ class TrainingSource final : public GradientSource {
   // at an epoch boundary (or the last iteration) evaluates and logs.
   void Apply(uint64_t it, std::span<const float> average) override;
   std::string Describe() const override;
+  // The parameters, flattened like the gradient; ImportModel replaces them
+  // (the optimizer's momentum is kept).
+  void ExportModel(std::span<float> out) override;
+  void ImportModel(std::span<const float> model) override;
 
   // The same minibatch step without the network: backward's own gradients
   // straight into the optimizer (a no-network baseline; tests compare it
@@ -79,8 +83,8 @@ class TrainingSource final : public GradientSource {
   void Finish();
 
   std::vector<float> FlatParameters() const;
-  double last_batch_loss() const;   // loss of the latest minibatch
-  double last_epoch_loss() const;   // mean minibatch loss of the last log
+  double last_batch_loss() const;     // loss of the latest minibatch
+  double last_epoch_loss() const;     // mean minibatch loss of the last log
   double last_test_accuracy() const;  // NaN before the first evaluation
   uint32_t epochs_completed() const;
   uint32_t shard_size() const;

@@ -220,6 +220,7 @@ class Writer {
     U64(m.total_bytes);
     U16(m.udp_base_port);
     U16(m.num_shards);
+    U32(m.resync_every);
     U32(m.server_ipv4);
     out_.insert(out_.end(), m.server_mac.begin(), m.server_mac.end());
     Str(m.policy);
@@ -401,6 +402,7 @@ class Reader {
            U64(m.total_bytes, "total_bytes") &&
            U16(m.udp_base_port, "udp_base_port") &&
            U16(m.num_shards, "num_shards") &&
+           U32(m.resync_every, "resync_every") &&
            U32(m.server_ipv4, "server_ipv4") &&
            Bytes(m.server_mac, "server_mac") &&
            Str(m.policy, kMaxControlString, "policy") && Layers(m.layers);

@@ -25,7 +25,8 @@
 namespace dblp {
 
 // 2: PROBE and BITMAP name the sender's shard (rounds sharded over lcores).
-inline constexpr uint16_t kControlVersion = 2;
+// 3: WELCOME carries resync_every (replicas re-synchronised, resync.h).
+inline constexpr uint16_t kControlVersion = 3;
 inline constexpr uint32_t kMaxControlFrame = 1u << 20;  // default decoder limit
 inline constexpr size_t kControlFrameHeader = 4;        // the u32 length
 
@@ -76,6 +77,9 @@ struct WelcomeMsg {
   uint64_t total_bytes = 0;
   uint16_t udp_base_port = 0;
   uint16_t num_shards = 1;
+  // Every this many training steps a re-synchronisation iteration (0 =
+  // none; lib/dblp/resync.h). Since protocol v3.
+  uint32_t resync_every = 0;
   uint32_t server_ipv4 = 0;  // host order value; sent big-endian like all ints
   std::array<uint8_t, 6> server_mac{};
   std::string policy;

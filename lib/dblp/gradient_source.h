@@ -3,6 +3,7 @@
 // Called once per iteration, never per packet, so a virtual interface.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -27,6 +28,15 @@ class GradientSource {
   // Consumes the averaged gradient (an optimizer step for a real model).
   virtual void Apply(uint64_t it, std::span<const float> average) = 0;
   virtual std::string Describe() const = 0;
+
+  // Re-synchronisation (resync.h): the worker pushes ExportModel's floats
+  // (floats() of them) and loads the average with ImportModel. Neither is
+  // a training step. A source without a model sends zeros and ignores the
+  // average, so the round still costs what it costs.
+  virtual void ExportModel(std::span<float> out) {
+    std::fill(out.begin(), out.end(), 0.0f);
+  }
+  virtual void ImportModel(std::span<const float> model) { (void)model; }
 };
 
 // Gradients whose averaged norm follows `trace` (see synthetic_gradient.h).

@@ -191,7 +191,7 @@ void WriteCsv(std::ostream& os, std::span<const IterationRecord> rows) {
     WriteCsvDouble(os, r.grad_norm);
     os << ',' << (r.burst ? '1' : '0') << ',';
     WriteCsvDouble(os, r.control_rtt_us);
-    os << '\n';
+    os << ',' << (r.resync ? '1' : '0') << '\n';
   }
 }
 
@@ -216,6 +216,7 @@ void WriteJsonl(std::ostream& os, std::span<const IterationRecord> rows) {
         .Key("grad_norm").Double(r.grad_norm)
         .Key("burst").Bool(r.burst)
         .Key("control_rtt_us").Double(r.control_rtt_us)
+        .Key("resync").Bool(r.resync)
         .EndObject();
     // clang-format on
     os << '\n';

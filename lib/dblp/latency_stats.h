@@ -144,6 +144,7 @@ struct IterationRecord {
   double grad_norm = 0;
   bool burst = false;
   double control_rtt_us = 0;  // mean PROBE -> BITMAP time seen by the sender
+  bool resync = false;  // a re-synchronisation, not a training step
 };
 
 // Column order of WriteCsv (and key order of WriteJsonl). Booleans are
@@ -151,7 +152,7 @@ struct IterationRecord {
 inline constexpr std::string_view kIterationCsvHeader =
     "iteration,rank,send_latency_us,bcast_latency_us,passes,bcast_passes,"
     "packets_sent,packets_resent,delivered_fraction,p,critical,grad_norm,"
-    "burst,control_rtt_us";
+    "burst,control_rtt_us,resync";
 
 // Header line + one line per row, '\n' line endings. Non-finite doubles are
 // written as nan/inf/-inf (pandas and strtod read them back).
