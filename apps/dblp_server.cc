@@ -34,9 +34,11 @@ DEFINE_string(push_fill, "zero",
               "server mean of missing chunks: zero | "
               "prev | rescale");
 DEFINE_string(bcast_tolerance, "same",
-              "broadcast with the same p "
-              "(same), every chunk (reliable), or no broadcast at all (none: "
-              "a push benchmark, the workers apply a zero mean)");
+              "broadcast with the same p (same: each worker gets its own "
+              "1-p of the mean), one 1-p subset for every worker sent "
+              "reliably with the rest carried to the next iteration "
+              "(consistent), every chunk (reliable), or no broadcast at all "
+              "(none: a push benchmark, the workers apply a zero mean)");
 DEFINE_uint32(resync_every, 0,
               "every N training steps the workers push "
               "their parameters reliably and all load the average, so "
@@ -92,11 +94,13 @@ int main(int argc, char** argv) {
     dblp::FlagError(e.what());
   }
   if (FLAGS_bcast_tolerance != "same" && FLAGS_bcast_tolerance != "reliable" &&
+      FLAGS_bcast_tolerance != "consistent" &&
       FLAGS_bcast_tolerance != "none") {
     dblp::FlagError("--bcast_tolerance=" + FLAGS_bcast_tolerance +
-                    ": use same, reliable or none");
+                    ": use same, consistent, reliable or none");
   }
   o.reliable_broadcast = FLAGS_bcast_tolerance == "reliable";
+  o.consistent_broadcast = FLAGS_bcast_tolerance == "consistent";
   o.push_only = FLAGS_bcast_tolerance == "none";
   o.resync_every = FLAGS_resync_every;
   if (o.resync_every > 0 && o.push_only) {

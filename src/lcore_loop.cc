@@ -497,7 +497,11 @@ bool ServerLcore::RunBroadcast(uint64_t it) {
   std::vector<uint32_t> full;
   for (uint32_t w = 0; w < links_.size(); ++w) {
     ServerLink& l = *links_[w];
-    (*setup_.orders)[w].Fill(round, n, full);
+    if (setup_.bcast_subset && !setup_.bcast_subset->empty()) {
+      full = *setup_.bcast_subset;
+    } else {
+      (*setup_.orders)[w].Fill(round, n, full);
+    }
     setup_.shards->Filter(full, conf_.shard, l.order_buf);
     l.bcast.Begin(round, l.order_buf, now, n);
   }

@@ -218,6 +218,10 @@ class ServerLcore {
     bool continue_on_worker_loss = false;
     std::vector<SendOrder>* orders = nullptr;  // per worker (broadcast)
     ServerDecisions* decisions = nullptr;
+    // When not empty, every worker's broadcast sends exactly these chunks
+    // (the consistent broadcast). Writer: lcore 0's coordinator before a
+    // JobSync barrier; readers: every lcore after it.
+    const std::vector<uint32_t>* bcast_subset = nullptr;
   };
 
   ServerLcore(LcoreConf& conf, ServerControl& control, JobSync& job,

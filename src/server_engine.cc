@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "datapath.h"
+#include "dblp/broadcast_carry.h"
 #include "dblp/clr_detector.h"  // L2Norm
 #include "dblp/loss_fill.h"
 #include "dblp/resync.h"
@@ -184,6 +185,9 @@ int RunServer(const ServerOptions& o) {
   JobSync job(S, &g_quit);
   ServerDecisions decisions;
   decisions.next_push = policy->Current();
+  // The consistent broadcast's carry and this iteration's subset.
+  BroadcastCarry carry(layout, HashMix(o.dp.seed, 0xCA));
+  std::vector<uint32_t> bcast_subset;
   std::vector<std::unique_ptr<ServerLcore>> lcores;
   std::vector<std::vector<TokenBucket>> link_rate(S);
   std::vector<std::unique_ptr<RoundPacer>> pacers;
@@ -212,7 +216,8 @@ int RunServer(const ServerOptions& o) {
                            &shards, k == 0 ? &loss : losses[k].get(), &reducer,
                            reinterpret_cast<const uint8_t*>(mean.data()), pool,
                            &link_rate[k], o.dp.prefetch, o.push_only,
-                           o.continue_on_worker_loss, &orders, &decisions}));
+                           o.continue_on_worker_loss, &orders, &decisions,
+                           &bcast_subset}));
   }
   RunReport report;
   report.role = "server";
@@ -239,6 +244,17 @@ int RunServer(const ServerOptions& o) {
       ZeroRandomChunks(mean, layout, o.zero_fraction, HashMix(o.dp.seed, it));
     }
     const double norm = L2Norm(mean);
+    if (!sync) policy->OnIterationEnd(it, norm, NowNs() - push_open_ns);
+    const RoundTolerance next = policy->Current();
+    RoundTolerance bcast_tol =
+        sync ? RoundTolerance{} : BroadcastTolerance(o, next);
+    bcast_subset.clear();
+    if (o.consistent_broadcast && !sync) {
+      // The receiver STOPs with exactly the subset: no deadline may cut it.
+      bcast_tol.deadline_ns = 0;
+      const std::span<const uint32_t> s = carry.Plan(it, bcast_tol.p, mean);
+      bcast_subset.assign(s.begin(), s.end());
+    }
     AddPushRows(it, links, workers, push_open_ns, push_tol, norm,
                 loss.InBurst(it), o, N, &report);
     for (uint32_t w = 0; w < W; ++w) report.rows.rbegin()[w].resync = sync;
@@ -246,11 +262,8 @@ int RunServer(const ServerOptions& o) {
       DumpBinary(o.dp.dump_dir + "/mean_it" + std::to_string(it) + ".f32",
                  mean.data(), mean.size() * sizeof(float));
     }
-    if (!sync) policy->OnIterationEnd(it, norm, NowNs() - push_open_ns);
-    const RoundTolerance next = policy->Current();
     lcores[0]->outbox().Post(
-        Announcement(Direction::kBroadcast, BroadcastRound(it),
-                     sync ? RoundTolerance{} : BroadcastTolerance(o, next)));
+        Announcement(Direction::kBroadcast, BroadcastRound(it), bcast_tol));
     push_tol = resync.IsResync(it + 1) ? RoundTolerance{} : next;
     reducer.BeginRound();
     reducer.set_num_workers(lcores[0]->live_count());
@@ -290,7 +303,9 @@ int RunServer(const ServerOptions& o) {
       {"chunks", std::to_string(N)},
       {"chunk_bytes", std::to_string(layout.chunk_payload())},
       {"push_fill", FillModeName(o.push_fill)},
-      {"broadcast", o.reliable_broadcast ? "reliable" : "same_p"},
+      {"broadcast", o.reliable_broadcast     ? "reliable"
+                    : o.consistent_broadcast ? "consistent"
+                                             : "same_p"},
       {"resync_every", std::to_string(o.resync_every)}};
   std::fputs(FormatRunSummary(report).c_str(), stdout);
   int exit_code = failure.empty() ? 0 : 1;

@@ -21,6 +21,9 @@ struct ServerOptions {
   PolicyConfig policy;
   FillMode push_fill = FillMode::kZero;
   bool reliable_broadcast = false;  // broadcast with p = 0
+  // One subset of the mean per iteration for every worker, sent reliably;
+  // the rest carried into the next iteration (dblp/broadcast_carry.h).
+  bool consistent_broadcast = false;
   // Benchmark mode: no broadcast. The broadcast round is announced with a
   // 1 ns deadline and a floor of zero chunks, so every worker closes it as
   // soon as the announcement arrives and the job measures pushes only.

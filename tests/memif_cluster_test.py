@@ -21,7 +21,13 @@ same checks hold (bit-exact means, every round at or above the threshold
 although its STOP is decided from two lcores' counts), plus: no frame
 reached the wrong lcore.
 
-Usage: memif_cluster_test.py BUILD_DIR [--server_lcores=N]
+With --consistent the server runs --bcast_tolerance=consistent: every
+worker's broadcast bitmap is then the same subset of exactly the threshold's
+size, and what the workers applied plus what the last iteration carried
+equals the sum of the pushes' means (float tolerance: the carry adds in
+float32; tests/test_broadcast_carry.cc checks it exactly).
+
+Usage: memif_cluster_test.py BUILD_DIR [--server_lcores=N] [--consistent]
 """
 
 import json
@@ -81,6 +87,7 @@ def main():
     global FLOATS
     build = sys.argv[1]
     lcores = 1
+    consistent = "--consistent" in sys.argv[2:]
     for a in sys.argv[2:]:
         if a.startswith("--server_lcores="):
             lcores = int(a.split("=", 1)[1])
@@ -116,6 +123,8 @@ def main():
             [server_bin] + eal + ["--", "--workers=%d" % WORKERS,
                                   "--listen=127.0.0.1:%d" % port,
                                   "--policy=fixed", "--p_fixed=%g" % P_FIXED,
+                                  "--bcast_tolerance=%s" % (
+                                      "consistent" if consistent else "same"),
                                   "--out_dir=" + os.path.join(tmp, "server"),
                                   "--dump_dir=" + dump,
                                   "--dump_iterations=%d" % DUMP_ITERS] + common,
@@ -175,6 +184,8 @@ def main():
         fail("ranks %s" % ranks)
 
     checked_chunks = 0
+    applied = [[0.0] * FLOATS for _ in range(WORKERS)]
+    pushed = [0.0] * FLOATS
     for it in range(DUMP_ITERS):
         mean = read_f32(os.path.join(dump, "mean_it%d.f32" % it))
         if len(mean) != FLOATS:
@@ -191,6 +202,9 @@ def main():
             s = sum(integer_value(j, it, r) for r in range(WORKERS)
                     if arrived[r][c])
             expect = f32(s / WORKERS)
+            pushed[j] += expect
+            if consistent:
+                continue  # the sent mean holds the carry too: checked below
             if mean[j] != expect:
                 fail("iteration %d float %d: server mean %r != expected %r"
                      % (it, j, mean[j], expect))
@@ -203,7 +217,27 @@ def main():
                 if avg[j] != want:
                     fail("iteration %d worker %d float %d: average %r != %r"
                          % (it, r, j, avg[j], want))
+                applied[r][j] += avg[j]
             checked_chunks += sum(got)
+            if consistent:
+                if r == 0:
+                    subset = got
+                elif got != subset:
+                    fail("iteration %d: worker %d applied another subset "
+                         "than worker 0" % (it, r))
+                if sum(got) != threshold:
+                    fail("iteration %d worker %d: %d broadcast chunks, the "
+                         "consistent subset has %d" % (it, r, sum(got),
+                                                       threshold))
+        if consistent and it == DUMP_ITERS - 1:
+            # Conservation: applied + carried out of the last iteration.
+            for r in range(WORKERS):
+                for j in range(FLOATS):
+                    left = 0.0 if subset[j // chunk_floats] else mean[j]
+                    if abs(applied[r][j] + left - pushed[j]) > 1e-3:
+                        fail("worker %d float %d: applied %r + carried %r != "
+                             "pushed %r" % (r, j, applied[r][j], left,
+                                            pushed[j]))
 
     with open(os.path.join(tmp, "server", "summary.json")) as f:
         srv = json.load(f)
@@ -231,9 +265,10 @@ def main():
     if lcores > 1 and ("%d datapath lcore(s)" % lcores) not in outputs["server"]:
         fail("server did not run %d lcores:\n%s" % (lcores,
                                                      outputs["server"][-800:]))
-    print("memif cluster (%d server lcores): %d iterations, %d dumped iterations checked bit for "
+    print("memif cluster (%d server lcores%s): %d iterations, %d dumped iterations checked bit for "
           "bit (%d broadcast chunks), stale=%d wrong_session=%d future=%d "
-          "out_of_range=%d" % (lcores, ITERATIONS, DUMP_ITERS, checked_chunks,
+          "out_of_range=%d" % (lcores, ", consistent broadcast" if consistent
+                               else "", ITERATIONS, DUMP_ITERS, checked_chunks,
                                c["push_stale_round"], c["push_wrong_session"],
                                c["push_future_round"], c["push_out_of_range"]))
     shutil.rmtree(tmp, ignore_errors=True)
