@@ -44,6 +44,10 @@ DEFINE_uint32(resync_every, 0,
               "their parameters reliably and all load the average, so "
               "replicas a truncated broadcast drifted apart are identical "
               "again (0 = never)");
+DEFINE_bool(push_feedback, false,
+            "after every push tell each worker the "
+            "chunks the server summed, so it carries the rest into its next "
+            "push (error feedback: nothing pushed is lost for good)");
 DEFINE_string(on_worker_loss, "abort",
               "abort | continue (without the "
               "lost worker)");
@@ -103,6 +107,13 @@ int main(int argc, char** argv) {
   o.consistent_broadcast = FLAGS_bcast_tolerance == "consistent";
   o.push_only = FLAGS_bcast_tolerance == "none";
   o.resync_every = FLAGS_resync_every;
+  o.push_feedback = FLAGS_push_feedback;
+  if (o.push_feedback && o.push_fill == dblp::FillMode::kPrevious) {
+    dblp::FlagError(
+        "--push_feedback with --push_fill=prev would count a "
+        "missing chunk twice (filled now, carried later): use "
+        "--push_fill=zero or rescale");
+  }
   if (o.resync_every > 0 && o.push_only) {
     dblp::FlagError(
         "--resync_every needs a broadcast: drop "

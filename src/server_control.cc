@@ -46,8 +46,8 @@ ControlSidecar::Callbacks ServerControl::MakeCallbacks(
       std::printf("[server] iter %llu  rx %.0f pps  tx %.0f pps  p=%.3f%s\n",
                   static_cast<unsigned long long>(iteration_.load()),
                   static_cast<double>(rx - last_rx) / stats_period_s,
-                  static_cast<double>(tx - last_tx) / stats_period_s,
-                  p_.load(), critical_.load() ? " (critical)" : "");
+                  static_cast<double>(tx - last_tx) / stats_period_s, p_.load(),
+                  critical_.load() ? " (critical)" : "");
       std::fflush(stdout);
       last_rx = rx;
       last_tx = tx;
@@ -76,6 +76,7 @@ void ServerControl::Welcome() {
     wm.udp_base_port = cfg_.udp_port;
     wm.num_shards = cfg_.shards;
     wm.resync_every = cfg_.resync_every;
+    wm.push_feedback = cfg_.push_feedback;
     wm.server_ipv4 = cfg_.local_ip;
     std::memcpy(wm.server_mac.data(), cfg_.mac.addr_bytes, 6);
     wm.policy = cfg_.policy;
@@ -110,13 +111,17 @@ void ServerControl::OnClose(ConnId c, const std::string& reason) {
   if (!joined_.load()) {
     // A worker that left during the join: free its slot.
     desk_.Leave(c);
-    std::fprintf(stderr, "dblp-server: a worker left before the job "
-                         "started (%s)\n", reason.c_str());
+    std::fprintf(stderr,
+                 "dblp-server: a worker left before the job "
+                 "started (%s)\n",
+                 reason.c_str());
     return;
   }
   events_.Push(PeerGoneEvent{static_cast<uint16_t>(w)});
-  std::fprintf(stderr, "dblp-server: control connection of worker %d "
-                       "closed: %s\n", w, reason.c_str());
+  std::fprintf(stderr,
+               "dblp-server: control connection of worker %d "
+               "closed: %s\n",
+               w, reason.c_str());
 }
 
 std::string ServerControl::worker_error(uint32_t w) {
@@ -125,8 +130,8 @@ std::string ServerControl::worker_error(uint32_t w) {
 }
 
 void ServerControl::Announce(const RoundBeginRequest& r) {
-  const RoundBeginMsg rb{r.round, r.round / 2, r.direction, r.p,
-                         r.deadline_ns, r.min_fraction};
+  const RoundBeginMsg rb{r.round, r.round / 2,   r.direction,
+                         r.p,     r.deadline_ns, r.min_fraction};
   std::string why;
   if (ValidateControl(rb, &why) != ControlError::kNone) {
     // A policy value the wire cannot carry: a bug, not a hang.
@@ -139,11 +144,29 @@ void ServerControl::Announce(const RoundBeginRequest& r) {
   }
 }
 
+void ServerControl::StageAccepted(uint32_t w, AcceptedMsg m) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (accepted_.size() <= w) accepted_.resize(w + 1);
+  accepted_[w] = std::move(m);
+}
+
 void ServerControl::SendRequests() {
   ControlRequest r;
   while (requests_.Pop(&r)) {
     if (const auto* rb = std::get_if<RoundBeginRequest>(&r)) {
       Announce(*rb);
+      continue;
+    }
+    if (const auto* a = std::get_if<AcceptedRequest>(&r)) {
+      AcceptedMsg m;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (a->peer >= accepted_.size()) continue;
+        m = std::move(accepted_[a->peer]);
+      }
+      if (m.round == a->round && alive_[a->peer].load()) {
+        sidecar_.Send(desk_.members()[a->peer].conn, m);
+      }
       continue;
     }
     const uint16_t peer = std::visit(
@@ -172,15 +195,16 @@ const JoinMsg& ServerControl::AdmitWorkers(const std::string& listen,
     Die("cannot listen on " + listen + ": " + err,
         "pick a free --listen=IP:PORT");
   }
-  std::printf("dblp-server: %u port(s), waiting for %u workers on %s "
-              "(session %08x, policy %s)\n",
-              cfg_.ports, cfg_.workers, listen.c_str(), cfg_.session,
-              cfg_.policy.c_str());
+  std::printf(
+      "dblp-server: %u port(s), waiting for %u workers on %s "
+      "(session %08x, policy %s)\n",
+      cfg_.ports, cfg_.workers, listen.c_str(), cfg_.session,
+      cfg_.policy.c_str());
   std::fflush(stdout);
   thread_ = std::make_unique<SidecarThread>(sidecar_);
   SetControlPriorities(*thread_, "dblp-server", realtime);
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::milliseconds(timeout_ms);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   while (!joined_.load(std::memory_order_acquire)) {
     if (quit.load() || std::chrono::steady_clock::now() > deadline) {
       size_t have;

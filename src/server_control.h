@@ -29,10 +29,11 @@ struct ServerJoinConfig {
   uint16_t udp_port = 0;
   rte_ether_addr mac{};
   uint64_t max_gradient_bytes = 0;
-  std::string policy;  // described in the WELCOME
-  uint16_t ports = 1;  // for the banner
-  uint16_t shards = 1;  // datapath lcores: a round's chunk ranges
-  uint32_t resync_every = 0;  // told to the workers in WELCOME
+  std::string policy;          // described in the WELCOME
+  uint16_t ports = 1;          // for the banner
+  uint16_t shards = 1;         // datapath lcores: a round's chunk ranges
+  uint32_t resync_every = 0;   // told to the workers in WELCOME
+  bool push_feedback = false;  // likewise
 };
 
 class ServerControl {
@@ -74,6 +75,10 @@ class ServerControl {
     critical_.store(critical, std::memory_order_relaxed);
   }
   void Stop() { thread_.reset(); }
+  // Coordinator (lcore 0), once per closed push with --push_feedback: the
+  // ACCEPTED for worker w, sent when its AcceptedRequest is drained (after
+  // everything posted before it, before everything posted after).
+  void StageAccepted(uint32_t w, AcceptedMsg m);
 
   uint64_t messages_in() const { return sidecar_.messages_in(); }
   uint64_t messages_out() const { return sidecar_.messages_out(); }
@@ -90,7 +95,7 @@ class ServerControl {
   void Announce(const RoundBeginRequest& r);
 
   ServerJoinConfig cfg_;
-  TypedRing<DatapathEvent> events_{"dblp_s_ev", 4096};       // sidecar -> dp
+  TypedRing<DatapathEvent> events_{"dblp_s_ev", 4096};  // sidecar -> dp
   // Every lcore posts requests: a multi-producer ring.
   TypedRing<ControlRequest> requests_{"dblp_s_req", 4096, true};
   ControlSidecar sidecar_;
@@ -104,14 +109,17 @@ class ServerControl {
   // reads under mu_ (worker_error).
   std::vector<std::string> errors_;
   std::vector<bool> bye_seen_;  // sidecar only
-  std::atomic<bool> joined_{false};         // sidecar: wo; datapath: ro
+  // Per worker: coordinator wo under mu_ (StageAccepted); sidecar: moves it
+  // out under mu_ when the AcceptedRequest comes.
+  std::vector<AcceptedMsg> accepted_;
+  std::atomic<bool> joined_{false};  // sidecar: wo; datapath: ro
   // Rounds: set by the datapath once (Attach); read by the sidecar.
   std::vector<std::vector<ReceiveSide*>> push_;
   std::vector<std::vector<SendSide*>> bcast_;
-  std::atomic<bool> attached_{false};       // datapath: wo; sidecar: ro
+  std::atomic<bool> attached_{false};           // datapath: wo; sidecar: ro
   std::unique_ptr<std::atomic<bool>[]> alive_;  // datapath: wo; sidecar: ro
-  std::string failure_;                     // sidecar: wo before failed_
-  std::atomic<bool> failed_{false};         // sidecar: wo; datapath: ro
+  std::string failure_;                         // sidecar: wo before failed_
+  std::atomic<bool> failed_{false};             // sidecar: wo; datapath: ro
   // For the stats line. Datapath: wo; sidecar: ro.
   std::atomic<uint64_t> iteration_{0};
   std::atomic<double> p_{0};

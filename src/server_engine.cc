@@ -148,7 +148,7 @@ int RunServer(const ServerOptions& o) {
   ServerControl control(
       ServerJoinConfig{o.workers, session, caps[0].mtu, local_ip, o.udp_port,
                        caps[0].mac, o.max_gradient_bytes, policy->Describe(),
-                       nb_ports, S, o.resync_every},
+                       nb_ports, S, o.resync_every, o.push_feedback},
       counters, o.dp.stats_period_s);
   const JoinMsg& first =
       control.AdmitWorkers(o.listen, o.join_timeout_ms, g_quit, o.dp.realtime);
@@ -258,6 +258,19 @@ int RunServer(const ServerOptions& o) {
     AddPushRows(it, links, workers, push_open_ns, push_tol, norm,
                 loss.InBurst(it), o, N, &report);
     for (uint32_t w = 0; w < W; ++w) report.rows.rbegin()[w].resync = sync;
+    // Before the broadcast's announcement, so each worker holds its
+    // ACCEPTED when the broadcast begins.
+    if (o.push_feedback && !sync) {
+      for (uint32_t w = 0; w < W; ++w) {
+        const Bitmap b = MergedPushBitmap(links, w, N);
+        control.StageAccepted(
+            w,
+            AcceptedMsg{
+                PushRound(it), b.size(), {b.words().begin(), b.words().end()}});
+        lcores[0]->outbox().Post(
+            AcceptedRequest{static_cast<uint16_t>(w), PushRound(it)});
+      }
+    }
     if (!o.dp.dump_dir.empty() && it < o.dp.dump_iterations) {
       DumpBinary(o.dp.dump_dir + "/mean_it" + std::to_string(it) + ".f32",
                  mean.data(), mean.size() * sizeof(float));

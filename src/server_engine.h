@@ -32,6 +32,9 @@ struct ServerOptions {
   // workers push their parameters reliably and load the average
   // (dblp/resync.h). 0: never.
   uint32_t resync_every = 0;
+  // After every push the server tells each worker the chunks it summed
+  // (ACCEPTED) and the worker carries the rest into its next push.
+  bool push_feedback = false;
   bool continue_on_worker_loss = false;
   uint32_t session = 0;        // 0 = derived from the clock
   uint32_t join_timeout_ms = 60000;

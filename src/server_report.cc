@@ -8,24 +8,30 @@
 
 namespace dblp {
 
+Bitmap MergedPushBitmap(const LinkGrid& links, uint32_t w,
+                        uint32_t num_chunks) {
+  std::vector<uint64_t> words((num_chunks + 63) / 64, 0);
+  Bitmap part;
+  for (const auto& shard : links) {
+    shard[w]->push.receiver().SnapshotBitmap(part);
+    for (size_t i = 0; i < words.size(); ++i) words[i] |= part.words()[i];
+  }
+  Bitmap merged(num_chunks);
+  merged.AssignWords(words);
+  return merged;
+}
+
 void AddPushRows(uint64_t it, const LinkGrid& links,
                  const std::vector<std::unique_ptr<WorkerState>>& workers,
                  uint64_t push_open_ns, const RoundTolerance& tol, double norm,
                  bool burst, const ServerOptions& o, uint32_t num_chunks,
                  RunReport* report) {
   for (uint32_t w = 0; w < workers.size(); ++w) {
-    // The shards' bitmaps cover disjoint chunk ranges.
     uint64_t stop_ns = 0;
-    std::vector<uint64_t> words((num_chunks + 63) / 64, 0);
-    Bitmap part;
     for (const auto& shard : links) {
-      const ReceiveSide& push = shard[w]->push;
-      stop_ns = std::max(stop_ns, push.stop_ns());
-      push.receiver().SnapshotBitmap(part);
-      for (size_t i = 0; i < words.size(); ++i) words[i] |= part.words()[i];
+      stop_ns = std::max(stop_ns, shard[w]->push.stop_ns());
     }
-    Bitmap arrived(num_chunks);
-    arrived.AssignWords(words);
+    const Bitmap arrived = MergedPushBitmap(links, w, num_chunks);
     IterationRecord r;
     r.iteration = it;
     r.rank = w;

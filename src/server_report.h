@@ -16,6 +16,10 @@ namespace dblp {
 // links[k][w]: lcore k's link to worker w.
 using LinkGrid = std::vector<std::vector<std::unique_ptr<ServerLink>>>;
 
+// Worker w's push as the server summed it: the union of its shards'
+// bitmaps (disjoint chunk ranges).
+Bitmap MergedPushBitmap(const LinkGrid& links, uint32_t w, uint32_t num_chunks);
+
 // One row per worker for the push just reduced.
 void AddPushRows(uint64_t it, const LinkGrid& links,
                  const std::vector<std::unique_ptr<WorkerState>>& workers,

@@ -10,8 +10,7 @@
 
 namespace dblp {
 
-WorkerControl::WorkerControl(const DatapathCounters* ctr,
-                             double stats_period_s)
+WorkerControl::WorkerControl(const DatapathCounters* ctr, double stats_period_s)
     : sidecar_(MakeCallbacks(ctr, stats_period_s)) {}
 
 WorkerControl::~WorkerControl() { StopThread(); }
@@ -34,14 +33,15 @@ ControlSidecar::Callbacks WorkerControl::MakeCallbacks(
                   last_rx = uint64_t{0}]() mutable {
       const uint64_t tx = ctr->tx_frames.load(std::memory_order_relaxed);
       const uint64_t rx = ctr->rx_frames.load(std::memory_order_relaxed);
-      std::printf("[worker %u] iter %llu  tx %.0f pps  rx %.0f pps  "
-                  "injected drops %llu\n",
-                  welcomed_.load() ? welcome_.rank : 0,
-                  static_cast<unsigned long long>(iteration_.load()),
-                  static_cast<double>(tx - last_tx) / stats_period_s,
-                  static_cast<double>(rx - last_rx) / stats_period_s,
-                  static_cast<unsigned long long>(
-                      ctr->injected_drops.load(std::memory_order_relaxed)));
+      std::printf(
+          "[worker %u] iter %llu  tx %.0f pps  rx %.0f pps  "
+          "injected drops %llu\n",
+          welcomed_.load() ? welcome_.rank : 0,
+          static_cast<unsigned long long>(iteration_.load()),
+          static_cast<double>(tx - last_tx) / stats_period_s,
+          static_cast<double>(rx - last_rx) / stats_period_s,
+          static_cast<unsigned long long>(
+              ctr->injected_drops.load(std::memory_order_relaxed)));
       std::fflush(stdout);
       last_tx = tx;
       last_rx = rx;
@@ -67,6 +67,12 @@ void WorkerControl::OnMessage(const ControlMessage& m) {
     return gone("server refused: " + e->text);
   }
   if (std::holds_alternative<ByeMsg>(m)) return gone("server said BYE");
+  if (const auto* a = std::get_if<AcceptedMsg>(&m)) {
+    std::lock_guard<std::mutex> lock(accepted_mu_);
+    accepted_ = *a;
+    have_accepted_ = true;
+    return;
+  }
   if (const auto* rb = std::get_if<RoundBeginMsg>(&m)) {
     // The datapath applies it: it owns the receiver's round, so a late
     // ROUND_BEGIN can never plant its p in a newer round.
@@ -78,6 +84,16 @@ void WorkerControl::OnMessage(const ControlMessage& m) {
   // STOP goes to every push side, a BITMAP to the shard that asked.
   const uint64_t now = NowNs();
   DeliverToSides(m, push_, std::span<ReceiveSide* const>(&bcast_, 1), now);
+}
+
+bool WorkerControl::TakeAccepted(uint32_t round, Bitmap* out) {
+  std::lock_guard<std::mutex> lock(accepted_mu_);
+  if (!have_accepted_ || accepted_.round != round) return false;
+  Bitmap b(accepted_.num_bits);
+  b.AssignWords(accepted_.words);
+  *out = std::move(b);
+  have_accepted_ = false;
+  return true;
 }
 
 void WorkerControl::SendRequests() {
@@ -111,8 +127,8 @@ const WelcomeMsg& WorkerControl::Join(const std::string& server,
   sidecar_.Send(conn_, join);
   thread_ = std::make_unique<SidecarThread>(sidecar_);
   SetControlPriorities(*thread_, "dblp-worker", realtime);
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::milliseconds(timeout_ms);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   while (!welcomed_.load(std::memory_order_acquire)) {
     if (server_gone() || quit.load() ||
         std::chrono::steady_clock::now() > deadline) {

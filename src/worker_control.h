@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -54,6 +55,9 @@ class WorkerControl {
   uint64_t messages_in() const { return sidecar_.messages_in(); }
   uint64_t messages_out() const { return sidecar_.messages_out(); }
   uint64_t stops_sent() const { return stops_sent_.load(); }
+  // Push feedback: the server's ACCEPTED for push `round`, if it came
+  // (it precedes the broadcast's ROUND_BEGIN on the connection).
+  bool TakeAccepted(uint32_t round, Bitmap* out);
 
  private:
   ControlSidecar::Callbacks MakeCallbacks(const DatapathCounters* ctr,
@@ -62,25 +66,30 @@ class WorkerControl {
   void SendRequests();
   void StopThread() { thread_.reset(); }
 
-  TypedRing<DatapathEvent> events_{"dblp_w_ev", 1024};       // sidecar -> dp
+  TypedRing<DatapathEvent> events_{"dblp_w_ev", 1024};      // sidecar -> dp
   TypedRing<ControlRequest> requests_{"dblp_w_req", 1024};  // dp -> sidecar
   ControlSidecar sidecar_;
   std::unique_ptr<SidecarThread> thread_;
   ConnId conn_ = 0;
 
   // Shared between the sidecar thread and the datapath lcore.
-  WelcomeMsg welcome_;                      // sidecar: wo before welcomed_
-  std::atomic<bool> welcomed_{false};       // sidecar: wo; datapath: ro
+  WelcomeMsg welcome_;                 // sidecar: wo before welcomed_
+  std::atomic<bool> welcomed_{false};  // sidecar: wo; datapath: ro
   // Datapath: wo once, before attached_; sidecar: ro after it.
   std::vector<SendSide*> push_;
   ReceiveSide* bcast_ = nullptr;
   std::atomic<bool> attached_{false};
-  std::string failure_;                     // sidecar: wo before server_gone_
-  std::atomic<bool> server_gone_{false};    // sidecar: wo; datapath: ro
+  std::string failure_;                   // sidecar: wo before server_gone_
+  std::atomic<bool> server_gone_{false};  // sidecar: wo; datapath: ro
   std::string final_error_;  // datapath: wo before FinishRequest; sidecar: ro
-  std::atomic<bool> closed_{false};         // sidecar: wo; datapath: ro
-  std::atomic<uint64_t> stops_sent_{0};     // sidecar: wo; report: ro
-  std::atomic<uint64_t> iteration_{0};      // datapath: wo; stats: ro
+  // The latest ACCEPTED: sidecar wo, datapath reads, both under
+  // accepted_mu_ (once per iteration, never per packet).
+  std::mutex accepted_mu_;
+  AcceptedMsg accepted_;
+  bool have_accepted_ = false;
+  std::atomic<bool> closed_{false};      // sidecar: wo; datapath: ro
+  std::atomic<uint64_t> stops_sent_{0};  // sidecar: wo; report: ro
+  std::atomic<uint64_t> iteration_{0};   // datapath: wo; stats: ro
 };
 
 }  // namespace dblp

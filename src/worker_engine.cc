@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "datapath.h"
+#include "dblp/push_feedback.h"
 #include "dblp/receive_side.h"
 #include "dblp/resync.h"
 #include "dblp/send_side.h"
@@ -21,6 +22,25 @@
 
 namespace dblp {
 namespace {
+
+// The server's ACCEPTED precedes the broadcast's ROUND_BEGIN on the control
+// connection, so it is here once the broadcast is. Returns why not, or "".
+std::string SettleFeedback(PushFeedback& feedback, WorkerControl& control,
+                           uint64_t it, std::span<const float> pushed) {
+  Bitmap accepted;
+  if (!control.TakeAccepted(PushRound(it), &accepted)) {
+    return "no ACCEPTED from the server for the push of iteration " +
+           std::to_string(it) +
+           " (--push_feedback needs a server and workers of the same build)";
+  }
+  try {
+    feedback.Settle(accepted, pushed);
+  } catch (const std::exception& e) {
+    return std::string("the server's ACCEPTED does not fit this push: ") +
+           e.what();
+  }
+  return "";
+}
 
 // A resync iteration's broadcast is reliable: loading less than the whole
 // average would leave a model made of two. Returns why it failed, or "".
@@ -270,6 +290,9 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
   std::string failure;
   loss.StartClock(NowNs());
   const ResyncSchedule resync(wel.resync_every);
+  // Push feedback: what the server did not sum goes into the next push.
+  std::unique_ptr<PushFeedback> feedback;
+  if (wel.push_feedback) feedback = std::make_unique<PushFeedback>(layout);
   const uint64_t iterations = resync.ProtocolIterations(o.iterations);
   for (uint64_t it = 0; it < iterations && failure.empty(); ++it) {
     control.set_iteration(it);
@@ -280,6 +303,7 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
         source->ExportModel(grad);
       } else {
         source->Compute(step, grad);
+        if (feedback) feedback->AddCarried(grad);
       }
     } catch (const std::exception& e) {
       failure = "computing the gradient of iteration " + std::to_string(it) +
@@ -297,6 +321,10 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
                       std::min<size_t>(order_buf.size(), o.hostile_per_round));
     if (!lcore.Exchange(it, order_buf, &failure)) break;
 
+    if (feedback && !sync) {
+      failure = SettleFeedback(*feedback, control, it, grad);
+      if (!failure.empty()) break;
+    }
     Bitmap arrived;
     bcast.receiver().SnapshotBitmap(arrived);
     if (sync) {

@@ -27,7 +27,12 @@ size, and what the workers applied plus what the last iteration carried
 equals the sum of the pushes' means (float tolerance: the carry adds in
 float32; tests/test_broadcast_carry.cc checks it exactly).
 
+With --feedback the server runs --push_feedback: each worker adds what the
+server did not sum into its next push, so the expected mean is recomputed
+from the gradients plus a carry the test tracks per worker (bit for bit).
+
 Usage: memif_cluster_test.py BUILD_DIR [--server_lcores=N] [--consistent]
+                             [--feedback]
 """
 
 import json
@@ -88,6 +93,7 @@ def main():
     build = sys.argv[1]
     lcores = 1
     consistent = "--consistent" in sys.argv[2:]
+    feedback = "--feedback" in sys.argv[2:]
     for a in sys.argv[2:]:
         if a.startswith("--server_lcores="):
             lcores = int(a.split("=", 1)[1])
@@ -125,6 +131,8 @@ def main():
                                   "--policy=fixed", "--p_fixed=%g" % P_FIXED,
                                   "--bcast_tolerance=%s" % (
                                       "consistent" if consistent else "same"),
+                                  "--push_feedback=%s" % (
+                                      "true" if feedback else "false"),
                                   "--out_dir=" + os.path.join(tmp, "server"),
                                   "--dump_dir=" + dump,
                                   "--dump_iterations=%d" % DUMP_ITERS] + common,
@@ -186,6 +194,7 @@ def main():
     checked_chunks = 0
     applied = [[0.0] * FLOATS for _ in range(WORKERS)]
     pushed = [0.0] * FLOATS
+    carry = [[0] * FLOATS for _ in range(WORKERS)]  # --feedback
     for it in range(DUMP_ITERS):
         mean = read_f32(os.path.join(dump, "mean_it%d.f32" % it))
         if len(mean) != FLOATS:
@@ -199,8 +208,12 @@ def main():
                      % (it, r, got, n_chunks, threshold))
         for j in range(FLOATS):
             c = j // chunk_floats
-            s = sum(integer_value(j, it, r) for r in range(WORKERS)
-                    if arrived[r][c])
+            sent = [integer_value(j, it, r) + carry[r][j]
+                    for r in range(WORKERS)]
+            s = sum(sent[r] for r in range(WORKERS) if arrived[r][c])
+            if feedback:
+                for r in range(WORKERS):
+                    carry[r][j] = 0 if arrived[r][c] else sent[r]
             expect = f32(s / WORKERS)
             pushed[j] += expect
             if consistent:
@@ -265,10 +278,13 @@ def main():
     if lcores > 1 and ("%d datapath lcore(s)" % lcores) not in outputs["server"]:
         fail("server did not run %d lcores:\n%s" % (lcores,
                                                      outputs["server"][-800:]))
+    if feedback and not any(any(c) for c in carry):
+        fail("--feedback: nothing was ever carried, the test shows nothing")
     print("memif cluster (%d server lcores%s): %d iterations, %d dumped iterations checked bit for "
           "bit (%d broadcast chunks), stale=%d wrong_session=%d future=%d "
-          "out_of_range=%d" % (lcores, ", consistent broadcast" if consistent
-                               else "", ITERATIONS, DUMP_ITERS, checked_chunks,
+          "out_of_range=%d" % (lcores, (", consistent broadcast" if consistent
+                                else "") + (", push feedback" if feedback
+                                            else ""), ITERATIONS, DUMP_ITERS, checked_chunks,
                                c["push_stale_round"], c["push_wrong_session"],
                                c["push_future_round"], c["push_out_of_range"]))
     shutil.rmtree(tmp, ignore_errors=True)

@@ -109,6 +109,7 @@ std::vector<ControlMessage> Samples() {
   w.udp_base_port = 40000;
   w.num_shards = 4;
   w.resync_every = 10;
+  w.push_feedback = true;
   w.server_ipv4 = 0x0A000001;
   w.server_mac = {0x02, 0x00, 0x5e, 0x10, 0xfe, 0xff};
   w.policy = "dblp";
@@ -134,6 +135,7 @@ std::vector<ControlMessage> Samples() {
                       .reason = StopReason::kComplete});
   v.push_back(ByeMsg{.reason = "training done"});
   v.push_back(ErrorMsg{.code = 503, .text = "session mismatch"});
+  v.push_back(AcceptedMsg{.round = 12, .num_bits = 70, .words = {~0ull, 0x2}});
   return v;
 }
 
@@ -184,7 +186,7 @@ TEST(ControlCodec, RoundTripEveryType) {
     EXPECT_EQ(d.Next(got), Status::kNeedMore);
     seen.insert(TypeOf(msg));
   }
-  EXPECT_EQ(seen.size(), 8u) << "a message type has no round-trip sample";
+  EXPECT_EQ(seen.size(), 9u) << "a message type has no round-trip sample";
 }
 
 TEST(ControlCodec, RoundTripAtLimitsAndExactDoubles) {
@@ -376,9 +378,7 @@ TEST(ControlDecoder, HeaderErrorsDoNotWaitForBody) {
 }
 
 TEST(ControlDecoder, EveryErrorReachedByCraftedFrame) {
-  auto probe = [](uint8_t dir) {
-    return Bytes().U32(1).U8(dir).U32(2).U16(0);
-  };
+  auto probe = [](uint8_t dir) { return Bytes().U32(1).U8(dir).U32(2).U16(0); };
   auto layer_frame = [](uint32_t dims_count, int64_t dim) {
     Bytes b;
     b.U16(1).U32(2).Str("w").U64(100).U32(1500).U32(1).Str("l").U32(dims_count);
@@ -398,7 +398,7 @@ TEST(ControlDecoder, EveryErrorReachedByCraftedFrame) {
                  "max_frame");
   ExpectRejected({0, 0, 0, 0}, ControlError::kEmptyFrame, "length 0");
   ExpectRejected(Frame(0, Bytes()), ControlError::kUnknownType, "type 0");
-  ExpectRejected(Frame(9, Bytes()), ControlError::kUnknownType, "type 9");
+  ExpectRejected(Frame(10, Bytes()), ControlError::kUnknownType, "type 10");
 
   // kTruncatedBody: missing fixed field, string past the end, vector count
   // past the end.
@@ -439,8 +439,9 @@ TEST(ControlDecoder, EveryErrorReachedByCraftedFrame) {
   ExpectRejected(Frame(5, Bytes().U32(1).U8(0).U32(64).U32(2).U64(1).U64(0)),
                  ControlError::kBadBitmap, "needs 1");
   ExpectRejected(
-      Frame(5, Bytes().U32(1).U8(0).U32(70).U32(2).U64(~0ull).U64(1ull << 6)
-                   .U16(0)),
+      Frame(
+          5,
+          Bytes().U32(1).U8(0).U32(70).U32(2).U64(~0ull).U64(1ull << 6).U16(0)),
       ControlError::kBadBitmap, "beyond");
 
   // kBadValue: enums, fractions, negative dims.
@@ -585,6 +586,8 @@ TEST(ControlDecoder, HugeDeclaredCountsAllocateNothingBig) {
                     .U64(4)
                     .U16(4000)
                     .U16(1)
+                    .U32(0)  // resync_every
+                    .U8(0)   // push_feedback
                     .U32(0)
                     .U16(0)
                     .U32(0)
@@ -698,22 +701,21 @@ TEST(ControlCodec, NamesAreDistinctAndTypesMatchWire) {
   }
   EXPECT_EQ(names.size(), 10u);
   EXPECT_STREQ(ControlErrorName(ControlError::kNone), "none");
-  const char* want[] = {"JOIN",   "WELCOME", "ROUND_BEGIN", "PROBE",
-                        "BITMAP", "STOP",    "BYE",         "ERROR"};
+  const char* want[] = {"JOIN", "WELCOME", "ROUND_BEGIN", "PROBE",   "BITMAP",
+                        "STOP", "BYE",     "ERROR",       "ACCEPTED"};
   for (const ControlMessage& msg : Samples()) {
     const auto t = static_cast<uint8_t>(TypeOf(msg));
     ASSERT_GE(t, 1);
-    ASSERT_LE(t, 8);
+    ASSERT_LE(t, 9);
     EXPECT_STREQ(ControlTypeName(msg), want[t - 1]);
   }
   EXPECT_STREQ(ControlTypeName(static_cast<ControlType>(0)), "UNKNOWN");
 }
 
-
 // LTP's deadline floor may ask for every chunk: min_fraction = 1 is legal.
 TEST(ControlCodec, MinFractionOneRoundTrips) {
-  const RoundBeginMsg rb{.round = 3, .p = 0.0, .deadline_ns = 1000,
-                         .min_fraction = 1.0};
+  const RoundBeginMsg rb{
+      .round = 3, .p = 0.0, .deadline_ns = 1000, .min_fraction = 1.0};
   ControlDecoder d;
   const std::vector<uint8_t> bytes = EncodeControl(rb);
   d.Feed(bytes.data(), bytes.size());

@@ -27,7 +27,9 @@ static_assert(
     std::is_same_v<std::variant_alternative_t<6, ControlMessage>, ByeMsg>);
 static_assert(
     std::is_same_v<std::variant_alternative_t<7, ControlMessage>, ErrorMsg>);
-static_assert(std::variant_size_v<ControlMessage> == 8);
+static_assert(
+    std::is_same_v<std::variant_alternative_t<8, ControlMessage>, AcceptedMsg>);
+static_assert(std::variant_size_v<ControlMessage> == 9);
 
 // Smallest encodings, used to bound a declared count by the bytes left
 // before anything is reserved.
@@ -105,10 +107,11 @@ class Checker {
   // ask for every chunk (LTP's --ltp_min_fraction is in (0, 1]).
   bool Fraction(double x, const char* field, bool one_allowed = false) {
     // Written so that NaN fails too.
-    if (!(std::isfinite(x) && x >= 0.0 && (x < 1.0 || (one_allowed && x == 1.0)))) {
+    if (!(std::isfinite(x) && x >= 0.0 &&
+          (x < 1.0 || (one_allowed && x == 1.0)))) {
       return Fail(ControlError::kBadValue, field,
-                  std::to_string(x) + (one_allowed ? " not in [0, 1]"
-                                                   : " not in [0, 1)"));
+                  std::to_string(x) +
+                      (one_allowed ? " not in [0, 1]" : " not in [0, 1)"));
     }
     return true;
   }
@@ -126,18 +129,21 @@ class Checker {
   }
   bool Check(const ProbeMsg& m) { return Dir(m.direction); }
   bool Check(const BitmapMsg& m) {
-    if (!Dir(m.direction)) return false;
-    const uint64_t want = WordsFor(m.num_bits);
-    if (m.words.size() != want) {
+    return Dir(m.direction) && Words(m.num_bits, m.words);
+  }
+  bool Check(const AcceptedMsg& m) { return Words(m.num_bits, m.words); }
+  bool Words(uint32_t num_bits, const std::vector<uint64_t>& words) {
+    const uint64_t want = WordsFor(num_bits);
+    if (words.size() != want) {
       return Fail(ControlError::kBadBitmap, "words",
-                  std::to_string(m.words.size()) + " words but num_bits " +
-                      std::to_string(m.num_bits) + " needs " +
+                  std::to_string(words.size()) + " words but num_bits " +
+                      std::to_string(num_bits) + " needs " +
                       std::to_string(want));
     }
-    const uint32_t tail = m.num_bits % 64;
-    if (tail != 0 && (m.words.back() >> tail) != 0) {
+    const uint32_t tail = num_bits % 64;
+    if (tail != 0 && (words.back() >> tail) != 0) {
       return Fail(ControlError::kBadBitmap, "words",
-                  "bits set beyond num_bits " + std::to_string(m.num_bits));
+                  "bits set beyond num_bits " + std::to_string(num_bits));
     }
     return true;
   }
@@ -221,6 +227,7 @@ class Writer {
     U16(m.udp_base_port);
     U16(m.num_shards);
     U32(m.resync_every);
+    U8(m.push_feedback ? 1 : 0);
     U32(m.server_ipv4);
     out_.insert(out_.end(), m.server_mac.begin(), m.server_mac.end());
     Str(m.policy);
@@ -243,10 +250,17 @@ class Writer {
   void Body(const BitmapMsg& m) {
     U32(m.round);
     Dir(m.direction);
-    U32(m.num_bits);
-    U32(static_cast<uint32_t>(m.words.size()));
-    for (uint64_t w : m.words) U64(w);
+    Words(m.num_bits, m.words);
     U16(m.shard);
+  }
+  void Body(const AcceptedMsg& m) {
+    U32(m.round);
+    Words(m.num_bits, m.words);
+  }
+  void Words(uint32_t num_bits, const std::vector<uint64_t>& words) {
+    U32(num_bits);
+    U32(static_cast<uint32_t>(words.size()));
+    for (uint64_t w : words) U64(w);
   }
   void Body(const StopMsg& m) {
     U32(m.round);
@@ -296,6 +310,16 @@ class Reader {
   bool U8(uint8_t& v, const std::string& f) {
     if (!Need(1, f)) return false;
     v = p_[pos_++];
+    return true;
+  }
+  bool Flag(bool& v, const std::string& f) {
+    uint8_t b;
+    if (!U8(b, f)) return false;
+    if (b > 1) {
+      return Fail(ControlError::kBadValue, f,
+                  "a flag must be 0 or 1, got " + std::to_string(b));
+    }
+    v = b == 1;
     return true;
   }
   bool U16(uint16_t& v, const std::string& f) {
@@ -403,6 +427,7 @@ class Reader {
            U16(m.udp_base_port, "udp_base_port") &&
            U16(m.num_shards, "num_shards") &&
            U32(m.resync_every, "resync_every") &&
+           Flag(m.push_feedback, "push_feedback") &&
            U32(m.server_ipv4, "server_ipv4") &&
            Bytes(m.server_mac, "server_mac") &&
            Str(m.policy, kMaxControlString, "policy") && Layers(m.layers);
@@ -418,26 +443,32 @@ class Reader {
            U32(m.pass, "pass") && U16(m.shard, "shard");
   }
   bool Body(BitmapMsg& m) {
+    return U32(m.round, "round") && Dir(m.direction, "direction") &&
+           Words(m.num_bits, m.words) && U16(m.shard, "shard");
+  }
+  bool Body(AcceptedMsg& m) {
+    return U32(m.round, "round") && Words(m.num_bits, m.words);
+  }
+  bool Words(uint32_t& num_bits, std::vector<uint64_t>& words) {
     uint32_t n;
-    if (!(U32(m.round, "round") && Dir(m.direction, "direction") &&
-          U32(m.num_bits, "num_bits") &&
+    if (!(U32(num_bits, "num_bits") &&
           Count(n, std::numeric_limits<uint32_t>::max(), kWordBytes,
                 "words"))) {
       return false;
     }
     // Checked before the resize so the count cannot exceed what num_bits
     // implies; the tail bits are Checker's job.
-    if (n != WordsFor(m.num_bits)) {
+    if (n != WordsFor(num_bits)) {
       return Fail(ControlError::kBadBitmap, "words",
                   std::to_string(n) + " words but num_bits " +
-                      std::to_string(m.num_bits) + " needs " +
-                      std::to_string(WordsFor(m.num_bits)));
+                      std::to_string(num_bits) + " needs " +
+                      std::to_string(WordsFor(num_bits)));
     }
-    m.words.resize(n);
+    words.resize(n);
     for (uint32_t i = 0; i < n; ++i) {
-      if (!U64(m.words[i], "words")) return false;
+      if (!U64(words[i], "words")) return false;
     }
-    return U16(m.shard, "shard");
+    return true;
   }
   bool Body(StopMsg& m) {
     return U32(m.round, "round") && Dir(m.direction, "direction") &&
@@ -466,7 +497,7 @@ class Reader {
 
 bool IsKnownType(uint8_t t) {
   return t >= static_cast<uint8_t>(ControlType::kJoin) &&
-         t <= static_cast<uint8_t>(ControlType::kError);
+         t <= static_cast<uint8_t>(ControlType::kAccepted);
 }
 
 // Parses a body of alternative T; on failure fills err/text.
@@ -542,6 +573,8 @@ const char* ControlTypeName(ControlType t) {
       return "BYE";
     case ControlType::kError:
       return "ERROR";
+    case ControlType::kAccepted:
+      return "ACCEPTED";
   }
   return "UNKNOWN";
 }
@@ -666,6 +699,9 @@ ControlDecoder::Status ControlDecoder::Next(ControlMessage& out) {
       break;
     case ControlType::kError:
       ok = ParseAs<ErrorMsg>(body, body_len, name, out, err, text);
+      break;
+    case ControlType::kAccepted:
+      ok = ParseAs<AcceptedMsg>(body, body_len, name, out, err, text);
       break;
   }
   if (!ok) return Fail(err, std::move(text));

@@ -25,7 +25,8 @@
 namespace dblp {
 
 // 2: PROBE and BITMAP name the sender's shard (rounds sharded over lcores).
-// 3: WELCOME carries resync_every (replicas re-synchronised, resync.h).
+// 3: WELCOME carries resync_every (replicas re-synchronised, resync.h) and
+//    push_feedback; ACCEPTED (the push's final accepted set) is new.
 inline constexpr uint16_t kControlVersion = 3;
 inline constexpr uint32_t kMaxControlFrame = 1u << 20;  // default decoder limit
 inline constexpr size_t kControlFrameHeader = 4;        // the u32 length
@@ -45,6 +46,7 @@ enum class ControlType : uint8_t {
   kStop = 6,
   kBye = 7,
   kError = 8,
+  kAccepted = 9,
 };
 
 struct LayerInfo {
@@ -80,6 +82,9 @@ struct WelcomeMsg {
   // Every this many training steps a re-synchronisation iteration (0 =
   // none; lib/dblp/resync.h). Since protocol v3.
   uint32_t resync_every = 0;
+  // The server sends ACCEPTED after every push and the worker carries what
+  // was not accepted into its next push (push_feedback.h). Since v3.
+  bool push_feedback = false;
   uint32_t server_ipv4 = 0;  // host order value; sent big-endian like all ints
   std::array<uint8_t, 6> server_mac{};
   std::string policy;
@@ -135,6 +140,16 @@ struct StopMsg {
   bool operator==(const StopMsg&) const = default;
 };
 
+// Server -> worker, after a push round closed (with push feedback): the
+// chunks the server summed, whatever arrived after STOP included. words as
+// in BitmapMsg.
+struct AcceptedMsg {
+  uint32_t round = 0;
+  uint32_t num_bits = 0;
+  std::vector<uint64_t> words;
+  bool operator==(const AcceptedMsg&) const = default;
+};
+
 struct ByeMsg {
   std::string reason;
   bool operator==(const ByeMsg&) const = default;
@@ -149,7 +164,7 @@ struct ErrorMsg {
 // Alternative index + 1 == ControlType value (static_assert'ed in the .cc).
 using ControlMessage =
     std::variant<JoinMsg, WelcomeMsg, RoundBeginMsg, ProbeMsg, BitmapMsg,
-                 StopMsg, ByeMsg, ErrorMsg>;
+                 StopMsg, ByeMsg, ErrorMsg, AcceptedMsg>;
 
 enum class ControlError : uint8_t {
   kNone,

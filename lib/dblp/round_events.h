@@ -61,8 +61,16 @@ struct FinishRequest {
   bool ok = true;
 };
 
-using ControlRequest = std::variant<ProbeRequest, StopRequest, BitmapRequest,
-                                    RoundBeginRequest, FinishRequest>;
+// Server: send worker `peer` the push round's accepted set, which the
+// coordinator staged (ServerControl::StageAccepted) before posting this.
+struct AcceptedRequest {
+  uint16_t peer = 0;
+  uint32_t round = 0;
+};
+
+using ControlRequest =
+    std::variant<ProbeRequest, StopRequest, BitmapRequest, RoundBeginRequest,
+                 FinishRequest, AcceptedRequest>;
 
 // ---- control -> datapath.
 
@@ -84,7 +92,8 @@ struct PeerGoneEvent {
   uint16_t peer = 0;
 };
 
-using DatapathEvent = std::variant<RoundBeginEvent, PeerByeEvent, PeerGoneEvent>;
+using DatapathEvent =
+    std::variant<RoundBeginEvent, PeerByeEvent, PeerGoneEvent>;
 
 static_assert(std::is_trivially_copyable_v<ControlRequest>,
               "requests are passed by value through rings");
