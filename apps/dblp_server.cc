@@ -65,6 +65,33 @@ DEFINE_uint32(join_timeout_ms, 60000,
               "give up waiting for workers after "
               "this long");
 
+DEFINE_bool(paper_mode, false,
+            "the DBLP paper's loss handling: --push_fill=zero "
+            "--bcast_tolerance=same --resync_every=0 --push_feedback=false "
+            "(each worker applies its own 1-p of a mean divided by W; "
+            "docs/EXPERIMENTS.md measures what it costs)");
+
+namespace {
+
+// --paper_mode sets the loss-handling flags; naming one of them as well is
+// a contradiction, said as such.
+void ApplyPaperMode() {
+  if (!FLAGS_paper_mode) return;
+  for (const char* name :
+       {"push_fill", "bcast_tolerance", "resync_every", "push_feedback"}) {
+    if (!gflags::GetCommandLineFlagInfoOrDie(name).is_default) {
+      dblp::FlagError(std::string("--paper_mode sets --") + name +
+                      "; drop one of the two");
+    }
+  }
+  FLAGS_push_fill = "zero";
+  FLAGS_bcast_tolerance = "same";
+  FLAGS_resync_every = 0;
+  FLAGS_push_feedback = false;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   dblp::ParseAppFlagsOrDie(
       argc, argv,
@@ -73,6 +100,7 @@ int main(int argc, char** argv) {
       "--vdev=net_memif0,role=server,socket=/tmp/dblp-w0.sock -- "
       "--workers=1 --policy=dblp");
 
+  ApplyPaperMode();
   dblp::ServerOptions o;
   o.listen = FLAGS_listen;
   o.workers = FLAGS_workers;
