@@ -73,8 +73,15 @@ def main():
             (server, "--on_worker_loss=shrug", "on_worker_loss"),
             (worker, "--gradient=weights.bin", "gradient"),
             (worker, "--send_order=random", "send_order"),
-            (worker, "--bcast_fill=magic", "bcast_fill")]:
-        rc, out = run([binary] + eal("flags", "net_null0") + ["--", flag])
+            (worker, "--bcast_fill=magic", "bcast_fill"),
+            (server, "--bcast_tolerance=sometimes", "bcast_tolerance"),
+            (server, "--paper_mode --push_fill=rescale", "paper_mode"),
+            (server, "--resync_every=5 --bcast_tolerance=none",
+             "resync_every"),
+            (server, "--push_feedback --push_fill=prev", "push_feedback"),
+            (server, "--resync_every=-2", "resync_every")]:
+        rc, out = run([binary] + eal("flags", "net_null0") + ["--"] +
+                      flag.split())
         check("bad flag %s %s" % (os.path.basename(binary), flag),
               rc == 2 and needle in out and "error" in out.lower(),
               "rc=%s out=%s" % (rc, out[-400:]))

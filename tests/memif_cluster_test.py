@@ -129,6 +129,9 @@ def main():
             [server_bin] + eal + ["--", "--workers=%d" % WORKERS,
                                   "--listen=127.0.0.1:%d" % port,
                                   "--policy=fixed", "--p_fixed=%g" % P_FIXED,
+                                  # The mean recomputed below is the
+                                  # paper's (sum / W), no resync rounds.
+                                  "--push_fill=zero", "--resync_every=0",
                                   "--bcast_tolerance=%s" % (
                                       "consistent" if consistent else "same"),
                                   "--push_feedback=%s" % (

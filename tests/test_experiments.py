@@ -576,6 +576,56 @@ class RunnerAnalysis(unittest.TestCase):
         with open(os.path.join(self.out, "accuracy", "accuracy.csv")) as f:
             self.assertEqual(len(list(csv.reader(f))), 5)
 
+    def test_tradeoff_summary(self):
+        # fixed and consistent, seeds 1 and 2, with and without bursts.
+        for cond in ("bursts", "clean"):
+            for seed, top in ((1, 80.0), (2, 82.0)):
+                for config, policy, dacc, wall, lat in (
+                        ("fixed", "fixed", 0.0, (100.0, 120.0), 5000.0),
+                        ("consistent", "dblp", -0.5, (80.0, 90.0), 2000.0)):
+                    run = os.path.join(self.out, "tradeoff", "runs",
+                                       f"mlp-{cond}-s{seed}-{config}")
+                    fixture_launch(run, [policy])
+                    pdir = os.path.join(run, policy)
+                    fixture_policy(pdir, policy, 40,
+                                   bursts=(15,) if cond == "bursts" else (),
+                                   lat_burst=lat, acc=(70.0, top + dacc),
+                                   wall=wall)
+                    # The server's broadcast rounds; a resync row whose
+                    # latency must stay out of the statistics.
+                    srows = [{"iteration": i, "rank": w,
+                              "bcast_latency_us": 300.0 + i,
+                              "resync": False}
+                             for i in range(40) for w in range(2)]
+                    srows.append({"iteration": 40, "rank": 0,
+                                  "bcast_latency_us": 1e9, "resync": True})
+                    write_jsonl(os.path.join(pdir, "server",
+                                             "iterations.jsonl"), srows)
+        p = self.run_runner("tradeoff", "--models", "mlp", "--configs",
+                            "fixed,consistent", "--seeds", "1,2",
+                            "--long_epochs", "0")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        s = self.read("tradeoff", "summary.md")
+        # Accuracy: seed means 80.5 and 82.5 (fixed), 80.0 and 82.0.
+        # Push mean: 39 clean iterations at 1100 us and the burst (5100,
+        # 2100); bcast: 300 + i (the resync row's 1e9 left out), its spike
+        # at the burst iteration 15.
+        self.assertIn("| with bursts | fixed | 81.50 (80.50-82.50) |  | "
+                      "120.0 | 1.000 | 1200 | 5100 | 5100 | 1.00x | 320 | "
+                      "339 | 315 |", s)
+        self.assertIn("| with bursts | consistent | "
+                      "81.00 (80.00-82.00) | -0.50 | 90.0 | 0.750 | 1125 | "
+                      "2100 | 2100 | 2.43x | 320 | 339 | 315 |", s)
+        self.assertIn("| no bursts | consistent | "
+                      "81.00 (80.00-82.00) | -0.50 | 90.0 | 0.750 | 1100 | "
+                      "1100 | 1100 | 1.00x |", s)
+        self.assertIn("`--push_fill=rescale --bcast_tolerance=consistent`",
+                      s)
+        self.assertTrue(os.path.isfile(os.path.join(
+            self.out, "tradeoff", "tradeoff_mlp.csv")))
+        if X.have_matplotlib():
+            self.assertIn("](tradeoff_mlp.png)", s)
+
     def test_early_late_summary(self):
         # --epochs 2 --max_iterations 40: early 0-19, late 20-39.
         base = lambda i: 10.0 - i * 0.1  # noqa: E731

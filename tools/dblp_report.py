@@ -193,21 +193,33 @@ def _worker_dirs(policy_dir: str) -> List[str]:
 
 def load_policy_run(policy_dir: str) -> Dict[str, Any]:
     """Everything the report needs from one policy's output directory."""
+    # Re-synchronisation rounds (dblp-server --resync_every) move the
+    # model, not a gradient, and are reliable: they are counted, and left
+    # out of every latency and burst statistic.
+    resyncs = set()
+
+    def gradient_rows(path):
+        rows = load_jsonl(path) if os.path.isfile(path) else []
+        for r in rows:
+            if r.get("resync") is True:
+                resyncs.add(r.get("iteration"))
+        return [r for r in rows if r.get("resync") is not True]
+
     workers = []
     for d in _worker_dirs(policy_dir):
-        jl = os.path.join(d, "iterations.jsonl")
         workers.append({
             "dir": d,
-            "rows": load_jsonl(jl) if os.path.isfile(jl) else [],
+            "rows": gradient_rows(os.path.join(d, "iterations.jsonl")),
             "summary": load_json(os.path.join(d, "summary.json")),
         })
     server_dir = os.path.join(policy_dir, "server")
-    sjl = os.path.join(server_dir, "iterations.jsonl")
     return {
         "dir": policy_dir,
         "workers": workers,
         "server_summary": load_json(os.path.join(server_dir, "summary.json")),
-        "server_rows": load_jsonl(sjl) if os.path.isfile(sjl) else [],
+        "server_rows": gradient_rows(os.path.join(server_dir,
+                                                  "iterations.jsonl")),
+        "resync_rounds": len(resyncs),
     }
 
 
