@@ -309,6 +309,12 @@ int RunServer(const ServerOptions& o) {
   const std::string failure = job.failure();
 
   AddServerCounters(lcs, control, links, nb_ports, &report);
+  // Workers on memif wait for this close before they close their side
+  // (worker_engine.cc, AwaitServerClose): closed right after the job.
+  for (uint16_t p = 0; p < nb_ports; ++p) {
+    rte_eth_dev_stop(p);
+    rte_eth_dev_close(p);
+  }
   report.info = {
       {"loss", FormatLossSpec(o.dp.loss)},
       {"link_gbps",
@@ -331,10 +337,6 @@ int RunServer(const ServerOptions& o) {
   }
   if (!failure.empty()) {
     std::fprintf(stderr, "dblp-server: %s\n", failure.c_str());
-  }
-  for (uint16_t p = 0; p < nb_ports; ++p) {
-    rte_eth_dev_stop(p);
-    rte_eth_dev_close(p);
   }
   return exit_code;
 }

@@ -3,9 +3,11 @@
 #include <rte_ethdev.h>
 #include <rte_mbuf.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <thread>
 #include <vector>
 
 #include "datapath.h"
@@ -22,6 +24,27 @@
 
 namespace dblp {
 namespace {
+
+// On memif, after BYE, the server closes the link first (it closes its
+// ports right after the last BYE): a memif disconnect handled on the EAL
+// interrupt thread while the other side transmits, closes its port or
+// cleans up the EAL crashed that side (DPDK 22.11; 2 of 33 training workers
+// at exit, and a server mid-TX when the workers closed first). Bounded: a
+// server that does not close within 2 s is not waited for.
+void AwaitServerClose(uint16_t port, const PortCaps& caps) {
+  if (caps.driver != "net_memif") return;
+  const uint64_t deadline = NowNs() + 2'000'000'000ull;
+  while (NowNs() < deadline) {
+    rte_eth_link link{};
+    if (rte_eth_link_get_nowait(port, &link) == 0 &&
+        link.link_status == RTE_ETH_LINK_DOWN) {
+      // The handler marks the link down as it finishes; let it return.
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
 
 // The server's ACCEPTED precedes the broadcast's ROUND_BEGIN on the control
 // connection, so it is here once the broadcast is. Returns why not, or "".
@@ -390,14 +413,9 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
     r.control_rtt_us = rtt_n ? rtt_sum / rtt_n : 0;
     report.rows.push_back(r);
   }
-  // The port closes before the BYE: once every worker said BYE the server
-  // exits and closes its memif sockets, and that disconnect, handled on the
-  // EAL interrupt thread while this process closed the port or cleaned up
-  // the EAL, crashed 2 of 33 training workers in librte_eal (DPDK 22.11).
-  const PortDrops drops = ReadPortDrops(0);
-  rte_eth_dev_stop(0);
-  rte_eth_dev_close(0);
   control.Finish(failure.empty(), failure);
+  AwaitServerClose(0, caps);
+  const PortDrops drops = ReadPortDrops(0);
 
   AddWorkerCounters(lc, control, push, bcast, drops, &report);
   report.info = {
@@ -420,6 +438,8 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
   if (!failure.empty()) {
     std::fprintf(stderr, "dblp-worker %u: %s\n", wel.rank, failure.c_str());
   }
+  rte_eth_dev_stop(0);
+  rte_eth_dev_close(0);
   return exit_code;
 }
 

@@ -198,6 +198,7 @@ def main():
     applied = [[0.0] * FLOATS for _ in range(WORKERS)]
     pushed = [0.0] * FLOATS
     carry = [[0] * FLOATS for _ in range(WORKERS)]  # --feedback
+    ever_carried = False
     for it in range(DUMP_ITERS):
         mean = read_f32(os.path.join(dump, "mean_it%d.f32" % it))
         if len(mean) != FLOATS:
@@ -217,6 +218,7 @@ def main():
             if feedback:
                 for r in range(WORKERS):
                     carry[r][j] = 0 if arrived[r][c] else sent[r]
+                    ever_carried = ever_carried or carry[r][j] != 0
             expect = f32(s / WORKERS)
             pushed[j] += expect
             if consistent:
@@ -281,7 +283,7 @@ def main():
     if lcores > 1 and ("%d datapath lcore(s)" % lcores) not in outputs["server"]:
         fail("server did not run %d lcores:\n%s" % (lcores,
                                                      outputs["server"][-800:]))
-    if feedback and not any(any(c) for c in carry):
+    if feedback and not ever_carried:
         fail("--feedback: nothing was ever carried, the test shows nothing")
     print("memif cluster (%d server lcores%s): %d iterations, %d dumped iterations checked bit for "
           "bit (%d broadcast chunks), stale=%d wrong_session=%d future=%d "

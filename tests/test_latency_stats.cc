@@ -286,6 +286,7 @@ std::vector<IterationRecord> SampleRows() {
   b.send_latency_us = 5e20;
   b.delivered_fraction = 1;
   b.burst = true;
+  b.resync = true;
   return {a, b};
 }
 
@@ -297,11 +298,11 @@ TEST(Writers, CsvParsesBackExactly) {
   std::string line;
   ASSERT_TRUE(std::getline(in, line));
   EXPECT_EQ(line, kIterationCsvHeader);
-  EXPECT_EQ(Split(line, ',').size(), 14u);
+  EXPECT_EQ(Split(line, ',').size(), 15u);
   for (const IterationRecord& r : rows) {
     ASSERT_TRUE(std::getline(in, line));
     const auto f = Split(line, ',');
-    ASSERT_EQ(f.size(), 14u) << line;
+    ASSERT_EQ(f.size(), 15u) << line;
     const auto u = [&](int i) {
       return std::strtoull(f[i].c_str(), nullptr, 10);
     };
@@ -320,6 +321,7 @@ TEST(Writers, CsvParsesBackExactly) {
     EXPECT_EQ(d(11), r.grad_norm);
     EXPECT_EQ(f[12], r.burst ? "1" : "0");
     EXPECT_EQ(std::strtod(f[13].c_str(), nullptr), r.control_rtt_us);
+    EXPECT_EQ(f[14], r.resync ? "1" : "0");
   }
   EXPECT_FALSE(std::getline(in, line));
   // Shortest form, not %.17g noise.
@@ -355,12 +357,14 @@ TEST(Writers, JsonlLinesParseBack) {
   EXPECT_EQ(JsonField(line, "p"), "0.3");
   EXPECT_EQ(JsonField(line, "critical"), "true");
   EXPECT_EQ(JsonField(line, "burst"), "false");
+  EXPECT_EQ(JsonField(line, "resync"), "false");
   ASSERT_TRUE(std::getline(in, line));
   EXPECT_EQ(JsonField(line, "iteration"), "1");
   EXPECT_EQ(JsonField(line, "delivered_fraction"), "1.0");  // stays a float
   EXPECT_EQ(JsonField(line, "send_latency_us"), "5e+20");
   EXPECT_EQ(JsonField(line, "grad_norm"), "null");
   EXPECT_EQ(JsonField(line, "burst"), "true");
+  EXPECT_EQ(JsonField(line, "resync"), "true");
   EXPECT_FALSE(std::getline(in, line));
 }
 
