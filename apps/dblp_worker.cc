@@ -28,7 +28,9 @@ DEFINE_string(norm_jumps, "", "synthetic: iterations where the gradient "
               "norm jumps (phase changes for the CLR detector)");
 DEFINE_uint32(jump_length, 10, "synthetic: iterations a norm jump lasts");
 DEFINE_string(bcast_fill, "zero", "fill of chunks missing from the "
-              "broadcast: zero | prev");
+              "broadcast: zero | prev (keep zero with a server running "
+              "--bcast_tolerance=consistent: it carries the missing chunks "
+              "itself, and prev would count them twice)");
 // --gradient=train. Defined in every build so that a build without
 // libtorch answers --gradient=train with the fix, not "unknown flag".
 DEFINE_string(model, "mlp", "train: mlp (235k params) | cnn (81k) | resnet "
