@@ -154,11 +154,24 @@ int main(int argc, char** argv) {
     o.resync_every = drifts ? kAutoResyncEvery : 0;
   }
   o.push_feedback = FLAGS_push_feedback;
-  if (o.push_feedback && o.push_fill == dblp::FillMode::kPrevious) {
+  if (o.push_feedback && o.push_fill != dblp::FillMode::kZero) {
+    // Rescale and prev already stand in for a missing chunk; the worker's
+    // carry would then count it twice.
+    if (!gflags::GetCommandLineFlagInfoOrDie("push_fill").is_default) {
+      dblp::FlagError(
+          "--push_feedback needs --push_fill=zero: rescale and "
+          "prev already stand in for a missing chunk, which the "
+          "worker then sends again");
+    }
+    o.push_fill = dblp::FillMode::kZero;
+  }
+  if (o.consistent_broadcast && (o.push_fill == dblp::FillMode::kPrevious ||
+                                 o.policy.kind == dblp::PolicyKind::kLtp)) {
     dblp::FlagError(
-        "--push_feedback with --push_fill=prev would count a "
-        "missing chunk twice (filled now, carried later): use "
-        "--push_fill=zero or rescale");
+        "--bcast_tolerance=consistent carries what it does not "
+        "send: not with --push_fill=prev (a carried chunk would "
+        "be filled again) nor --policy=ltp (its deadlines would "
+        "cut the subset); use --bcast_tolerance=same");
   }
   if (o.resync_every > 0 && o.push_only) {
     dblp::FlagError(

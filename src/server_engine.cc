@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "datapath.h"
@@ -186,7 +187,9 @@ int RunServer(const ServerOptions& o) {
   ServerDecisions decisions;
   decisions.next_push = policy->Current();
   // The consistent broadcast's carry and this iteration's subset.
-  BroadcastCarry carry(layout, HashMix(o.dp.seed, 0xCA));
+  // Built only when used: it holds a copy of the gradient.
+  std::optional<BroadcastCarry> carry;
+  if (o.consistent_broadcast) carry.emplace(layout, HashMix(o.dp.seed, 0xCA));
   std::vector<uint32_t> bcast_subset;
   std::vector<std::unique_ptr<ServerLcore>> lcores;
   std::vector<std::vector<TokenBucket>> link_rate(S);
@@ -237,14 +240,16 @@ int RunServer(const ServerOptions& o) {
   coord.reduce = [&](uint64_t it) {
     // A resync's "mean" is the average model: no policy, no zeroing, and
     // both rounds reliable.
+    // The policy and the zeroing window count training steps.
     const bool sync = resync.IsResync(it);
+    const uint64_t step = resync.TrainStep(it);
     reducer.Finalize(o.push_fill, mean);
-    if (!sync && it >= o.zero_first && it <= o.zero_last &&
+    if (!sync && step >= o.zero_first && step <= o.zero_last &&
         o.zero_fraction > 0) {
-      ZeroRandomChunks(mean, layout, o.zero_fraction, HashMix(o.dp.seed, it));
+      ZeroRandomChunks(mean, layout, o.zero_fraction, HashMix(o.dp.seed, step));
     }
     const double norm = L2Norm(mean);
-    if (!sync) policy->OnIterationEnd(it, norm, NowNs() - push_open_ns);
+    if (!sync) policy->OnIterationEnd(step, norm, NowNs() - push_open_ns);
     const RoundTolerance next = policy->Current();
     RoundTolerance bcast_tol =
         sync ? RoundTolerance{} : BroadcastTolerance(o, next);
@@ -252,7 +257,7 @@ int RunServer(const ServerOptions& o) {
     if (o.consistent_broadcast && !sync) {
       // The receiver STOPs with exactly the subset: no deadline may cut it.
       bcast_tol.deadline_ns = 0;
-      const std::span<const uint32_t> s = carry.Plan(it, bcast_tol.p, mean);
+      const std::span<const uint32_t> s = carry->Plan(it, bcast_tol.p, mean);
       bcast_subset.assign(s.begin(), s.end());
     }
     AddPushRows(it, links, workers, push_open_ns, push_tol, norm,

@@ -46,15 +46,24 @@ void AwaitServerClose(uint16_t port, const PortCaps& caps) {
   }
 }
 
-// The server's ACCEPTED precedes the broadcast's ROUND_BEGIN on the control
-// connection, so it is here once the broadcast is. Returns why not, or "".
+// The server sends ACCEPTED as soon as the push closed, but a broadcast that
+// arrives complete can end before it is read: wait for it, bounded.
+// Returns why it did not come, or "".
 std::string SettleFeedback(PushFeedback& feedback, WorkerControl& control,
-                           uint64_t it, std::span<const float> pushed) {
+                           uint64_t it, std::span<const float> pushed,
+                           uint32_t timeout_ms) {
   Bitmap accepted;
-  if (!control.TakeAccepted(PushRound(it), &accepted)) {
-    return "no ACCEPTED from the server for the push of iteration " +
-           std::to_string(it) +
-           " (--push_feedback needs a server and workers of the same build)";
+  const uint64_t deadline = NowNs() + uint64_t{timeout_ms} * 1'000'000;
+  while (!control.TakeAccepted(PushRound(it), &accepted)) {
+    if (control.server_gone())
+      return "the server is gone: " + control.failure();
+    if (NowNs() > deadline) {
+      return "no ACCEPTED from the server for the push of iteration " +
+             std::to_string(it) + " in " + std::to_string(timeout_ms) +
+             " ms (--push_feedback needs a server and workers of the same "
+             "build)";
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
   try {
     feedback.Settle(accepted, pushed);
@@ -345,7 +354,8 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
     if (!lcore.Exchange(it, order_buf, &failure)) break;
 
     if (feedback && !sync) {
-      failure = SettleFeedback(*feedback, control, it, grad);
+      failure =
+          SettleFeedback(*feedback, control, it, grad, o.dp.round_timeout_ms);
       if (!failure.empty()) break;
     }
     Bitmap arrived;

@@ -79,7 +79,10 @@ def main():
             (server, "--resync_every=5 --bcast_tolerance=none",
              "resync_every"),
             (server, "--push_feedback --push_fill=prev", "push_feedback"),
-            (server, "--resync_every=-2", "resync_every")]:
+            (server, "--resync_every=-2", "resync_every"),
+            (server, "--push_feedback --push_fill=rescale", "push_feedback"),
+            (server, "--bcast_tolerance=consistent --policy=ltp",
+             "consistent")]:
         rc, out = run([binary] + eal("flags", "net_null0") + ["--"] +
                       flag.split())
         check("bad flag %s %s" % (os.path.basename(binary), flag),
