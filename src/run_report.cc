@@ -18,7 +18,8 @@ std::vector<double> Column(const RunReport& r, bool clean_only,
                            double IterationRecord::*field) {
   std::vector<double> v;
   for (const auto& row : r.rows) {
-    if (clean_only && IsBurst(r, row.iteration)) continue;
+    // A resync round moves the model, reliably: not a gradient round.
+    if (row.resync || (clean_only && IsBurst(r, row.iteration))) continue;
     v.push_back(row.*field);
   }
   return v;
@@ -44,7 +45,7 @@ double UsPerPacketClean(const RunReport& r) {
   const double half_rtt = MeanRtt(r) / 2;
   double us = 0, pkts = 0;
   for (const auto& row : r.rows) {
-    if (IsBurst(r, row.iteration) || row.passes != 1) continue;
+    if (row.resync || IsBurst(r, row.iteration) || row.passes != 1) continue;
     us += std::max(0.0, row.send_latency_us - half_rtt);
     pkts += static_cast<double>(row.packets_sent);
   }
@@ -78,17 +79,24 @@ bool WriteRunReport(const std::string& dir, const RunReport& r,
   w.Key("rank").Int(r.rank);
   w.Key("policy").String(r.policy);
   w.Key("iterations").Uint(r.rows.size());
-  WriteSummaryJson(w, "send_latency_us",
-                   Summarize(Column(r, false, &IterationRecord::send_latency_us)));
-  WriteSummaryJson(w, "clean_send_latency_us",
-                   Summarize(Column(r, true, &IterationRecord::send_latency_us)));
-  WriteSummaryJson(w, "bcast_latency_us",
-                   Summarize(Column(r, false, &IterationRecord::bcast_latency_us)));
+  w.Key("resync_rows")
+      .Uint(static_cast<uint64_t>(std::count_if(
+          r.rows.begin(), r.rows.end(),
+          [](const IterationRecord& row) { return row.resync; })));
+  WriteSummaryJson(
+      w, "send_latency_us",
+      Summarize(Column(r, false, &IterationRecord::send_latency_us)));
+  WriteSummaryJson(
+      w, "clean_send_latency_us",
+      Summarize(Column(r, true, &IterationRecord::send_latency_us)));
+  WriteSummaryJson(
+      w, "bcast_latency_us",
+      Summarize(Column(r, false, &IterationRecord::bcast_latency_us)));
   w.Key("us_per_packet_clean").Double(UsPerPacketClean(r));
   w.Key("control_rtt_us").Double(MeanRtt(r));
   w.Key("bursts").BeginArray();
   for (const auto& row : r.rows) {
-    if (!IsBurst(r, row.iteration)) continue;
+    if (row.resync || !IsBurst(r, row.iteration)) continue;
     w.BeginObject();
     w.Key("iteration").Uint(row.iteration);
     w.Key("rank").Uint(row.rank);
@@ -129,7 +137,9 @@ std::string FormatRunSummary(const RunReport& r) {
   o << line;
   for (const auto& row : r.rows) {
     // The server's rows describe receivers: passes are the workers' story.
-    if (!IsBurst(r, row.iteration) || r.role != "worker") continue;
+    if (row.resync || !IsBurst(r, row.iteration) || r.role != "worker") {
+      continue;
+    }
     std::snprintf(line, sizeof(line),
                   "  burst iteration %llu (rank %u): %.1f us, %u passes, "
                   "%llu packets, p=%.3f\n",

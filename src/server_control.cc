@@ -77,6 +77,7 @@ void ServerControl::Welcome() {
     wm.num_shards = cfg_.shards;
     wm.resync_every = cfg_.resync_every;
     wm.push_feedback = cfg_.push_feedback;
+    wm.consistent_broadcast = cfg_.consistent_broadcast;
     wm.server_ipv4 = cfg_.local_ip;
     std::memcpy(wm.server_mac.data(), cfg_.mac.addr_bytes, 6);
     wm.policy = cfg_.policy;

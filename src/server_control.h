@@ -34,6 +34,7 @@ struct ServerJoinConfig {
   uint16_t shards = 1;         // datapath lcores: a round's chunk ranges
   uint32_t resync_every = 0;   // told to the workers in WELCOME
   bool push_feedback = false;  // likewise
+  bool consistent_broadcast = false;  // likewise
 };
 
 class ServerControl {

@@ -149,7 +149,8 @@ int RunServer(const ServerOptions& o) {
   ServerControl control(
       ServerJoinConfig{o.workers, session, caps[0].mtu, local_ip, o.udp_port,
                        caps[0].mac, o.max_gradient_bytes, policy->Describe(),
-                       nb_ports, S, o.resync_every, o.push_feedback},
+                       nb_ports, S, o.resync_every, o.push_feedback,
+                       o.consistent_broadcast},
       counters, o.dp.stats_period_s);
   const JoinMsg& first =
       control.AdmitWorkers(o.listen, o.join_timeout_ms, g_quit, o.dp.realtime);

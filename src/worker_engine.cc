@@ -248,6 +248,12 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
     Die("WELCOME is inconsistent (chunk count or shards)",
         "run the same DBLP build on the server and the workers");
   }
+  if (wel.consistent_broadcast && o.bcast_fill == FillMode::kPrevious) {
+    control.Finish(false, "--bcast_fill=prev with a consistent broadcast");
+    Die("the server runs --bcast_tolerance=consistent: it carries the chunks "
+        "it does not send, and --bcast_fill=prev would count them twice",
+        "run this worker with --bcast_fill=zero");
+  }
   try {
     source->Bind(wel.rank, wel.num_workers);
   } catch (const std::exception& e) {

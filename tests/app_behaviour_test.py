@@ -114,6 +114,30 @@ def main():
     check("worker without a server says to start dblp-server",
           rc not in (0, None) and "dblp-server" in out, out[-400:])
 
+    # ---- a worker that would double-count a consistent broadcast ----
+    port = free_port()
+    sock = os.path.join(tmp, "cons-w0.sock")
+    srv = subprocess.Popen(
+        [server] + eal("cons", "net_memif0,role=server,socket=%s,id=0" % sock)
+        + ["--", "--workers=1", "--listen=127.0.0.1:%d" % port,
+           "--bcast_tolerance=consistent", "--stats_period=0",
+           "--join_timeout_ms=20000"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    time.sleep(0.8)
+    rc, out = run([worker] + eal("cons-w0", "net_memif0,role=client,"
+                                 "socket=%s,id=0" % sock,
+                                 lcore="1" if os.cpu_count() > 1 else "0") +
+                  ["--", "--server=127.0.0.1:%d" % port, "--iterations=5",
+                   "--floats=5000", "--bcast_fill=prev", "--stats_period=0"],
+                  timeout=60)
+    check("worker refuses --bcast_fill=prev under a consistent broadcast",
+          rc not in (0, None) and "--bcast_fill=zero" in out, out[-400:])
+    try:
+        srv.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        srv.kill()
+        srv.communicate()
+
     # ---- a worker killed mid-job: abort and continue modes ----
     for mode in ("abort", "continue"):
         port = free_port()

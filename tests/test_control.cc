@@ -110,6 +110,7 @@ std::vector<ControlMessage> Samples() {
   w.num_shards = 4;
   w.resync_every = 10;
   w.push_feedback = true;
+  w.consistent_broadcast = true;
   w.server_ipv4 = 0x0A000001;
   w.server_mac = {0x02, 0x00, 0x5e, 0x10, 0xfe, 0xff};
   w.policy = "dblp";
@@ -588,6 +589,7 @@ TEST(ControlDecoder, HugeDeclaredCountsAllocateNothingBig) {
                     .U16(1)
                     .U32(0)  // resync_every
                     .U8(0)   // push_feedback
+                    .U8(0)   // consistent_broadcast
                     .U32(0)
                     .U16(0)
                     .U32(0)

@@ -228,6 +228,7 @@ class Writer {
     U16(m.num_shards);
     U32(m.resync_every);
     U8(m.push_feedback ? 1 : 0);
+    U8(m.consistent_broadcast ? 1 : 0);
     U32(m.server_ipv4);
     out_.insert(out_.end(), m.server_mac.begin(), m.server_mac.end());
     Str(m.policy);
@@ -428,6 +429,7 @@ class Reader {
            U16(m.num_shards, "num_shards") &&
            U32(m.resync_every, "resync_every") &&
            Flag(m.push_feedback, "push_feedback") &&
+           Flag(m.consistent_broadcast, "consistent_broadcast") &&
            U32(m.server_ipv4, "server_ipv4") &&
            Bytes(m.server_mac, "server_mac") &&
            Str(m.policy, kMaxControlString, "policy") && Layers(m.layers);

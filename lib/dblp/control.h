@@ -26,7 +26,8 @@ namespace dblp {
 
 // 2: PROBE and BITMAP name the sender's shard (rounds sharded over lcores).
 // 3: WELCOME carries resync_every (replicas re-synchronised, resync.h) and
-//    push_feedback; ACCEPTED (the push's final accepted set) is new.
+//    push_feedback and consistent_broadcast; ACCEPTED (the push's final
+//    accepted set) is new.
 inline constexpr uint16_t kControlVersion = 3;
 inline constexpr uint32_t kMaxControlFrame = 1u << 20;  // default decoder limit
 inline constexpr size_t kControlFrameHeader = 4;        // the u32 length
@@ -85,6 +86,10 @@ struct WelcomeMsg {
   // The server sends ACCEPTED after every push and the worker carries what
   // was not accepted into its next push (push_feedback.h). Since v3.
   bool push_feedback = false;
+  // The broadcast sends one subset for every worker and the server carries
+  // the rest (broadcast_carry.h): a worker must zero-fill, never fill from
+  // its previous mean. Since v3.
+  bool consistent_broadcast = false;
   uint32_t server_ipv4 = 0;  // host order value; sent big-endian like all ints
   std::array<uint8_t, 6> server_mac{};
   std::string policy;
