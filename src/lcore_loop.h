@@ -178,6 +178,15 @@ struct ServerLink {
   bool arrivals = false;  // frames accepted this turn
 };
 
+// links[k][w]: lcore k's link to worker w.
+using LinkGrid = std::vector<std::vector<std::unique_ptr<ServerLink>>>;
+
+// Lcore k's link to worker w: shard k of w's pushes and broadcasts, each
+// push side registered with the worker's StopGroup.
+LinkGrid BuildLinkGrid(uint32_t session, const ChunkLayout& layout,
+                       const ShardMap& shards, uint32_t burst,
+                       std::vector<std::unique_ptr<WorkerState>>& workers);
+
 // What lcore 0 decides for every server lcore. Writer: lcore 0, before a
 // JobSync barrier; readers: every lcore, after it.
 struct ServerDecisions {

@@ -7,8 +7,10 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <string>
+#include <thread>
 
 #include "eal_app.h"
 
@@ -43,7 +45,8 @@ uint32_t DataRoomFor(uint32_t mtu) {
 
 uint32_t CacheSizeFor(uint32_t n_mbufs) {
   // The mempool requires cache_size <= n / 1.5 and <= the compile-time max.
-  uint32_t cache = std::min<uint32_t>(kPoolCacheSize, RTE_MEMPOOL_CACHE_MAX_SIZE);
+  uint32_t cache =
+      std::min<uint32_t>(kPoolCacheSize, RTE_MEMPOOL_CACHE_MAX_SIZE);
   cache = std::min<uint32_t>(cache, n_mbufs * 2 / 3);
   return cache;
 }
@@ -54,8 +57,8 @@ rte_mempool* CreatePoolOrDie(const std::string& name, uint32_t n_mbufs,
                              uint32_t mtu, int socket) {
   const uint32_t data_room = DataRoomFor(mtu);
   if (data_room > UINT16_MAX) {
-    Die("mbuf pool " + name + ": MTU " + std::to_string(mtu) +
-            " needs " + std::to_string(data_room) +
+    Die("mbuf pool " + name + ": MTU " + std::to_string(mtu) + " needs " +
+            std::to_string(data_room) +
             "-byte mbufs, more than an mbuf can hold (65535)",
         "use --mtu <= 9000");
   }
@@ -64,18 +67,17 @@ rte_mempool* CreatePoolOrDie(const std::string& name, uint32_t n_mbufs,
         "size the pool with MbufsNeeded()");
   }
   const uint32_t cache = CacheSizeFor(n_mbufs);
-  rte_mempool* pool = rte_pktmbuf_pool_create(
-      name.c_str(), n_mbufs, cache, 0, static_cast<uint16_t>(data_room),
-      socket);
+  rte_mempool* pool =
+      rte_pktmbuf_pool_create(name.c_str(), n_mbufs, cache, 0,
+                              static_cast<uint16_t>(data_room), socket);
   if (pool != nullptr) return pool;
 
   const int err = rte_errno;
   const uint64_t obj = rte_mempool_calc_obj_size(
       static_cast<uint32_t>(sizeof(rte_mbuf)) + data_room, 0, nullptr);
   // Objects plus the per-lcore cache array inside the mempool header.
-  const uint64_t bytes = obj * n_mbufs +
-                         static_cast<uint64_t>(RTE_MAX_LCORE) *
-                             sizeof(rte_mempool_cache);
+  const uint64_t bytes = obj * n_mbufs + static_cast<uint64_t>(RTE_MAX_LCORE) *
+                                             sizeof(rte_mempool_cache);
   const uint64_t mib = (bytes + (1u << 20) - 1) >> 20;
   char what[256];
   std::snprintf(what, sizeof(what),
@@ -289,7 +291,7 @@ std::string DescribePortCaps(const PortCaps& caps) {
                   " mtu " + std::to_string(caps.mtu) + ", tx checksums: ip ";
   s += caps.tx_ipv4_cksum_offload ? "offload" : "sw";
   s += ", udp ";
-  s += caps.udp_cksum_zero        ? "none (0)"
+  s += caps.udp_cksum_zero         ? "none (0)"
        : caps.tx_udp_cksum_offload ? "offload"
                                    : "sw";
   s += ", rx checksums: ";
@@ -320,6 +322,22 @@ bool WaitForLink(uint16_t port_id, uint32_t timeout_ms) {
     }
     if (rte_get_timer_cycles() > deadline) return false;
     rte_delay_us_sleep(1000);  // setup only: the datapath has not started
+  }
+}
+
+void AwaitPeerClose(uint16_t port_id, const PortCaps& caps) {
+  if (caps.driver != "net_memif") return;
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (std::chrono::steady_clock::now() < deadline) {
+    rte_eth_link link{};
+    if (rte_eth_link_get_nowait(port_id, &link) == 0 &&
+        link.link_status == RTE_ETH_LINK_DOWN) {
+      // The handler marks the link down as it finishes; let it return.
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
 }
 

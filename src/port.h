@@ -13,11 +13,11 @@ namespace dblp {
 
 struct PortOptions {
   uint16_t port_id = 0;
-  uint16_t nb_queues = 1;      // one RX and one TX queue per datapath lcore
+  uint16_t nb_queues = 1;  // one RX and one TX queue per datapath lcore
   uint16_t nb_rxd = 1024;
   uint16_t nb_txd = 1024;
-  uint32_t mtu = 1500;         // IP MTU; validated against the device
-  bool promiscuous = true;     // vdevs and shared L2 segments need it
+  uint32_t mtu = 1500;      // IP MTU; validated against the device
+  bool promiscuous = true;  // vdevs and shared L2 segments need it
   // Checksum offload policy: "auto" uses the device's IPv4/UDP TX checksum
   // offloads when offered and software otherwise, except on net_memif
   // (shared memory, no wire), where it sends UDP checksum 0; "sw" always
@@ -33,8 +33,8 @@ struct PortOptions {
 struct PortCaps {
   bool tx_ipv4_cksum_offload = false;
   bool tx_udp_cksum_offload = false;
-  bool udp_cksum_zero = false;  // checksum=none
-  bool fused_checksum = true;   // PortOptions::fused_checksum
+  bool udp_cksum_zero = false;    // checksum=none
+  bool fused_checksum = true;     // PortOptions::fused_checksum
   bool rx_cksum_offload = false;  // device validates and flags RX checksums
   uint32_t mtu = 1500;
   rte_ether_addr mac{};
@@ -84,5 +84,13 @@ struct PortDrops {
   uint64_t imissed = 0, ierrors = 0, rx_nombuf = 0, oerrors = 0;
 };
 PortDrops ReadPortDrops(uint16_t port_id);
+
+// On memif the side that closes second is safe: a memif disconnect handled
+// on the EAL interrupt thread while this process transmits, closes its port
+// or cleans up the EAL crashed it (DPDK 22.11: 2 of 33 training workers at
+// exit; a server mid-TX when the workers closed first). So a worker, after
+// its BYE, waits for the server (which closes its ports right after the
+// job) to close the link first, at most 2 s. Other drivers: returns at once.
+void AwaitPeerClose(uint16_t port_id, const PortCaps& caps);
 
 }  // namespace dblp

@@ -42,30 +42,6 @@ RoundBeginRequest Announcement(Direction d, uint32_t round,
                            t.deadline_ns ? t.min_fraction : 0};
 }
 
-// Lcore k's link to worker w: shard k of w's pushes and broadcasts.
-LinkGrid BuildLinkGrid(uint32_t session, const ChunkLayout& layout,
-                       const ShardMap& shards, uint32_t burst,
-                       std::vector<std::unique_ptr<WorkerState>>& workers) {
-  LinkGrid links(shards.num_shards());
-  for (uint16_t k = 0; k < shards.num_shards(); ++k) {
-    for (uint32_t w = 0; w < workers.size(); ++w) {
-      const ReceiverConfig rc{
-          session, FrameType::kPush, static_cast<int32_t>(w),
-          layout,  shards.begin(k),  shards.end(k)};
-      SendSideConfig sc{FrameType::kBroadcast, session,
-                        kServerRank,           static_cast<uint16_t>(w),
-                        Direction::kBroadcast, burst};
-      sc.shard = k;
-      links[k].push_back(std::make_unique<ServerLink>(
-          ReceiveSideConfig{rc, Direction::kPush, static_cast<uint16_t>(w),
-                            &workers[w]->push_stop, k},
-          sc, *workers[w]));
-      workers[w]->push_stop.Add(&links[k][w]->push.receiver());
-    }
-  }
-  return links;
-}
-
 // What a remote lcore runs: its ServerLcore until the job ends.
 struct RemoteLcore {
   ServerLcore* lcore;

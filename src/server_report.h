@@ -13,9 +13,6 @@
 
 namespace dblp {
 
-// links[k][w]: lcore k's link to worker w.
-using LinkGrid = std::vector<std::vector<std::unique_ptr<ServerLink>>>;
-
 // Worker w's push as the server summed it: the union of its shards'
 // bitmaps (disjoint chunk ranges).
 Bitmap MergedPushBitmap(const LinkGrid& links, uint32_t w, uint32_t num_chunks);

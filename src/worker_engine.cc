@@ -3,17 +3,13 @@
 #include <rte_ethdev.h>
 #include <rte_mbuf.h>
 
-#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <exception>
-#include <thread>
 #include <vector>
 
 #include "datapath.h"
-#include "dblp/push_feedback.h"
 #include "dblp/receive_side.h"
-#include "dblp/resync.h"
 #include "dblp/send_side.h"
 #include "eal_app.h"
 #include "frame_builder.h"
@@ -21,81 +17,10 @@
 #include "numa_placement.h"
 #include "run_report.h"
 #include "worker_control.h"
+#include "worker_model.h"
 
 namespace dblp {
 namespace {
-
-// On memif, after BYE, the server closes the link first (it closes its
-// ports right after the last BYE): a memif disconnect handled on the EAL
-// interrupt thread while the other side transmits, closes its port or
-// cleans up the EAL crashed that side (DPDK 22.11; 2 of 33 training workers
-// at exit, and a server mid-TX when the workers closed first). Bounded: a
-// server that does not close within 2 s is not waited for.
-void AwaitServerClose(uint16_t port, const PortCaps& caps) {
-  if (caps.driver != "net_memif") return;
-  const uint64_t deadline = NowNs() + 2'000'000'000ull;
-  while (NowNs() < deadline) {
-    rte_eth_link link{};
-    if (rte_eth_link_get_nowait(port, &link) == 0 &&
-        link.link_status == RTE_ETH_LINK_DOWN) {
-      // The handler marks the link down as it finishes; let it return.
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      return;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-}
-
-// The server sends ACCEPTED as soon as the push closed, but a broadcast that
-// arrives complete can end before it is read: wait for it, bounded.
-// Returns why it did not come, or "".
-std::string SettleFeedback(PushFeedback& feedback, WorkerControl& control,
-                           uint64_t it, std::span<const float> pushed,
-                           uint32_t timeout_ms) {
-  Bitmap accepted;
-  const uint64_t deadline = NowNs() + uint64_t{timeout_ms} * 1'000'000;
-  while (!control.TakeAccepted(PushRound(it), &accepted)) {
-    if (control.server_gone())
-      return "the server is gone: " + control.failure();
-    if (NowNs() > deadline) {
-      return "no ACCEPTED from the server for the push of iteration " +
-             std::to_string(it) + " in " + std::to_string(timeout_ms) +
-             " ms (--push_feedback needs a server and workers of the same "
-             "build)";
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(50));
-  }
-  try {
-    feedback.Settle(accepted, pushed);
-  } catch (const std::exception& e) {
-    return std::string("the server's ACCEPTED does not fit this push: ") +
-           e.what();
-  }
-  return "";
-}
-
-// A resync iteration's broadcast is reliable: loading less than the whole
-// average would leave a model made of two. Returns why it failed, or "".
-std::string LoadAverageModel(GradientSource& source, uint64_t it,
-                             std::span<const float> avg,
-                             const Bitmap& arrived) {
-  if (arrived.MissingCount() != 0) {
-    return "resync iteration " + std::to_string(it) +
-           ": the average model "
-           "arrived with " +
-           std::to_string(arrived.MissingCount()) + " of " +
-           std::to_string(arrived.size()) +
-           " chunks missing (its broadcast must be reliable: run the server "
-           "and the workers from the same build)";
-  }
-  try {
-    source.ImportModel(avg);
-  } catch (const std::exception& e) {
-    return "loading the average model of iteration " + std::to_string(it) +
-           ": " + e.what();
-  }
-  return "";
-}
 
 // Test hook (--hostile_per_round): frames of the previous round, then
 // frames of another job and of a future round, then valid L2-L4 around bad
@@ -296,8 +221,8 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
   }
   RoundPacer pacer(o.dp.idle_spin, o.dp.idle_sleep_us, o.dp.round_timeout_ms,
                    &g_quit);
-  std::vector<float> grad(source->floats()), avg(source->floats()),
-      prev_avg(source->floats(), 0.0f);
+  WorkerModel model(*source, wel, layout, o.bcast_fill);
+  const std::span<float> grad = model.grad(), avg = model.avg();
   const auto* grad_bytes = reinterpret_cast<const uint8_t*>(grad.data());
   // The buffers the lcore streams through, next to the port.
   const int node = PortNumaNode(0);
@@ -327,27 +252,11 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
   report.burst_iterations = o.dp.bursts.iterations;
   std::string failure;
   loss.StartClock(NowNs());
-  const ResyncSchedule resync(wel.resync_every);
-  // Push feedback: what the server did not sum goes into the next push.
-  std::unique_ptr<PushFeedback> feedback;
-  if (wel.push_feedback) feedback = std::make_unique<PushFeedback>(layout);
-  const uint64_t iterations = resync.ProtocolIterations(o.iterations);
+  const uint64_t iterations = model.iterations(o.iterations);
   for (uint64_t it = 0; it < iterations && failure.empty(); ++it) {
     control.set_iteration(it);
-    const bool sync = resync.IsResync(it);
-    const uint64_t step = resync.TrainStep(it);
-    try {
-      if (sync) {
-        source->ExportModel(grad);
-      } else {
-        source->Compute(step, grad);
-        if (feedback) feedback->AddCarried(grad);
-      }
-    } catch (const std::exception& e) {
-      failure = "computing the gradient of iteration " + std::to_string(it) +
-                ": " + e.what();
-      break;
-    }
+    failure = model.Prepare(it);
+    if (!failure.empty()) break;
     if (!lcore.AwaitPushRound(it, &failure)) break;
     order.Fill(PushRound(it), layout.num_chunks(), order_buf);
     if (o.hostile_per_round > 0 && it > 0) {
@@ -359,43 +268,14 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
                       std::min<size_t>(order_buf.size(), o.hostile_per_round));
     if (!lcore.Exchange(it, order_buf, &failure)) break;
 
-    if (feedback && !sync) {
-      failure =
-          SettleFeedback(*feedback, control, it, grad, o.dp.round_timeout_ms);
-      if (!failure.empty()) break;
-    }
     Bitmap arrived;
     bcast.receiver().SnapshotBitmap(arrived);
-    if (sync) {
-      failure = LoadAverageModel(*source, it, avg, arrived);
-      if (!failure.empty()) break;
-    } else {
-      FillMissing(avg, arrived, layout, o.bcast_fill, prev_avg);
-      try {
-        source->Apply(step, avg);
-      } catch (const std::exception& e) {
-        failure = "applying the mean of iteration " + std::to_string(it) +
-                  ": " + e.what();
-        break;
-      }
-      prev_avg = avg;
-    }
+    failure = model.Absorb(it, control, arrived, o.dp.round_timeout_ms);
+    if (!failure.empty()) break;
     if (!o.dp.dump_dir.empty() && it < o.dp.dump_iterations) {
-      const std::string base = o.dp.dump_dir + "/w" + std::to_string(wel.rank) +
-                               "_it" + std::to_string(it);
-      DumpBinary(base + "_avg.f32", avg.data(), avg.size() * sizeof(float));
-      DumpBinary(base + "_bcast.bits", arrived.words().data(),
-                 arrived.words().size() * sizeof(uint64_t));
-      if (sync) {
-        // The replica before and after, to check that the resync made every
-        // worker's the same (tests/training_smoke_test.py --resync).
-        DumpBinary(base + "_model_before.f32", grad.data(),
-                   grad.size() * sizeof(float));
-        std::vector<float> model(grad.size());
-        source->ExportModel(model);
-        DumpBinary(base + "_model.f32", model.data(),
-                   model.size() * sizeof(float));
-      }
+      model.Dump(o.dp.dump_dir + "/w" + std::to_string(wel.rank) + "_it" +
+                     std::to_string(it),
+                 it, arrived);
     }
 
     const WorkerIterationTimes& t = lcore.times();
@@ -425,12 +305,12 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
     r.delivered_fraction = bcast.receiver().delivered_fraction();
     r.p = t.announced_p;
     r.burst = loss.InBurst(it);
-    r.resync = sync;
+    r.resync = model.IsResync(it);
     r.control_rtt_us = rtt_n ? rtt_sum / rtt_n : 0;
     report.rows.push_back(r);
   }
   control.Finish(failure.empty(), failure);
-  AwaitServerClose(0, caps);
+  AwaitPeerClose(0, caps);
   const PortDrops drops = ReadPortDrops(0);
 
   AddWorkerCounters(lc, control, push, bcast, drops, &report);

@@ -1,0 +1,119 @@
+#include "worker_model.h"
+
+#include <chrono>
+#include <exception>
+#include <thread>
+
+#include "datapath.h"  // NowNs, DumpBinary
+#include "worker_control.h"
+
+namespace dblp {
+
+WorkerModel::WorkerModel(GradientSource& source, const WelcomeMsg& wel,
+                         const ChunkLayout& layout, FillMode bcast_fill)
+    : source_(source),
+      layout_(layout),
+      bcast_fill_(bcast_fill),
+      resync_(wel.resync_every),
+      grad_(source.floats()),
+      avg_(source.floats()),
+      prev_avg_(source.floats(), 0.0f) {
+  if (wel.push_feedback) feedback_ = std::make_unique<PushFeedback>(layout);
+}
+
+std::string WorkerModel::Prepare(uint64_t it) {
+  try {
+    if (resync_.IsResync(it)) {
+      source_.ExportModel(grad_);
+    } else {
+      source_.Compute(resync_.TrainStep(it), grad_);
+      if (feedback_) feedback_->AddCarried(grad_);
+    }
+  } catch (const std::exception& e) {
+    return "computing the gradient of iteration " + std::to_string(it) + ": " +
+           e.what();
+  }
+  return "";
+}
+
+std::string WorkerModel::Absorb(uint64_t it, WorkerControl& control,
+                                const Bitmap& arrived, uint32_t timeout_ms) {
+  if (resync_.IsResync(it)) return LoadAverageModel(it, arrived);
+  if (feedback_) {
+    const std::string why = SettleFeedback(it, control, timeout_ms);
+    if (!why.empty()) return why;
+  }
+  FillMissing(avg_, arrived, layout_, bcast_fill_, prev_avg_);
+  try {
+    source_.Apply(resync_.TrainStep(it), avg_);
+  } catch (const std::exception& e) {
+    return "applying the mean of iteration " + std::to_string(it) + ": " +
+           e.what();
+  }
+  prev_avg_ = avg_;
+  return "";
+}
+
+// The server sends ACCEPTED as soon as the push closed, but a broadcast that
+// arrives complete can end before it is read: wait for it, bounded.
+std::string WorkerModel::SettleFeedback(uint64_t it, WorkerControl& control,
+                                        uint32_t timeout_ms) {
+  Bitmap accepted;
+  const uint64_t deadline = NowNs() + uint64_t{timeout_ms} * 1'000'000;
+  while (!control.TakeAccepted(PushRound(it), &accepted)) {
+    if (control.server_gone()) {
+      return "the server is gone: " + control.failure();
+    }
+    if (NowNs() > deadline) {
+      return "no ACCEPTED from the server for the push of iteration " +
+             std::to_string(it) + " in " + std::to_string(timeout_ms) +
+             " ms (--push_feedback needs a server and workers of the same "
+             "build)";
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  try {
+    feedback_->Settle(accepted, grad_);
+  } catch (const std::exception& e) {
+    return std::string("the server's ACCEPTED does not fit this push: ") +
+           e.what();
+  }
+  return "";
+}
+
+// A resync iteration's broadcast is reliable: loading less than the whole
+// average would leave a model made of two.
+std::string WorkerModel::LoadAverageModel(uint64_t it, const Bitmap& arrived) {
+  if (arrived.MissingCount() != 0) {
+    return "resync iteration " + std::to_string(it) +
+           ": the average model arrived with " +
+           std::to_string(arrived.MissingCount()) + " of " +
+           std::to_string(arrived.size()) +
+           " chunks missing (its broadcast must be reliable: run the server "
+           "and the workers from the same build)";
+  }
+  try {
+    source_.ImportModel(avg_);
+  } catch (const std::exception& e) {
+    return "loading the average model of iteration " + std::to_string(it) +
+           ": " + e.what();
+  }
+  return "";
+}
+
+void WorkerModel::Dump(const std::string& base, uint64_t it,
+                       const Bitmap& arrived) {
+  DumpBinary(base + "_avg.f32", avg_.data(), avg_.size() * sizeof(float));
+  DumpBinary(base + "_bcast.bits", arrived.words().data(),
+             arrived.words().size() * sizeof(uint64_t));
+  if (!resync_.IsResync(it)) return;
+  // The replica before and after, to check that the resync made every
+  // worker's the same (tests/training_smoke_test.py --resync).
+  DumpBinary(base + "_model_before.f32", grad_.data(),
+             grad_.size() * sizeof(float));
+  std::vector<float> model(grad_.size());
+  source_.ExportModel(model);
+  DumpBinary(base + "_model.f32", model.data(), model.size() * sizeof(float));
+}
+
+}  // namespace dblp
