@@ -8,62 +8,89 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "app_options.h"
+#include "dblp/job_auth.h"
 #include "dblp/loss_model.h"
 #include "dblp/send_order.h"
 #include "dblp/synthetic_gradient.h"
-#include "app_options.h"
 #include "eal_app.h"
 
-DEFINE_uint32(mtu, 1500, "IP MTU of the data frames (576..9216; jumbo "
+DEFINE_uint32(mtu, 1500,
+              "IP MTU of the data frames (576..9216; jumbo "
               "needs a device that supports it)");
-DEFINE_string(checksum, "auto", "auto (device offload when offered, else "
+DEFINE_string(checksum, "auto",
+              "auto (device offload when offered, else "
               "software; on net_memif, shared memory, UDP checksum 0) | sw | "
               "none (UDP checksum 0)");
 DEFINE_uint32(burst, 32, "frames per TX burst");
-DEFINE_bool(prefetch, true, "software prefetch on the hot paths (off only "
+DEFINE_bool(prefetch, true,
+            "software prefetch on the hot paths (off only "
             "to measure what it buys)");
-DEFINE_bool(fused_checksum, true, "sum a software UDP checksum while copying "
+DEFINE_bool(fused_checksum, true,
+            "sum a software UDP checksum while copying "
             "the payload (off only to measure what it buys)");
-DEFINE_double(link_gbps, 0, "emulated link rate of this app's data frames "
+DEFINE_double(link_gbps, 0,
+              "emulated link rate of this app's data frames "
               "in Gb/s (token bucket on TX, wire bytes incl. Ethernet "
               "overhead); 0 = as fast as the port goes");
 DEFINE_uint32(rxd, 1024, "RX descriptors per queue");
 DEFINE_uint32(txd, 1024, "TX descriptors per queue");
 DEFINE_uint32(mbufs, 0, "mbufs in the pool (0 = sized from the ports)");
-DEFINE_uint32(idle_sleep_us, 20, "idle back-off: longest sleep of an idle "
+DEFINE_uint32(idle_sleep_us, 20,
+              "idle back-off: longest sleep of an idle "
               "poll loop in us (0 = pure busy polling)");
 DEFINE_uint32(idle_spin, 512, "idle back-off: empty polls before sleeping");
-DEFINE_bool(realtime, false, "run the datapath lcore under SCHED_FIFO (needs "
+DEFINE_bool(realtime, false,
+            "run the datapath lcore under SCHED_FIFO (needs "
             "root): for hosts where several DBLP processes share a core, so "
             "a datapath with work preempts one without; keep the idle "
             "back-off on (--idle_sleep_us > 0)");
 DEFINE_double(stats_period, 1.0, "seconds between stats lines (0 = none)");
-DEFINE_string(out_dir, "", "write iterations.jsonl/.csv and summary.json "
+DEFINE_string(out_dir, "",
+              "write iterations.jsonl/.csv and summary.json "
               "here");
-DEFINE_string(loss, "none", "software loss on the data frames this app receives, outside "
+DEFINE_string(loss, "none",
+              "software loss on the data frames this app receives, outside "
               "bursts: none | bernoulli:P | ge:P_GB,P_BG,LOSS_GOOD,LOSS_BAD");
-DEFINE_string(burst_iters, "", "iterations with a one-iteration microburst, "
+DEFINE_string(burst_iters, "",
+              "iterations with a one-iteration microburst, "
               "e.g. 279,651");
-DEFINE_uint32(burst_random, 0, "place this many bursts at random iterations "
+DEFINE_uint32(burst_random, 0,
+              "place this many bursts at random iterations "
               "in --burst_range (same --burst_seed on every app)");
-DEFINE_string(burst_range, "10,1000", "FIRST,LAST iterations for "
+DEFINE_string(burst_range, "10,1000",
+              "FIRST,LAST iterations for "
               "--burst_random");
 DEFINE_uint64(burst_seed, 7, "seed of --burst_random");
-DEFINE_string(burst_window_ms, "", "START,END ms after the first iteration: "
+DEFINE_string(burst_window_ms, "",
+              "START,END ms after the first iteration: "
               "a time-window burst");
 DEFINE_double(burst_loss, 0.7, "loss rate inside a burst");
-DEFINE_uint64(seed, 1, "job seed, the same on every app: loss injector, "
+DEFINE_uint64(seed, 1,
+              "job seed, the same on every app: loss injector, "
               "send order and, for dblp-worker --gradient=train, the model's "
               "initial weights, the data shards and the batch order");
-DEFINE_string(send_order, "permuted", "sequential | rotating | permuted | "
+DEFINE_string(send_order, "permuted",
+              "sequential | rotating | permuted | "
               "blocked (shuffled blocks of 32 chunks: faster for large "
               "gradients)");
-DEFINE_uint32(round_timeout_ms, 30000, "fail with a clear error when a round "
+DEFINE_uint32(round_timeout_ms, 30000,
+              "fail with a clear error when a round "
               "makes no progress for this long");
+DEFINE_string(secret_file, "",
+              "the job secret: a file of 16..4096 bytes, "
+              "mode 0600, the same for every app of the job (make one with "
+              "head -c 32 /dev/urandom > FILE && chmod 600 FILE). JOIN is "
+              "then mutually authenticated and data frames are tagged");
+DEFINE_bool(insecure, false,
+            "run without a job secret: anyone who reaches "
+            "the control port can join and anyone who reaches the data port "
+            "can move the mean (a closed lab network only)");
 DEFINE_string(dump_dir, "", "test hook: dump what arrived (means, bitmaps)");
 DEFINE_uint32(dump_iterations, 0, "test hook: iterations to dump");
 
@@ -76,6 +103,33 @@ namespace dblp {
 
 // Parses the app's flags (everything after "--") before the EAL starts, so
 // `-- --help` and flag errors need no hugepages and no port.
+// The job secret from --secret_file, or none with --insecure (said on
+// stderr); anything else ends the app naming the fix. Read before the EAL
+// starts, so a bad secret costs no hugepages.
+inline dblp::JobSecret JobSecretFromFlags(const char* app) {
+  if (!FLAGS_secret_file.empty() && FLAGS_insecure) {
+    FlagError("--secret_file and --insecure: choose one");
+  }
+  if (FLAGS_insecure) {
+    std::fprintf(stderr,
+                 "%s: WARNING: --insecure: no job secret; joins and data "
+                 "frames are not authenticated\n",
+                 app);
+    return dblp::JobSecret();
+  }
+  if (FLAGS_secret_file.empty()) {
+    FlagError(
+        "no job secret: give every app of the job --secret_file=FILE "
+        "(head -c 32 /dev/urandom > FILE && chmod 600 FILE), or --insecure "
+        "on a closed lab network");
+  }
+  std::string err;
+  std::optional<dblp::JobSecret> s =
+      dblp::JobSecret::Load(FLAGS_secret_file, &err);
+  if (!s) FlagError("--secret_file: " + err);
+  return *std::move(s);
+}
+
 inline void ParseAppFlagsOrDie(int argc, char** argv, const char* usage) {
   gflags::SetUsageMessage(usage);
   std::vector<char*> app = AppArguments(argc, argv);
@@ -122,8 +176,9 @@ inline DatapathOptions DatapathOptionsFromFlags() {
   d.realtime = FLAGS_realtime;
   d.prefetch = FLAGS_prefetch;
   if (d.realtime && d.idle_sleep_us == 0) {
-    FlagError("--realtime needs --idle_sleep_us > 0: a real-time thread that "
-              "never sleeps starves everything else on its core");
+    FlagError(
+        "--realtime needs --idle_sleep_us > 0: a real-time thread that "
+        "never sleeps starves everything else on its core");
   }
   d.stats_period_s = FLAGS_stats_period;
   d.round_timeout_ms = FLAGS_round_timeout_ms;

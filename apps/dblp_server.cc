@@ -3,7 +3,10 @@
 // tolerance policy and broadcasts the mean back.
 #include <gflags/gflags.h>
 
+#include <chrono>
+
 #include "common_flags.h"
+#include "dblp/control_sidecar.h"
 #include "eal_app.h"
 #include "server_engine.h"
 
@@ -54,7 +57,15 @@ DEFINE_bool(push_feedback, false,
 DEFINE_string(on_worker_loss, "abort",
               "abort | continue (without the "
               "lost worker)");
-DEFINE_uint32(session, 0, "session id (0 = random)");
+DEFINE_uint32(session, 0,
+              "session id (0 = derived from the job's random "
+              "nonce)");
+DEFINE_string(frame_auth, "header",
+              "tag on every data frame of an "
+              "authenticated job: header (SipHash over the DBLP header: "
+              "strangers cannot inject) | full (AES-GMAC over header and "
+              "payload: nor can an on-path attacker rewrite the floats; costs "
+              "more, docs/BENCHMARKS.md) | none. With --insecure: none");
 DEFINE_uint32(max_gradient_mb, 1024,
               "refuse workers whose gradient is "
               "larger (the server keeps about three copies in memory)");
@@ -67,6 +78,24 @@ DEFINE_string(zero_iters, "",
 DEFINE_uint32(join_timeout_ms, 60000,
               "give up waiting for workers after "
               "this long");
+// Bounds on what anyone who can reach --listen can make the server hold
+// (dblp::ControlLimits).
+DEFINE_uint32(control_max_connections, 256,
+              "control connections open at once; more are closed at once "
+              "and counted (0 = no limit; else at least --workers)");
+DEFINE_uint32(control_join_deadline_ms, 10000,
+              "close a control connection that has not authenticated "
+              "within this long (0 = never: only on a trusted network)");
+DEFINE_uint32(control_max_untrusted_frame, 64 * 1024,
+              "largest control message (bytes) from a connection that has "
+              "not authenticated yet; raise it if a JOIN with very many "
+              "layers is refused as too large");
+DEFINE_uint32(control_partial_timeout_ms, 5000,
+              "close a control connection whose message stays incomplete "
+              "this long after its first byte (0 = never)");
+DEFINE_uint32(control_idle_timeout_ms, 0,
+              "close a control connection that sends nothing for this long "
+              "(0 = never: workers are quiet while their model computes)");
 
 DEFINE_bool(paper_mode, false,
             "the DBLP paper's loss handling: --push_fill=zero "
@@ -77,6 +106,33 @@ DEFINE_bool(paper_mode, false,
 namespace {
 
 constexpr uint32_t kAutoResyncEvery = 10;
+
+dblp::ControlLimits ControlLimitsFromFlags() {
+  if (FLAGS_control_max_connections != 0 &&
+      FLAGS_control_max_connections < FLAGS_workers) {
+    dblp::FlagError(
+        "--control_max_connections=" +
+        std::to_string(FLAGS_control_max_connections) +
+        " leaves no room for --workers=" + std::to_string(FLAGS_workers) +
+        ": use at least --workers (or 0 for no limit)");
+  }
+  // The smallest JOIN (no layers, a short name) is about 100 bytes; below
+  // 1 KiB a worker could not even join.
+  if (FLAGS_control_max_untrusted_frame < 1024 ||
+      FLAGS_control_max_untrusted_frame > dblp::kMaxControlFrame) {
+    dblp::FlagError("--control_max_untrusted_frame=" +
+                    std::to_string(FLAGS_control_max_untrusted_frame) +
+                    ": use 1024.." + std::to_string(dblp::kMaxControlFrame));
+  }
+  dblp::ControlLimits l;
+  l.max_connections = FLAGS_control_max_connections;
+  l.join_deadline = std::chrono::milliseconds(FLAGS_control_join_deadline_ms);
+  l.max_untrusted_frame = FLAGS_control_max_untrusted_frame;
+  l.partial_message_timeout =
+      std::chrono::milliseconds(FLAGS_control_partial_timeout_ms);
+  l.idle_timeout = std::chrono::milliseconds(FLAGS_control_idle_timeout_ms);
+  return l;
+}
 
 // --paper_mode sets the loss-handling flags; naming one of them as well is
 // a contradiction, said as such.
@@ -210,6 +266,20 @@ int main(int argc, char** argv) {
     o.zero_last = last;
   }
   o.join_timeout_ms = FLAGS_join_timeout_ms;
+  o.control_limits = ControlLimitsFromFlags();
+  o.secret = dblp::JobSecretFromFlags("dblp-server");
+  if (!dblp::ParseFrameAuthMode(FLAGS_frame_auth, &o.frame_auth)) {
+    dblp::FlagError("--frame_auth=" + FLAGS_frame_auth +
+                    ": use header, full or none");
+  }
+  if (o.secret.insecure() && o.frame_auth != dblp::FrameAuthMode::kNone) {
+    if (!gflags::GetCommandLineFlagInfoOrDie("frame_auth").is_default) {
+      dblp::FlagError("--frame_auth=" + FLAGS_frame_auth +
+                      " needs a key: give --secret_file instead of "
+                      "--insecure");
+    }
+    o.frame_auth = dblp::FrameAuthMode::kNone;
+  }
   dblp::InitEalOrDie(argc, argv);
   const int rc = dblp::RunServer(o);
   rte_eal_cleanup();

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <string>
 
 #include "dblp/chunking.h"
@@ -50,7 +51,22 @@ DEFINE_uint32(round_timeout_ms, 30000,
 DEFINE_uint32(idle_sleep_us, 20,
               "idle back-off sleep of the datapath "
               "threads in us (0 = busy polling with yield)");
-DEFINE_string(out, "", "write the JSON report here");
+DEFINE_string(secret_file, "",
+              "the job secret (a 0600 file of 16..4096 "
+              "bytes), the same for the server and the worker; role=both "
+              "makes a random one when none is given");
+DEFINE_bool(insecure, false,
+            "server/worker: no job secret (joins and "
+            "frames unauthenticated)");
+DEFINE_string(frame_auth, "header",
+              "tag on every data frame: header | "
+              "full | none (see dblp-server --help)");
+DEFINE_string(out, "", "write the JSON report here (at exit)");
+DEFINE_string(out_dir, "",
+              "stream iterations.jsonl/.csv here, one row per round as it "
+              "ends (a killed run keeps its rows), and summary.json with "
+              "every counter at exit; --role=both writes server/ and "
+              "worker/ under it");
 
 namespace {
 
@@ -104,6 +120,10 @@ void PrintRound(const dblp::UdpRoundRecord& r) {
   std::fflush(stdout);
 }
 
+// Opened before the run, so a path that cannot be written fails at once,
+// not after the whole run.
+std::ofstream g_out;
+
 int Finish(const dblp::UdpPushBenchOptions& o,
            const dblp::UdpPushBenchResult& r) {
   auto c = [&](const char* k) {
@@ -125,9 +145,16 @@ int Finish(const dblp::UdpPushBenchOptions& o,
         c("rx_frames"), c("tx_frames"), c("injected_drops"), c("socket_drops"),
         c("tx_eagain"));
   }
+  // Every reason a frame was turned away, not only the totals above.
+  std::string nonzero;
+  for (const auto& [k, v] : r.counters) {
+    if (v != 0) nonzero += " " + k + "=" + std::to_string(v);
+  }
+  if (!nonzero.empty()) std::printf("  counters:%s\n", nonzero.c_str());
   if (!FLAGS_out.empty()) {
-    std::ofstream f(FLAGS_out);
+    std::ofstream& f = g_out;
     f << dblp::FormatUdpBenchJson(o, r);
+    f.flush();
     if (!f.good()) {
       std::fprintf(stderr,
                    "error: cannot write --out=%s: check the "
@@ -155,8 +182,40 @@ int main(int argc, char** argv) {
               " (flags are --name=value)");
   }
   CheckFlags();
+  if (!FLAGS_out.empty()) {
+    g_out.open(FLAGS_out);
+    if (!g_out) {
+      FlagError("cannot write --out=" + FLAGS_out +
+                ": check the directory exists and is writable");
+    }
+  }
 
   dblp::UdpPushBenchOptions o;
+  if (!dblp::ParseFrameAuthMode(FLAGS_frame_auth, &o.frame_auth)) {
+    FlagError("--frame_auth=" + FLAGS_frame_auth +
+              ": use header, full or none");
+  }
+  if (!FLAGS_secret_file.empty() && FLAGS_insecure) {
+    FlagError("--secret_file and --insecure: choose one");
+  }
+  if (!FLAGS_secret_file.empty()) {
+    std::string err;
+    std::optional<dblp::JobSecret> s =
+        dblp::JobSecret::Load(FLAGS_secret_file, &err);
+    if (!s) FlagError("--secret_file: " + err);
+    o.secret = *std::move(s);
+  } else if (FLAGS_role != "both" && !FLAGS_insecure) {
+    FlagError("role=" + FLAGS_role +
+              " needs --secret_file=FILE (head -c 32 /dev/urandom > FILE "
+              "&& chmod 600 FILE; the same on both sides) or --insecure");
+  }
+  if (FLAGS_insecure && FLAGS_role != "both") {
+    if (!gflags::GetCommandLineFlagInfoOrDie("frame_auth").is_default &&
+        o.frame_auth != dblp::FrameAuthMode::kNone) {
+      FlagError("--frame_auth needs --secret_file, not --insecure");
+    }
+    o.frame_auth = dblp::FrameAuthMode::kNone;
+  }
   o.size_mb = FLAGS_size_mb;
   o.iterations = FLAGS_iterations;
   o.loss = FLAGS_loss;
@@ -171,12 +230,15 @@ int main(int argc, char** argv) {
   o.round_timeout_ms = FLAGS_round_timeout_ms;
   o.idle_sleep_us = FLAGS_idle_sleep_us;
   o.on_round = PrintRound;
+  o.out_dir = FLAGS_out_dir;
 
   if (FLAGS_role == "both") return Finish(o, dblp::RunUdpPushBench(o));
 
   dblp::UdpPushBenchResult r;
   if (FLAGS_role == "server") {
     dblp::UdpPushServerOptions so;
+    so.secret = o.secret;
+    so.frame_auth = o.frame_auth;
     so.control = FLAGS_control;
     so.data = FLAGS_data.empty() ? "0.0.0.0:" + std::to_string(FLAGS_udp_port)
                                  : FLAGS_data;
@@ -189,6 +251,7 @@ int main(int argc, char** argv) {
     so.cpu = o.server_cpu;
     so.idle_sleep_us = o.idle_sleep_us;
     so.quiet = false;
+    so.out_dir = FLAGS_out_dir;
     so.on_round = [](const dblp::UdpServerRoundView& v) {
       std::printf("iteration %4llu  closed\n",
                   static_cast<unsigned long long>(v.iteration));
@@ -202,6 +265,7 @@ int main(int argc, char** argv) {
     r.counters = s.counters;
   } else {
     dblp::UdpPushWorkerOptions wo;
+    wo.secret = o.secret;
     wo.server = FLAGS_control;
     wo.data = FLAGS_data.empty() ? "0.0.0.0:0" : FLAGS_data;
     wo.size_bytes = std::max<uint64_t>(
@@ -215,6 +279,7 @@ int main(int argc, char** argv) {
     wo.cpu = o.worker_cpu;
     wo.idle_sleep_us = o.idle_sleep_us;
     wo.on_round = PrintRound;
+    wo.out_dir = FLAGS_out_dir;
     const dblp::UdpPushWorkerResult w = dblp::RunUdpPushWorker(wo);
     r.exit_code = w.exit_code;
     r.error = w.error;

@@ -15,47 +15,63 @@
 
 DEFINE_string(server, "127.0.0.1:9100", "dblp-server's control address");
 DEFINE_string(name, "", "worker name shown by the server (default: host:pid)");
-DEFINE_string(local_ip, "", "this worker's IPv4 (default 10.0.0.<2+rank>)");
-DEFINE_string(eth_peer, "", "MAC to send data frames to (default: the "
+DEFINE_string(local_ip, "",
+              "this worker's IPv4 on the data port (default: "
+              "the server assigns 10.0.0.<2+rank>); the server pins it with "
+              "the port's MAC at JOIN");
+DEFINE_string(eth_peer, "",
+              "MAC to send data frames to (default: the "
               "server's, from WELCOME)");
 DEFINE_uint32(iterations, 100, "training iterations");
-DEFINE_string(gradient, "synthetic", "synthetic | integer (exact test "
+DEFINE_string(gradient, "synthetic",
+              "synthetic | integer (exact test "
               "values) | train (a Fashion-MNIST model, libtorch; the job "
               "seed is --seed, the same on every worker)");
-DEFINE_uint64(floats, 262144, "gradient size in float32 values (e.g. "
+DEFINE_uint64(floats, 262144,
+              "gradient size in float32 values (e.g. "
               "25557032 for ResNet-50)");
-DEFINE_string(norm_jumps, "", "synthetic: iterations where the gradient "
+DEFINE_string(norm_jumps, "",
+              "synthetic: iterations where the gradient "
               "norm jumps (phase changes for the CLR detector)");
 DEFINE_uint32(jump_length, 10, "synthetic: iterations a norm jump lasts");
-DEFINE_string(bcast_fill, "zero", "fill of chunks missing from the "
+DEFINE_string(bcast_fill, "zero",
+              "fill of chunks missing from the "
               "broadcast: zero | prev (keep zero with a server running "
               "--bcast_tolerance=consistent: it carries the missing chunks "
               "itself, and prev would count them twice)");
 // --gradient=train. Defined in every build so that a build without
 // libtorch answers --gradient=train with the fix, not "unknown flag".
-DEFINE_string(model, "mlp", "train: mlp (235k params) | cnn (81k) | resnet "
+DEFINE_string(model, "mlp",
+              "train: mlp (235k params) | cnn (81k) | resnet "
               "(152k)");
-DEFINE_string(data_dir, "/usr/share/datasets/fashion-mnist", "train: "
+DEFINE_string(data_dir, "/usr/share/datasets/fashion-mnist",
+              "train: "
               "directory of the Fashion-MNIST *-ubyte.gz files (Debian "
               "package dataset-fashion-mnist)");
 DEFINE_uint32(batch, 64, "train: minibatch size per worker");
 DEFINE_double(lr, 0.05, "train: SGD learning rate (momentum 0.9)");
 DEFINE_uint32(train_threads, 1, "train: torch intra-op threads");
-DEFINE_bool(eval_every_epoch, true, "train: test accuracy after every "
+DEFINE_bool(eval_every_epoch, true,
+            "train: test accuracy after every "
             "epoch (always after the last iteration)");
 // Not --log_dir: glog, which libtorch links in, owns that flag.
-DEFINE_string(train_log_dir, "", "train: write per-epoch "
+DEFINE_string(train_log_dir, "",
+              "train: write per-epoch "
               "<log_dir>/training-w<rank>.csv (epoch, iteration, train_loss, "
               "test_accuracy, wall_s)");
 DEFINE_uint32(max_eval, 10000, "train: test images used for the accuracy");
-DEFINE_uint32(max_train, 0, "train: use only this many training images "
+DEFINE_uint32(max_train, 0,
+              "train: use only this many training images "
               "(before sharding; 0 = all 60000): short epochs for smoke runs");
 DEFINE_uint32(join_timeout_ms, 30000, "give up joining after this long");
-DEFINE_uint32(hostile_per_round, 0, "test hook: stale and malformed frames "
-              "sent at the server each round");
+DEFINE_uint32(hostile_per_round, 0,
+              "test hook: forged frames sent at the "
+              "server each round (stale, foreign, future, badly tagged, from "
+              "an unpinned address, malformed); none may be accepted");
 
 int main(int argc, char** argv) {
-  dblp::ParseAppFlagsOrDie(argc, argv,
+  dblp::ParseAppFlagsOrDie(
+      argc, argv,
       "dblp-worker [EAL options] -- [options]\n"
       "  e.g. dblp-worker -l 1 --no-huge -m 256 --no-pci --file-prefix=w0 "
       "--vdev=net_memif0,role=client,socket=/tmp/dblp-w0.sock -- "
@@ -63,8 +79,8 @@ int main(int argc, char** argv) {
 
   dblp::WorkerOptions o;
   o.server = FLAGS_server;
-  o.name = FLAGS_name.empty() ? "worker-" + std::to_string(getpid())
-                              : FLAGS_name;
+  o.name =
+      FLAGS_name.empty() ? "worker-" + std::to_string(getpid()) : FLAGS_name;
   o.local_ip = FLAGS_local_ip;
   o.eth_peer = FLAGS_eth_peer;
   o.iterations = FLAGS_iterations;
@@ -76,10 +92,12 @@ int main(int argc, char** argv) {
   }
   o.join_timeout_ms = FLAGS_join_timeout_ms;
   o.hostile_per_round = FLAGS_hostile_per_round;
+  o.secret = dblp::JobSecretFromFlags("dblp-worker");
 
   static const char* const kTrainFlags[] = {
-      "model", "data_dir", "batch", "lr", "train_threads",
-      "eval_every_epoch", "train_log_dir", "max_eval", "max_train"};
+      "model",         "data_dir",         "batch",         "lr",
+      "train_threads", "eval_every_epoch", "train_log_dir", "max_eval",
+      "max_train"};
   const bool train = FLAGS_gradient == "train";
   for (const char* flag : kTrainFlags) {
     if (!train && !gflags::GetCommandLineFlagInfoOrDie(flag).is_default) {
@@ -88,8 +106,9 @@ int main(int argc, char** argv) {
     }
   }
   if (train && !gflags::GetCommandLineFlagInfoOrDie("floats").is_default) {
-    dblp::FlagError("--floats: with --gradient=train the model sets the "
-                    "gradient size; drop --floats");
+    dblp::FlagError(
+        "--floats: with --gradient=train the model sets the "
+        "gradient size; drop --floats");
   }
 
   std::unique_ptr<dblp::GradientSource> source;

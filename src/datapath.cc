@@ -102,4 +102,21 @@ uint32_t ChunkTransmitter::Send(FrameTemplate& tmpl, DataHeader proto,
   return consumed;
 }
 
+ResourceGauge ResourceGauge::Read(const rte_mempool* pool) {
+  ResourceGauge g;
+  g.mbufs_in_use = rte_mempool_in_use_count(pool);
+  if (FILE* f = std::fopen("/proc/self/status", "r")) {
+    char line[256];
+    while (std::fgets(line, sizeof line, f) != nullptr) {
+      unsigned long long kib = 0;
+      if (std::sscanf(line, "VmRSS: %llu kB", &kib) == 1) {
+        g.rss_kib = kib;
+        break;
+      }
+    }
+    std::fclose(f);
+  }
+  return g;
+}
+
 }  // namespace dblp

@@ -6,19 +6,21 @@
 #include <rte_byteorder.h>
 #include <rte_common.h>
 #include <rte_cycles.h>
+#include <rte_errno.h>
 #include <rte_mbuf.h>
 #include <rte_prefetch.h>
-#include <rte_errno.h>
 #include <rte_ring.h>
 
 #include <algorithm>
 #include <array>
-#include <cstddef>
-#include <cstring>
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <string>
+#include <utility>
+#include <vector>
 #include <thread>
 #include <type_traits>
 
@@ -43,8 +45,27 @@ const std::atomic<bool>& InstallQuitHandlers();
 // Test hook: writes `n` bytes to `path` (dumps of means and bitmaps).
 void DumpBinary(const std::string& path, const void* data, size_t n);
 
+// What a long run must give back: mbufs in use in `pool` and the
+// process's resident memory. Read after the first iteration and at the end
+// (the soak, tests/soak_test.py, checks that the end returns to the
+// start); control path only (reads /proc).
+struct ResourceGauge {
+  uint64_t mbufs_in_use = 0;
+  uint64_t rss_kib = 0;
+  static ResourceGauge Read(const rte_mempool* pool);
+  // Appended to a run report's counters as <prefix>_mbufs_in_use and
+  // <prefix>_rss_kib.
+  void AddTo(const char* prefix,
+             std::vector<std::pair<std::string, uint64_t>>* counters) const {
+    counters->emplace_back(std::string(prefix) + "_mbufs_in_use",
+                           mbufs_in_use);
+    counters->emplace_back(std::string(prefix) + "_rss_kib", rss_kib);
+  }
+};
+
 inline uint64_t NowNs() {
-  static const double ns_per_cycle = 1e9 / static_cast<double>(rte_get_tsc_hz());
+  static const double ns_per_cycle =
+      1e9 / static_cast<double>(rte_get_tsc_hz());
   return static_cast<uint64_t>(static_cast<double>(rte_get_tsc_cycles()) *
                                ns_per_cycle);
 }
@@ -56,10 +77,13 @@ struct alignas(RTE_CACHE_LINE_SIZE) DatapathCounters {
   using Counter = std::atomic<uint64_t>;
   Counter rx_frames{0};
   Counter tx_frames{0};
-  Counter tx_ring_full{0};     // bursts cut short by a full TX ring
-  Counter injected_drops{0};   // the software loss injector
+  Counter tx_ring_full{0};    // bursts cut short by a full TX ring
+  Counter injected_drops{0};  // the software loss injector
   Counter mbuf_alloc_failures{0};
   Counter from_lost_worker{0};  // server: frames of a worker declared gone
+  // Frames from an address other than the one pinned for the sender
+  // (server: the worker's JOIN; worker: the server's WELCOME).
+  Counter unpinned_source{0};
   std::array<Counter, kNumFrameStatus> frame_drops{};  // L2-L4 validation
 
   static void Add(Counter& c, uint64_t n = 1) {
@@ -77,15 +101,13 @@ class TypedRing {
 
  public:
   // `multi_producer`: several lcores push (the server's requests).
-  TypedRing(const std::string& name, unsigned size,
-            bool multi_producer = false)
+  TypedRing(const std::string& name, unsigned size, bool multi_producer = false)
       : name_(name) {
     ring_ = rte_ring_create_elem(
         name.c_str(), sizeof(T), size, static_cast<int>(rte_socket_id()),
         multi_producer ? RING_F_SC_DEQ : RING_F_SP_ENQ | RING_F_SC_DEQ);
     if (ring_ == nullptr) {
-      Die("cannot create control ring " + name + ": " +
-              rte_strerror(rte_errno),
+      Die("cannot create control ring " + name + ": " + rte_strerror(rte_errno),
           "give the EAL more memory (-m) or check --file-prefix clashes");
     }
   }
@@ -219,10 +241,9 @@ class RxLossInjector {
 // the frame goes on to the protocol (`*pf` then locates its DBLP bytes);
 // every frame turned away is counted by reason in `ctr`.
 // Always inlined: it runs once per received frame.
-[[gnu::always_inline]] inline bool AdmitFrame(const rte_mbuf* m,
-                                              uint16_t udp_port,
-                       RxLossInjector& loss, uint64_t now_ns,
-                       DatapathCounters& ctr, ParsedFrame* pf) {
+[[gnu::always_inline]] inline bool AdmitFrame(
+    const rte_mbuf* m, uint16_t udp_port, RxLossInjector& loss, uint64_t now_ns,
+    DatapathCounters& ctr, ParsedFrame* pf) {
   const FrameStatus fs = ParseFrame(m, udp_port, udp_port, pf);
   if (fs != FrameStatus::kOk) {
     DatapathCounters::Add(ctr.frame_drops[static_cast<int>(fs)]);
@@ -257,8 +278,7 @@ inline uint32_t PeekSeq(const rte_mbuf* m) {
 
 // rte_eth_rx_burst, out of line so that profiles attribute the PMD's RX
 // work (for memif, the copy out of the shared ring) to one named caller.
-uint16_t PollRx(uint16_t port, uint16_t queue, rte_mbuf** pkts,
-                uint16_t max);
+uint16_t PollRx(uint16_t port, uint16_t queue, rte_mbuf** pkts, uint16_t max);
 
 // Wire bytes of a full data frame at IP MTU `mtu`, for pacing: Ethernet
 // header + IP packet + preamble, FCS and inter-frame gap.
@@ -281,7 +301,7 @@ struct ChunkTransmitter {
   rte_mempool* pool = nullptr;
   DatapathCounters* counters = nullptr;
   TokenBucket* pacer = nullptr;  // emulated link rate; null = line rate
-  uint32_t tx_retries = 8;      // bounded retry when the TX ring is full
+  uint32_t tx_retries = 8;       // bounded retry when the TX ring is full
   uint32_t wire_frame_bytes = WireBytesPerFrame(1500);  // for the pacer
   bool prefetch = true;  // the next chunk's payload while building this one
 

@@ -15,9 +15,8 @@ constexpr uint32_t kIpBytes = sizeof(rte_ipv4_hdr);
 constexpr uint32_t kUdpBytes = sizeof(rte_udp_hdr);
 constexpr uint8_t kIpVersionIhl = 0x45;  // IPv4, 5 words, no options
 constexpr uint8_t kTtl = 64;
-constexpr uint64_t kTxCksumFlags = RTE_MBUF_F_TX_IPV4 |
-                                   RTE_MBUF_F_TX_IP_CKSUM |
-                                   RTE_MBUF_F_TX_L4_MASK;
+constexpr uint64_t kTxCksumFlags =
+    RTE_MBUF_F_TX_IPV4 | RTE_MBUF_F_TX_IP_CKSUM | RTE_MBUF_F_TX_L4_MASK;
 
 // The frame's headers. Every DPDK header struct is packed (alignment <= 2),
 // so these casts are valid at any offset.
@@ -80,8 +79,8 @@ FrameTemplate::FrameTemplate(const Endpoint& src, const Endpoint& dst,
   udp->dgram_len = 0;    // per packet
   udp->dgram_cksum = 0;  // per packet
   // Length, id and checksum are still 0 here.
-  ip_template_sum_ = OnesSum16(reinterpret_cast<const uint8_t*>(ip),
-                               sizeof(rte_ipv4_hdr));
+  ip_template_sum_ =
+      OnesSum16(reinterpret_cast<const uint8_t*>(ip), sizeof(rte_ipv4_hdr));
 }
 
 uint8_t* FrameTemplate::Begin(rte_mbuf* m, uint32_t udp_payload_len) {
@@ -112,8 +111,8 @@ void FrameTemplate::Finish(rte_mbuf* m, const uint16_t* payload_sum) {
   } else {
     // The template's sum plus the two fields patched per frame (RFC 1624
     // style): three additions instead of a pass over the header.
-    const uint16_t sum = AddSum16(AddSum16(ip_template_sum_, ip->total_length),
-                                  ip->packet_id);
+    const uint16_t sum =
+        AddSum16(AddSum16(ip_template_sum_, ip->total_length), ip->packet_id);
     ip->hdr_checksum = static_cast<uint16_t>(~sum);
   }
   if (udp_zero_) {
@@ -126,9 +125,9 @@ void FrameTemplate::Finish(rte_mbuf* m, const uint16_t* payload_sum) {
     // payload's sum from the copy; the payload starts at an even offset.
     constexpr uint32_t kHeadBytes = kUdpBytes + kDataHeaderBytes;
     static_assert(kHeadBytes % 2 == 0, "payload sum must start word-aligned");
-    uint16_t sum = AddSum16(static_cast<uint16_t>(rte_ipv4_phdr_cksum(ip, 0)),
-                            OnesSum16(reinterpret_cast<uint8_t*>(udp),
-                                      kHeadBytes));
+    uint16_t sum =
+        AddSum16(static_cast<uint16_t>(rte_ipv4_phdr_cksum(ip, 0)),
+                 OnesSum16(reinterpret_cast<uint8_t*>(udp), kHeadBytes));
     sum = static_cast<uint16_t>(~AddSum16(sum, *payload_sum));
     // 0 means "no checksum" in UDP over IPv4; its ones'-complement twin is
     // sent instead (RFC 768).
@@ -145,18 +144,28 @@ void FrameTemplate::Finish(rte_mbuf* m, const uint16_t* payload_sum) {
 
 bool FrameTemplate::Build(rte_mbuf* m, const DataHeader& h,
                           const uint8_t* payload) {
-  uint8_t* dblp = Begin(m, kDataHeaderBytes + h.payload_len);
+  const uint32_t tag_bytes = auth_.tag_bytes();
+  const uint32_t body = kDataHeaderBytes + h.payload_len;
+  uint8_t* dblp = Begin(m, body + tag_bytes);
   if (dblp == nullptr) return false;
   EncodeDataHeader(h, dblp);
-  if (fused_ && !udp_zero_ && !udp_offload_) {
-    const uint16_t sum =
+  // A tag after an odd payload would start mid-word: sum it all instead
+  // (payloads are whole floats, so only hand-made frames get there).
+  if (fused_ && !udp_zero_ && !udp_offload_ &&
+      (tag_bytes == 0 || h.payload_len % 2 == 0)) {
+    uint16_t sum =
         CopyAndSum16(dblp + kDataHeaderBytes, payload, h.payload_len);
+    if (tag_bytes != 0) {
+      auth_.Seal(dblp, body, dblp + body);
+      sum = AddSum16(sum, OnesSum16(dblp + body, tag_bytes));
+    }
     Finish(m, &sum);
     return true;
   }
   if (h.payload_len != 0) {
     std::memcpy(dblp + kDataHeaderBytes, payload, h.payload_len);
   }
+  if (tag_bytes != 0) auth_.Seal(dblp, body, dblp + body);
   Finish(m);
   return true;
 }
@@ -212,8 +221,8 @@ FrameStatus ParseFrame(const rte_mbuf* m, uint16_t port_lo, uint16_t port_hi,
 
   const rte_ipv4_hdr* ip = IpAt(p);
   if ((ip->version_ihl >> 4) != 4) return FrameStatus::kBadIpHeader;
-  const uint32_t ihl = (ip->version_ihl & RTE_IPV4_HDR_IHL_MASK) *
-                       RTE_IPV4_IHL_MULTIPLIER;
+  const uint32_t ihl =
+      (ip->version_ihl & RTE_IPV4_HDR_IHL_MASK) * RTE_IPV4_IHL_MULTIPLIER;
   const uint32_t ip_len = rte_be_to_cpu_16(ip->total_length);
   if (ihl < kIpBytes || kEthBytes + ihl + kUdpBytes > len ||
       ip_len < ihl + kUdpBytes || kEthBytes + ip_len > len) {

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 
+#include "dblp/frame_auth.h"
 #include "dblp/wire.h"
 #include "port.h"
 
@@ -48,6 +49,10 @@ class FrameTemplate {
 
   const Endpoint& src() const { return src_; }
   const Endpoint& dst() const { return dst_; }
+  // An authenticated job: Build appends the frame's tag after the payload
+  // (frame_auth.h). The template then owns its own MAC context: one lcore
+  // builds with it.
+  void set_auth(const FrameKey& key) { auth_ = FrameAuth(key); }
 
  private:
   // Appends the patched L2-L4 template; returns where the UDP payload goes.
@@ -63,19 +68,27 @@ class FrameTemplate {
   uint16_t ip_template_sum_ = 0;  // ones' sum of the IPv4 template header
   bool ip_offload_ = false, udp_offload_ = false, udp_zero_ = false;
   bool fused_ = true;  // software UDP checksum summed during the copy
+  FrameAuth auth_;     // kNone: no tag
 };
+
+// Same source MAC, IPv4 and UDP port: a frame from where a worker was
+// pinned at JOIN.
+inline bool SameSource(const Endpoint& a, const Endpoint& b) {
+  return a.ipv4 == b.ipv4 && a.udp_port == b.udp_port &&
+         rte_is_same_ether_addr(&a.mac, &b.mac);
+}
 
 enum class FrameStatus : uint8_t {
   kOk = 0,
-  kTooShort,        // shorter than Ethernet + IPv4 + UDP
-  kNotIpv4,         // other ethertype (ARP, IPv6, VLAN...)
-  kBadIpHeader,     // version/IHL/total length inconsistent
-  kFragment,        // IPv4 fragment: DBLP frames are never fragmented
+  kTooShort,     // shorter than Ethernet + IPv4 + UDP
+  kNotIpv4,      // other ethertype (ARP, IPv6, VLAN...)
+  kBadIpHeader,  // version/IHL/total length inconsistent
+  kFragment,     // IPv4 fragment: DBLP frames are never fragmented
   kNotUdp,
   kBadUdpLength,
   kBadIpChecksum,
   kBadUdpChecksum,
-  kWrongPort,       // UDP destination is not ours
+  kWrongPort,  // UDP destination is not ours
 };
 inline constexpr int kNumFrameStatus = 10;
 const char* FrameStatusName(FrameStatus s);
@@ -83,7 +96,7 @@ const char* FrameStatusName(FrameStatus s);
 struct ParsedFrame {
   const uint8_t* dblp = nullptr;  // bytes after the UDP header
   uint16_t dblp_len = 0;
-  Endpoint src;                   // sender's MAC, IP and UDP port
+  Endpoint src;  // sender's MAC, IP and UDP port
   uint16_t dst_port = 0;
 };
 

@@ -73,6 +73,13 @@ uint16_t WorkerLcore::PollBroadcast(uint64_t now_ns, uint16_t queue) {
                     conf_.counters, &pf)) {
       continue;
     }
+    // The server's IPv4 from the WELCOME; its MAC is the port's it sends
+    // on, which the WELCOME cannot name when the server has several.
+    if (pf.src.ipv4 != setup_.server_ipv4 ||
+        pf.src.udp_port != setup_.udp_port) {
+      DatapathCounters::Add(conf_.counters.unpinned_source);
+      continue;
+    }
     bcast_.OnFrame(pf.dblp, pf.dblp_len,
                    [&](const DataHeader& h, const uint8_t* payload) {
                      std::memcpy(setup_.mean + layout.Offset(h.seq), payload,
@@ -260,33 +267,36 @@ void ServerLcore::ReceiveBurst(uint16_t port, rte_mbuf** pkts, uint16_t n,
       DatapathCounters::Add(conf_.counters.from_lost_worker);
       continue;
     }
+    if (!SameSource(pf.src, l.worker.source)) {
+      DatapathCounters::Add(conf_.counters.unpinned_source);
+      continue;
+    }
     if (l.push.OnFrame(pf.dblp, pf.dblp_len, accumulate) !=
         Verdict::kAccepted) {
       continue;
     }
     l.arrivals = true;
     if (!l.learned) {
-      Learn(l, port, rank, pf.src);
+      Learn(l, port, rank);
       WorkerState& ws = *workers_[rank];
       if (!ws.return_claimed.exchange(true, std::memory_order_relaxed)) {
         ws.return_port = port;
-        ws.return_addr = pf.src;
         ws.return_ready.store(true, std::memory_order_release);
       }
     }
   }
 }
 
-void ServerLcore::Learn(ServerLink& l, uint16_t port, uint16_t rank,
-                        const Endpoint& src) {
+// The broadcast goes back to the worker's pinned address, on the port its
+// authenticated frames arrive on.
+void ServerLcore::Learn(ServerLink& l, uint16_t port, uint16_t rank) {
   l.learned = true;
   l.port = port;
   const auto worker_port = static_cast<uint16_t>(setup_.udp_port + 1 + rank);
   const PortCaps& caps = (*setup_.caps)[port];
   const Endpoint local{caps.mac, setup_.local_ip, worker_port};
-  Endpoint peer = src;
-  peer.udp_port = worker_port;
-  l.tmpl = FrameTemplate(local, peer, caps);
+  l.tmpl = FrameTemplate(local, l.worker.source, caps);
+  l.tmpl.set_auth(setup_.frame_key);
 }
 
 // Before a broadcast: a link whose shard saw none of its worker's frames
@@ -304,7 +314,7 @@ bool ServerLcore::AdoptReturnPaths() {
                 "server's port (--p below 1)");
       return false;
     }
-    Learn(l, ws.return_port, static_cast<uint16_t>(w), ws.return_addr);
+    Learn(l, ws.return_port, static_cast<uint16_t>(w));
   }
   return true;
 }
@@ -540,13 +550,15 @@ void ServerLcore::Run(ServerCoordinator* coord) {
 // Lcore k's link to worker w: shard k of w's pushes and broadcasts.
 LinkGrid BuildLinkGrid(uint32_t session, const ChunkLayout& layout,
                        const ShardMap& shards, uint32_t burst,
-                       std::vector<std::unique_ptr<WorkerState>>& workers) {
+                       std::vector<std::unique_ptr<WorkerState>>& workers,
+                       const FrameKey& key) {
   LinkGrid links(shards.num_shards());
   for (uint16_t k = 0; k < shards.num_shards(); ++k) {
     for (uint32_t w = 0; w < workers.size(); ++w) {
       const ReceiverConfig rc{
           session, FrameType::kPush, static_cast<int32_t>(w),
-          layout,  shards.begin(k),  shards.end(k)};
+          layout,  shards.begin(k),  shards.end(k),
+          key};
       SendSideConfig sc{FrameType::kBroadcast, session,
                         kServerRank,           static_cast<uint16_t>(w),
                         Direction::kBroadcast, burst};

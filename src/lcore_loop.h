@@ -93,8 +93,9 @@ class WorkerLcore {
  public:
   struct Setup {
     uint16_t port = 0;
-    uint16_t queues = 1;    // = the server's shards
-    uint16_t udp_port = 0;  // ours: the broadcast arrives here
+    uint16_t queues = 1;       // = the server's shards
+    uint16_t udp_port = 0;     // ours: the broadcast arrives here
+    uint32_t server_ipv4 = 0;  // and comes only from here
     const ChunkLayout* layout = nullptr;
     RxLossInjector* loss = nullptr;               // on the broadcast we receive
     std::vector<ChunkTransmitter>* tx = nullptr;  // one per queue
@@ -147,15 +148,18 @@ class WorkerLcore {
 // return_port/return_addr: writer the lcore that wins return_claimed (the
 // first to accept a frame from the worker), readers every lcore after
 // return_ready (release/acquire) — an lcore whose shard got none of the
-// worker's frames still knows where to broadcast.
+// worker's frames still knows which port to broadcast on. The address is
+// the pinned source, never what a frame claims.
 struct WorkerState {
+  // Where its frames must come from, pinned at JOIN (ServerControl::
+  // pinned_source); written before the lcores start, read-only after.
+  Endpoint source;
   std::atomic<bool> alive{true};      // false: lost, its frames dropped
   std::atomic<bool> said_bye{false};  // finished its iterations
   StopGroup push_stop;                // the push STOP across shards
   std::atomic<bool> return_claimed{false};
   std::atomic<bool> return_ready{false};
   uint16_t return_port = 0;  // the port its frames arrive on
-  Endpoint return_addr;      // their source MAC and IP
 };
 
 // One server lcore's sides for one worker (its shard of that worker's
@@ -182,10 +186,12 @@ struct ServerLink {
 using LinkGrid = std::vector<std::vector<std::unique_ptr<ServerLink>>>;
 
 // Lcore k's link to worker w: shard k of w's pushes and broadcasts, each
-// push side registered with the worker's StopGroup.
+// push side registered with the worker's StopGroup; pushes must carry
+// `key`'s tags.
 LinkGrid BuildLinkGrid(uint32_t session, const ChunkLayout& layout,
                        const ShardMap& shards, uint32_t burst,
-                       std::vector<std::unique_ptr<WorkerState>>& workers);
+                       std::vector<std::unique_ptr<WorkerState>>& workers,
+                       const FrameKey& key);
 
 // What lcore 0 decides for every server lcore. Writer: lcore 0, before a
 // JobSync barrier; readers: every lcore, after it.
@@ -231,6 +237,7 @@ class ServerLcore {
     // (the consistent broadcast). Writer: lcore 0's coordinator before a
     // JobSync barrier; readers: every lcore after it.
     const std::vector<uint32_t>* bcast_subset = nullptr;
+    FrameKey frame_key;  // the broadcast's tags
   };
 
   ServerLcore(LcoreConf& conf, ServerControl& control, JobSync& job,
@@ -255,7 +262,7 @@ class ServerLcore {
   enum class PushEnd : uint8_t { kStopped, kAllBye, kFailed };
   bool Turn(uint64_t now_ns, bool broadcasting);
   uint32_t PollPushes(uint64_t now_ns);
-  void Learn(ServerLink& l, uint16_t port, uint16_t rank, const Endpoint& src);
+  void Learn(ServerLink& l, uint16_t port, uint16_t rank);
   bool AdoptReturnPaths();
   bool HandleEvents();
   bool LoseWorker(uint32_t w, const std::string& how);

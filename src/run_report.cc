@@ -1,7 +1,12 @@
 #include "run_report.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -54,23 +59,99 @@ double UsPerPacketClean(const RunReport& r) {
 
 }  // namespace
 
-bool WriteRunReport(const std::string& dir, const RunReport& r,
-                    std::string* error) {
+bool RowStream::Open(const std::string& dir, std::string* error,
+                     const std::string& flag) {
+  Close();
+  error_.clear();
+  written_ = 0;
+  const std::string fix =
+      ": give " + flag + " a directory this user can create and write";
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) {
-    *error = "cannot create --out_dir " + dir + ": " + ec.message();
+    *error =
+        "cannot create " + flag + "=" + dir + " (" + ec.message() + ")" + fix;
     return false;
   }
-  {
-    std::ofstream f(dir + "/iterations.jsonl");
-    WriteJsonl(f, r.rows);
-    std::ofstream c(dir + "/iterations.csv");
-    WriteCsv(c, r.rows);
-    if (!f || !c) {
-      *error = "cannot write iterations.jsonl/csv in " + dir;
+  auto open = [&](const char* name, int* fd) {
+    const std::string path = dir + "/" + name;
+    *fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (*fd < 0) {
+      *error = "cannot write " + path + " (" + std::strerror(errno) + ")" + fix;
       return false;
     }
+    return true;
+  };
+  if (!open("iterations.jsonl", &jsonl_fd_) ||
+      !open("iterations.csv", &csv_fd_)) {
+    Close();
+    return false;
+  }
+  dir_ = dir;
+  const std::string summary = dir + "/summary.json";
+  if (::unlink(summary.c_str()) != 0 && errno != ENOENT) {
+    *error = "cannot remove the earlier run's " + summary + " (" +
+             std::strerror(errno) + ")" + fix;
+    Close();
+    return false;
+  }
+  if (!WriteAll(csv_fd_, std::string(kIterationCsvHeader) + '\n',
+                "iterations.csv")) {
+    *error = error_ + fix;
+    Close();
+    return false;
+  }
+  return true;
+}
+
+bool RowStream::WriteAll(int fd, const std::string& bytes, const char* file) {
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      error_ = "cannot write " + dir_ + "/" + file + " (" +
+               (n < 0 ? std::strerror(errno) : "no progress") + ")";
+      return false;
+    }
+    done += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+void RowStream::Append(const IterationRecord& row) {
+  if (!is_open() || !error_.empty()) return;
+  const std::span<const IterationRecord> one(&row, 1);
+  std::ostringstream jsonl, csv;
+  WriteJsonl(jsonl, one);
+  WriteCsv(csv, one);
+  // WriteCsv starts with the header, which Open wrote once.
+  const std::string csv_row = csv.str().substr(kIterationCsvHeader.size() + 1);
+  if (WriteAll(jsonl_fd_, jsonl.str(), "iterations.jsonl") &&
+      WriteAll(csv_fd_, csv_row, "iterations.csv")) {
+    ++written_;
+  }
+}
+
+void RowStream::Sync(std::span<const IterationRecord> rows) {
+  while (written_ < rows.size() && is_open() && error_.empty()) {
+    Append(rows[written_]);
+  }
+}
+
+void RowStream::Close() {
+  if (jsonl_fd_ >= 0) ::close(jsonl_fd_);
+  if (csv_fd_ >= 0) ::close(csv_fd_);
+  jsonl_fd_ = csv_fd_ = -1;
+}
+
+bool WriteRunSummary(const std::string& dir, const RunReport& r,
+                     std::string* error) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);  // RowStream::Open made it
+  if (ec) {
+    *error = "cannot create " + dir + ": " + ec.message();
+    return false;
   }
   std::ofstream s(dir + "/summary.json");
   JsonWriter w(s);

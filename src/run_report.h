@@ -1,5 +1,10 @@
 // Machine-readable results of a run: iterations.jsonl / .csv and
 // summary.json in --out_dir, plus the human summary on stdout.
+//
+// The rows are streamed (RowStream) as the job produces them, so a process
+// killed mid-job (kill -9, OOM, a crashed host process) leaves every
+// completed iteration on disk; summary.json, which needs the whole run,
+// comes at exit (WriteRunSummary).
 #pragma once
 
 #include <cstdint>
@@ -24,10 +29,55 @@ struct RunReport {
   std::vector<std::pair<std::string, std::string>> info;  // free-form
 };
 
-// Writes iterations.jsonl, iterations.csv and summary.json into `dir`
-// (created if needed). Returns false with *error on I/O failure.
-bool WriteRunReport(const std::string& dir, const RunReport& report,
-                    std::string* error);
+// Appends rows to `dir`/iterations.jsonl and `dir`/iterations.csv as they
+// happen: one write(2) per row and file, so once Append returns, the row
+// survives the process (not the host: there is no fsync, which would cost
+// a disk round trip per iteration). The files' bytes are exactly what
+// WriteJsonl / WriteCsv write for the same rows.
+class RowStream {
+ public:
+  RowStream() = default;
+  ~RowStream() { Close(); }
+  RowStream(const RowStream&) = delete;
+  RowStream& operator=(const RowStream&) = delete;
+
+  // Creates `dir` (and its parents), starts both files afresh (the CSV
+  // with its header) and removes a summary.json of an earlier run, which
+  // would not describe these rows. Call it before the job starts: false
+  // with *error naming `flag` and the fix when `dir` cannot be created or
+  // written, so a bad directory fails the run at once, not at its end.
+  bool Open(const std::string& dir, std::string* error,
+            const std::string& flag = "--out_dir");
+  bool is_open() const { return jsonl_fd_ >= 0; }
+  const std::string& dir() const { return dir_; }
+
+  // Appends one row to both files (nothing when not open). A failed write
+  // is kept in error() and the later rows are not written: a file with a
+  // hole would read as a complete run.
+  void Append(const IterationRecord& row);
+  // Appends rows[written()..], the rows added since the last call: for
+  // reports that keep every row (RunReport::rows) and complete them in
+  // steps (the server's push, then its broadcast).
+  void Sync(std::span<const IterationRecord> rows);
+  uint64_t written() const { return written_; }
+  // Empty while every row reached both files.
+  const std::string& error() const { return error_; }
+  void Close();
+
+ private:
+  bool WriteAll(int fd, const std::string& bytes, const char* file);
+
+  std::string dir_;
+  int jsonl_fd_ = -1;
+  int csv_fd_ = -1;
+  uint64_t written_ = 0;
+  std::string error_;
+};
+
+// Writes summary.json into `dir`: the iteration statistics of `report`'s
+// rows, its counters and info. Returns false with *error on I/O failure.
+bool WriteRunSummary(const std::string& dir, const RunReport& report,
+                     std::string* error);
 
 // One-paragraph human summary (latency percentiles, bursts, counters).
 std::string FormatRunSummary(const RunReport& report);

@@ -13,10 +13,12 @@ namespace dblp {
 
 ServerControl::ServerControl(const ServerJoinConfig& join,
                              std::vector<const DatapathCounters*> ctr,
-                             double stats_period_s)
+                             double stats_period_s, const ControlLimits& limits)
     : cfg_(join),
-      sidecar_(MakeCallbacks(std::move(ctr), stats_period_s)),
-      desk_(JoinPolicy{join.workers, join.mtu, join.max_gradient_bytes}),
+      sidecar_(MakeCallbacks(std::move(ctr), stats_period_s), kMaxControlFrame,
+               limits),
+      admission_(JoinPolicy{join.workers, join.mtu, join.max_gradient_bytes},
+                 *join.secret, "dblp-server"),
       errors_(join.workers),
       bye_seen_(join.workers, false),
       alive_(new std::atomic<bool>[join.workers]) {
@@ -56,22 +58,18 @@ ControlSidecar::Callbacks ServerControl::MakeCallbacks(
   return cb;
 }
 
-void ServerControl::OnJoin(ConnId c, const JoinMsg& j) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (const std::string why = desk_.Admit(c, j); !why.empty()) {
-    sidecar_.Send(c, ErrorMsg{1, why});
-    sidecar_.Close(c, why);
-    return;
-  }
-  if (desk_.full()) Welcome();
-}
-
-// Every worker joined: each gets its rank and the job's layout.
+// Every worker joined: each gets its rank, the job's layout, the address
+// its frames are pinned to and the frame authentication, all under the
+// WELCOME's MAC.
 void ServerControl::Welcome() {
-  desk_.Close();
-  const uint32_t payload = ChunkPayloadForMtu(cfg_.mtu);
+  JoinDesk& desk = admission_.desk();
+  desk.Close();
+  const uint32_t payload =
+      ChunkPayloadForMtu(cfg_.mtu, FrameTagBytes(cfg_.frame_auth));
+  pinned_.resize(cfg_.workers);
   for (uint32_t w = 0; w < cfg_.workers; ++w) {
-    WelcomeMsg wm = desk_.Welcome(w, payload);
+    const JoinDesk::Member& member = desk.members()[w];
+    WelcomeMsg wm = desk.Welcome(w, payload);
     wm.session = cfg_.session;
     wm.udp_base_port = cfg_.udp_port;
     wm.num_shards = cfg_.shards;
@@ -81,16 +79,32 @@ void ServerControl::Welcome() {
     wm.server_ipv4 = cfg_.local_ip;
     std::memcpy(wm.server_mac.data(), cfg_.mac.addr_bytes, 6);
     wm.policy = cfg_.policy;
-    sidecar_.Send(desk_.members()[w].conn, wm);
+    wm.worker_ipv4 =
+        member.data_ipv4 != 0 ? member.data_ipv4 : kDefaultWorkerIpv4 + w;
+    wm.frame_auth = static_cast<uint8_t>(cfg_.frame_auth);
+    wm.job_nonce = cfg_.job_nonce;
+    admission_.SealWelcome(w, &wm);
+    Endpoint& pin = pinned_[w];
+    std::memcpy(pin.mac.addr_bytes, member.data_mac.data(), 6);
+    pin.ipv4 = wm.worker_ipv4;
+    pin.udp_port = static_cast<uint16_t>(cfg_.udp_port + 1 + w);
+    sidecar_.Send(member.conn, wm);
   }
   joined_.store(true, std::memory_order_release);
 }
 
 void ServerControl::OnMessage(ConnId c, const ControlMessage& m) {
-  if (const auto* j = std::get_if<JoinMsg>(&m)) return OnJoin(c, *j);
+  Admission::Step step;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    step = admission_.OnMessage(sidecar_, c, m);
+    if (step == Admission::Step::kAdmitted && admission_.desk().full()) {
+      Welcome();
+    }
+  }
+  if (step != Admission::Step::kMember) return;
+  const int w = admission_.desk().RankOf(c);
   if (!attached_.load(std::memory_order_acquire)) return;
-  const int w = desk_.RankOf(c);
-  if (w < 0) return;
   // A PROBE or BITMAP goes to the side of the shard it names, STOP to every
   // shard's broadcast side.
   if (DeliverToSides(m, bcast_[w], push_[w], NowNs())) return;
@@ -107,11 +121,9 @@ void ServerControl::OnMessage(ConnId c, const ControlMessage& m) {
 
 void ServerControl::OnClose(ConnId c, const std::string& reason) {
   std::lock_guard<std::mutex> lock(mu_);
-  const int w = desk_.RankOf(c);
+  const int w = admission_.OnClose(c);  // frees a slot during the join
   if (w < 0) return;
   if (!joined_.load()) {
-    // A worker that left during the join: free its slot.
-    desk_.Leave(c);
     std::fprintf(stderr,
                  "dblp-server: a worker left before the job "
                  "started (%s)\n",
@@ -140,8 +152,9 @@ void ServerControl::Announce(const RoundBeginRequest& r) {
     failed_.store(true, std::memory_order_release);
     return;
   }
-  for (uint32_t w = 0; w < desk_.members().size(); ++w) {
-    if (alive_[w].load()) sidecar_.Send(desk_.members()[w].conn, rb);
+  for (uint32_t w = 0; w < admission_.desk().members().size(); ++w) {
+    if (alive_[w].load())
+      sidecar_.Send(admission_.desk().members()[w].conn, rb);
   }
 }
 
@@ -166,7 +179,7 @@ void ServerControl::SendRequests() {
         m = std::move(accepted_[a->peer]);
       }
       if (m.round == a->round && alive_[a->peer].load()) {
-        sidecar_.Send(desk_.members()[a->peer].conn, m);
+        sidecar_.Send(admission_.desk().members()[a->peer].conn, m);
       }
       continue;
     }
@@ -175,14 +188,14 @@ void ServerControl::SendRequests() {
                    [](const FinishRequest&) -> uint16_t { return 0; },
                    [](const auto& q) -> uint16_t { return q.peer; }},
         r);
-    if (peer >= desk_.members().size()) continue;
+    if (peer >= admission_.desk().members().size()) continue;
     ReceiveSide* answering = nullptr;
     if (const auto* b = std::get_if<BitmapRequest>(&r)) {
       if (b->side >= push_[peer].size()) continue;
       answering = push_[peer][b->side];
     }
     for (const ControlMessage& m : SideRequestMessages(r, answering)) {
-      sidecar_.Send(desk_.members()[peer].conn, m);
+      sidecar_.Send(admission_.desk().members()[peer].conn, m);
     }
   }
 }
@@ -211,7 +224,7 @@ const JoinMsg& ServerControl::AdmitWorkers(const std::string& listen,
       size_t have;
       {
         std::lock_guard<std::mutex> lock(mu_);
-        have = desk_.members().size();
+        have = admission_.desk().members().size();
       }
       Stop();
       Die("only " + std::to_string(have) + " of " +
@@ -220,7 +233,7 @@ const JoinMsg& ServerControl::AdmitWorkers(const std::string& listen,
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  return desk_.first();
+  return admission_.desk().first();
 }
 
 void ServerControl::Attach(std::vector<std::vector<ReceiveSide*>> push,

@@ -11,9 +11,10 @@
 #include <vector>
 
 #include "datapath.h"
+#include "dblp/admission.h"
 #include "dblp/control.h"
 #include "dblp/control_sidecar.h"
-#include "dblp/join.h"
+#include "dblp/job_auth.h"
 #include "dblp/receive_side.h"
 #include "dblp/send_side.h"
 #include "dblp/shards.h"
@@ -29,21 +30,25 @@ struct ServerJoinConfig {
   uint16_t udp_port = 0;
   rte_ether_addr mac{};
   uint64_t max_gradient_bytes = 0;
-  std::string policy;          // described in the WELCOME
-  uint16_t ports = 1;          // for the banner
-  uint16_t shards = 1;         // datapath lcores: a round's chunk ranges
-  uint32_t resync_every = 0;   // told to the workers in WELCOME
-  bool push_feedback = false;  // likewise
+  std::string policy;                 // described in the WELCOME
+  uint16_t ports = 1;                 // for the banner
+  uint16_t shards = 1;                // datapath lcores: a round's chunk ranges
+  uint32_t resync_every = 0;          // told to the workers in WELCOME
+  bool push_feedback = false;         // likewise
   bool consistent_broadcast = false;  // likewise
+  const JobSecret* secret = nullptr;  // the job's (insecure: empty)
+  FrameAuthMode frame_auth = FrameAuthMode::kNone;  // told in WELCOME
+  AuthBytes job_nonce{};  // the frame key and session derive from it
 };
 
 class ServerControl {
  public:
   // `ctr` (one per datapath lcore) feeds the stats line every
-  // `stats_period_s` (0 = none).
+  // `stats_period_s` (0 = none). `limits` bound the control connections
+  // (--control_* flags).
   ServerControl(const ServerJoinConfig& join,
-                std::vector<const DatapathCounters*> ctr,
-                double stats_period_s);
+                std::vector<const DatapathCounters*> ctr, double stats_period_s,
+                const ControlLimits& limits = {});
   ~ServerControl();
   ServerControl(const ServerControl&) = delete;
   ServerControl& operator=(const ServerControl&) = delete;
@@ -64,7 +69,7 @@ class ServerControl {
   bool failed() const { return failed_.load(std::memory_order_acquire); }
   const std::string& failure() const { return failure_; }
   const std::string& worker_name(uint32_t w) const {
-    return desk_.members()[w].name;
+    return admission_.desk().members()[w].name;
   }
   // Why worker w failed (its ERROR), valid after its PeerGoneEvent.
   std::string worker_error(uint32_t w);
@@ -84,11 +89,20 @@ class ServerControl {
   uint64_t messages_in() const { return sidecar_.messages_in(); }
   uint64_t messages_out() const { return sidecar_.messages_out(); }
   uint64_t protocol_errors() const { return sidecar_.protocol_errors(); }
+  // Refused at the door: failed proofs, JOINs the desk refused (surplus,
+  // duplicate name, layout), messages out of order (then closed).
+  uint64_t auth_failures() const { return admission_.auth_failures(); }
+  uint64_t refused_joins() const { return admission_.refused_joins(); }
+  uint64_t out_of_state() const { return admission_.out_of_state(); }
+  // Where worker w's data frames must come from (its JOIN's MAC, the IPv4
+  // in its WELCOME, UDP port base + 1 + w). Valid once AdmitWorkers
+  // returned.
+  const Endpoint& pinned_source(uint32_t w) const { return pinned_[w]; }
+  const ControlSidecar& sidecar() const { return sidecar_; }
 
  private:
   ControlSidecar::Callbacks MakeCallbacks(
       std::vector<const DatapathCounters*> ctr, double stats_period_s);
-  void OnJoin(ConnId c, const JoinMsg& j);
   void Welcome();
   void OnMessage(ConnId c, const ControlMessage& m);
   void OnClose(ConnId c, const std::string& reason);
@@ -103,9 +117,10 @@ class ServerControl {
   std::unique_ptr<SidecarThread> thread_;
 
   // Join state: the sidecar writes it under mu_ until joined_; read-only
-  // for everyone after.
+  // for everyone after (its counters: any thread).
   std::mutex mu_;
-  JoinDesk desk_;
+  Admission admission_;
+  std::vector<Endpoint> pinned_;  // likewise
   // Why worker w failed (its ERROR): sidecar: wo under mu_; datapath:
   // reads under mu_ (worker_error).
   std::vector<std::string> errors_;

@@ -92,6 +92,14 @@ uint16_t SetupServerPorts(const ServerOptions& o, uint16_t lcores,
 
 int RunServer(const ServerOptions& o) {
   const std::atomic<bool>& g_quit = InstallQuitHandlers();
+  // Rows are streamed as the rounds end: a directory that cannot take them
+  // fails the server now, before workers join a job it could not record.
+  RowStream rows;
+  if (std::string err;
+      !o.dp.out_dir.empty() && !rows.Open(o.dp.out_dir, &err)) {
+    std::fprintf(stderr, "dblp-server: %s\n", err.c_str());
+    return 1;
+  }
   if (o.workers == 0 || o.workers >= kServerRank) {
     Die("--workers=" + std::to_string(o.workers) + " is out of range",
         "use 1.." + std::to_string(kServerRank - 1));
@@ -108,9 +116,12 @@ int RunServer(const ServerOptions& o) {
   if (!ParseIpv4(o.local_ip, &local_ip)) {
     Die("bad --local_ip " + o.local_ip, "use a dotted IPv4, e.g. 10.0.0.1");
   }
+  // The job's random nonce: its session and frame key derive from it and
+  // the secret (job_auth.h), so neither can be guessed from a clock.
+  const AuthBytes job_nonce = RandomAuthBytes();
   const uint32_t session =
-      o.session ? o.session
-                : static_cast<uint32_t>(HashMix(NowNs(), 0x5E55)) | 1u;
+      o.session ? o.session : DeriveSession(o.secret, job_nonce);
+  const FrameKey frame_key = DeriveFrameKey(o.secret, job_nonce, o.frame_auth);
   std::unique_ptr<TolerancePolicy> policy = TolerancePolicy::Create(o.policy);
 
   std::vector<std::unique_ptr<LcoreConf>> lcs;
@@ -126,24 +137,29 @@ int RunServer(const ServerOptions& o) {
       ServerJoinConfig{o.workers, session, caps[0].mtu, local_ip, o.udp_port,
                        caps[0].mac, o.max_gradient_bytes, policy->Describe(),
                        nb_ports, S, o.resync_every, o.push_feedback,
-                       o.consistent_broadcast},
-      counters, o.dp.stats_period_s);
+                       o.consistent_broadcast, &o.secret, o.frame_auth,
+                       job_nonce},
+      counters, o.dp.stats_period_s, o.control_limits);
   const JoinMsg& first =
       control.AdmitWorkers(o.listen, o.join_timeout_ms, g_quit, o.dp.realtime);
 
   // ---- the job
   // ---------------------------------------------------------------
   const uint32_t W = o.workers;
-  const ChunkLayout layout(first.total_bytes, ChunkPayloadForMtu(caps[0].mtu));
+  const ChunkLayout layout(
+      first.total_bytes,
+      ChunkPayloadForMtu(caps[0].mtu, FrameTagBytes(o.frame_auth)));
   const uint32_t N = layout.num_chunks();
   const ShardMap shards(N, S);
   std::vector<std::unique_ptr<WorkerState>> workers;
   std::vector<SendOrder> orders;
   for (uint32_t w = 0; w < W; ++w) {
     workers.push_back(std::make_unique<WorkerState>());
+    workers.back()->source = control.pinned_source(w);
     orders.emplace_back(o.dp.send_order, w, W, HashMix(o.dp.seed, 0xBC));
   }
-  LinkGrid links = BuildLinkGrid(session, layout, shards, o.dp.burst, workers);
+  LinkGrid links =
+      BuildLinkGrid(session, layout, shards, o.dp.burst, workers, frame_key);
   std::vector<std::vector<ReceiveSide*>> push_sides(W);
   std::vector<std::vector<SendSide*>> bcast_sides(W);
   for (auto& shard : links) {
@@ -197,7 +213,7 @@ int RunServer(const ServerOptions& o) {
                            reinterpret_cast<const uint8_t*>(mean.data()), pool,
                            &link_rate[k], o.dp.prefetch, o.push_only,
                            o.continue_on_worker_loss, &orders, &decisions,
-                           &bcast_subset}));
+                           &bcast_subset, frame_key}));
   }
   RunReport report;
   report.role = "server";
@@ -240,6 +256,8 @@ int RunServer(const ServerOptions& o) {
     AddPushRows(it, links, workers, push_open_ns, push_tol, norm,
                 loss.InBurst(it), o, N, &report);
     for (uint32_t w = 0; w < W; ++w) report.rows.rbegin()[w].resync = sync;
+    // Without a broadcast the rows are complete now.
+    if (o.push_only) rows.Sync(report.rows);
     // Before the broadcast's announcement, so each worker holds its
     // ACCEPTED when the broadcast begins.
     if (o.push_feedback && !sync) {
@@ -264,8 +282,12 @@ int RunServer(const ServerOptions& o) {
     reducer.set_num_workers(lcores[0]->live_count());
     return push_tol;
   };
-  coord.broadcast_done = [&](uint64_t) {
+  ResourceGauge after_first;  // warm: every buffer sized once
+  coord.broadcast_done = [&](uint64_t it) {
+    if (it == 0) after_first = ResourceGauge::Read(pool);
     AddBroadcastToRows(links, W, &report);
+    // On disk before the next round: a kill -9 keeps them.
+    rows.Sync(report.rows);
   };
 
   for (auto& lc : lcores) lc->OpenPush(0, push_tol);
@@ -287,10 +309,13 @@ int RunServer(const ServerOptions& o) {
   }
   lcores[0]->Run(&coord);
   rte_eal_mp_wait_lcore();
+  const ResourceGauge at_end = ResourceGauge::Read(pool);
   control.Stop();
   const std::string failure = job.failure();
 
   AddServerCounters(lcs, control, links, nb_ports, &report);
+  after_first.AddTo("after_first_iteration", &report.counters);
+  at_end.AddTo("end", &report.counters);
   // Workers on memif wait for this close before they close their side
   // (worker_engine.cc, AwaitServerClose): closed right after the job.
   for (uint16_t p = 0; p < nb_ports; ++p) {
@@ -310,9 +335,14 @@ int RunServer(const ServerOptions& o) {
       {"resync_every", std::to_string(o.resync_every)}};
   std::fputs(FormatRunSummary(report).c_str(), stdout);
   int exit_code = failure.empty() ? 0 : 1;
-  if (!o.dp.out_dir.empty()) {
-    std::string werr;
-    if (!WriteRunReport(o.dp.out_dir, report, &werr)) {
+  if (rows.is_open()) {
+    // The rows of a round the job ended in (push summed, broadcast cut
+    // short) were not streamed yet.
+    rows.Sync(report.rows);
+    std::string werr = rows.error();
+    rows.Close();
+    if (werr.empty()) WriteRunSummary(o.dp.out_dir, report, &werr);
+    if (!werr.empty()) {
       std::fprintf(stderr, "dblp-server: %s\n", werr.c_str());
       exit_code = 1;
     }

@@ -7,6 +7,8 @@
 #include <string>
 
 #include "app_options.h"
+#include "dblp/control_sidecar.h"
+#include "dblp/job_auth.h"
 #include "dblp/loss_fill.h"
 #include "dblp/tolerance.h"
 
@@ -16,8 +18,8 @@ struct ServerOptions {
   std::string listen = "127.0.0.1:9100";  // TCP control address
   uint32_t workers = 3;
   std::string local_ip = "10.0.0.1";
-  uint16_t udp_port = 47000;   // pushes arrive here; worker r gets +1+r
-  DatapathOptions dp;          // loss: on the push frames it receives
+  uint16_t udp_port = 47000;  // pushes arrive here; worker r gets +1+r
+  DatapathOptions dp;         // loss: on the push frames it receives
   PolicyConfig policy;
   FillMode push_fill = FillMode::kZero;
   bool reliable_broadcast = false;  // broadcast with p = 0
@@ -36,8 +38,13 @@ struct ServerOptions {
   // (ACCEPTED) and the worker carries the rest into its next push.
   bool push_feedback = false;
   bool continue_on_worker_loss = false;
-  uint32_t session = 0;        // 0 = derived from the clock
+  uint32_t session = 0;  // 0 = derived from the job's random nonce
+  JobSecret secret;      // --secret_file (empty: --insecure)
+  // Tags on every data frame (dblp/frame_auth.h); kNone when insecure.
+  FrameAuthMode frame_auth = FrameAuthMode::kHeader;
   uint32_t join_timeout_ms = 60000;
+  // Bounds on the control connections (--control_* flags).
+  ControlLimits control_limits;
   // A JOIN asking for more is refused: the server holds about three copies
   // of the gradient (sums, mean, previous mean) in memory.
   uint64_t max_gradient_bytes = uint64_t{1} << 30;

@@ -98,6 +98,10 @@ void AddServerCounters(const std::vector<std::unique_ptr<LcoreConf>>& lcs,
       {"control_messages_in", control.messages_in()},
       {"control_messages_out", control.messages_out()},
       {"control_protocol_errors", control.protocol_errors()},
+      {"frames_unpinned_source", sum(&C::unpinned_source)},
+      {"control_auth_failures", control.auth_failures()},
+      {"control_refused_joins", control.refused_joins()},
+      {"control_out_of_state", control.out_of_state()},
   };
   auto over_links = [&](auto fn) {
     uint64_t t = 0;

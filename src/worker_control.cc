@@ -10,8 +10,9 @@
 
 namespace dblp {
 
-WorkerControl::WorkerControl(const DatapathCounters* ctr, double stats_period_s)
-    : sidecar_(MakeCallbacks(ctr, stats_period_s)) {}
+WorkerControl::WorkerControl(const JobSecret& secret,
+                             const DatapathCounters* ctr, double stats_period_s)
+    : sidecar_(MakeCallbacks(ctr, stats_period_s)), handshake_(secret) {}
 
 WorkerControl::~WorkerControl() { StopThread(); }
 
@@ -50,19 +51,56 @@ ControlSidecar::Callbacks WorkerControl::MakeCallbacks(
   return cb;
 }
 
-void WorkerControl::OnMessage(const ControlMessage& m) {
-  if (const auto* w = std::get_if<WelcomeMsg>(&m)) {
-    if (!welcomed_.load()) {
-      welcome_ = *w;
-      welcomed_.store(true, std::memory_order_release);
+void WorkerControl::Gone(std::string why) {
+  if (server_gone_.load()) return;
+  failure_ = std::move(why);
+  server_gone_.store(true, std::memory_order_release);
+}
+
+// Authenticated first, then checked against what this worker can hold: a
+// WELCOME that fails either ends the join (ERROR to the server, then the
+// process exits naming the fix).
+void WorkerControl::OnWelcome(const WelcomeMsg& w) {
+  if (welcomed_.load()) {
+    return Gone("the server sent WELCOME twice: a broken or hostile server");
+  }
+  std::string why = handshake_.CheckWelcome(w);
+  if (why.empty()) {
+    if (std::string bad = ValidateWelcome(w, join_); !bad.empty()) {
+      why = "the server's WELCOME is inconsistent: " + bad +
+            " (run the same DBLP build and model on the server and every "
+            "worker)";
     }
+  }
+  if (!why.empty()) {
+    sidecar_.Send(conn_, ErrorMsg{3, why});
+    sidecar_.Close(conn_, why);
+    return Gone(why);
+  }
+  welcome_ = w;
+  welcomed_.store(true, std::memory_order_release);
+}
+
+void WorkerControl::OnMessage(const ControlMessage& m) {
+  if (const auto* w = std::get_if<WelcomeMsg>(&m)) return OnWelcome(*w);
+  if (const auto* c = std::get_if<ChallengeMsg>(&m)) {
+    ProofMsg proof;
+    if (std::string why = handshake_.OnChallenge(*c, &proof); !why.empty()) {
+      sidecar_.Close(conn_, why);
+      return Gone(why);
+    }
+    sidecar_.Send(conn_, proof);
     return;
   }
-  const auto gone = [this](std::string why) {
-    if (server_gone_.load()) return;
-    failure_ = std::move(why);
-    server_gone_.store(true, std::memory_order_release);
-  };
+  const auto gone = [this](std::string why) { Gone(std::move(why)); };
+  if (IsWorkerOnlyMessage(m) ||
+      (!welcomed_.load() && !std::holds_alternative<ErrorMsg>(m))) {
+    const std::string why = std::string("the server sent ") +
+                            ControlTypeName(m) +
+                            " out of order: a broken or hostile server";
+    sidecar_.Close(conn_, why);
+    return gone(why);
+  }
   if (const auto* e = std::get_if<ErrorMsg>(&m)) {
     return gone("server refused: " + e->text);
   }
@@ -115,8 +153,8 @@ void WorkerControl::SendRequests() {
   }
 }
 
-const WelcomeMsg& WorkerControl::Join(const std::string& server,
-                                      const JoinMsg& join, uint32_t timeout_ms,
+const WelcomeMsg& WorkerControl::Join(const std::string& server, JoinMsg join,
+                                      uint32_t timeout_ms,
                                       const std::atomic<bool>& quit,
                                       bool realtime) {
   std::string err;
@@ -124,14 +162,20 @@ const WelcomeMsg& WorkerControl::Join(const std::string& server,
     Die("cannot reach dblp-server at " + server + ": " + err,
         "start dblp-server first and check --server=IP:PORT");
   }
+  handshake_.Start(&join);
+  join_ = join;
   sidecar_.Send(conn_, join);
   thread_ = std::make_unique<SidecarThread>(sidecar_);
   SetControlPriorities(*thread_, "dblp-worker", realtime);
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   while (!welcomed_.load(std::memory_order_acquire)) {
-    if (server_gone() || quit.load() ||
-        std::chrono::steady_clock::now() > deadline) {
+    if (server_gone()) {
+      StopThread();
+      Die("joining dblp-server at " + server + " failed: " + failure_,
+          "see above; the server's log says what it refused");
+    }
+    if (quit.load() || std::chrono::steady_clock::now() > deadline) {
       StopThread();
       Die("no WELCOME from dblp-server at " + server +
               (failure_.empty() ? "" : " (" + failure_ + ")"),

@@ -13,6 +13,7 @@
 #include "datapath.h"
 #include "dblp/control.h"
 #include "dblp/control_sidecar.h"
+#include "dblp/job_auth.h"
 #include "dblp/receive_side.h"
 #include "dblp/send_side.h"
 
@@ -20,16 +21,21 @@ namespace dblp {
 
 class WorkerControl {
  public:
-  // `ctr` feeds the stats line every `stats_period_s` (0 = none).
-  WorkerControl(const DatapathCounters* ctr, double stats_period_s);
+  // `ctr` feeds the stats line every `stats_period_s` (0 = none); `secret`
+  // (which must outlive this) authenticates the server.
+  WorkerControl(const JobSecret& secret, const DatapathCounters* ctr,
+                double stats_period_s);
   ~WorkerControl();
   WorkerControl(const WorkerControl&) = delete;
   WorkerControl& operator=(const WorkerControl&) = delete;
 
-  // Connects to `server`, sends `join` and waits for the WELCOME. A server
-  // that cannot be reached, refuses, or stays silent ends the process with
-  // a message naming the fix.
-  const WelcomeMsg& Join(const std::string& server, const JoinMsg& join,
+  // Connects to `server`, sends `join` (with a fresh nonce), proves the
+  // secret and waits for the WELCOME, which must carry the server's MAC and
+  // a layout this worker can hold (ValidateWelcome). A server that cannot
+  // be reached, refuses, fails authentication, lies or stays silent ends
+  // the process with a message naming the fix (exit code 1, never a
+  // signal).
+  const WelcomeMsg& Join(const std::string& server, JoinMsg join,
                          uint32_t timeout_ms, const std::atomic<bool>& quit,
                          bool realtime);
   // Datapath, once, before the first round: the sides that STOP, BITMAP
@@ -63,6 +69,8 @@ class WorkerControl {
   ControlSidecar::Callbacks MakeCallbacks(const DatapathCounters* ctr,
                                           double stats_period_s);
   void OnMessage(const ControlMessage& m);
+  void OnWelcome(const WelcomeMsg& w);
+  void Gone(std::string why);
   void SendRequests();
   void StopThread() { thread_.reset(); }
 
@@ -71,6 +79,8 @@ class WorkerControl {
   ControlSidecar sidecar_;
   std::unique_ptr<SidecarThread> thread_;
   ConnId conn_ = 0;
+  WorkerHandshake handshake_;  // sidecar only (Join starts it before)
+  JoinMsg join_;               // Join: wo before the thread; sidecar: ro
 
   // Shared between the sidecar thread and the datapath lcore.
   WelcomeMsg welcome_;                 // sidecar: wo before welcomed_

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <optional>
 #include <vector>
 
 #include "datapath.h"
@@ -22,59 +23,79 @@
 namespace dblp {
 namespace {
 
-// Test hook (--hostile_per_round): frames of the previous round, then
-// frames of another job and of a future round, then valid L2-L4 around bad
-// DBLP bytes, all sent at the server before our push.
-void SendHostileFrames(const WelcomeMsg& wel, uint32_t push_round,
-                       std::span<const uint32_t> replay, uint32_t count,
-                       rte_mempool* pool, DatapathCounters* ctr,
-                       FrameTemplate& to_server, const uint8_t* grad,
-                       const ChunkLayout& layout) {
-  ChunkTransmitter hostile{0, 0, pool, ctr, nullptr, 64};
-  DataHeader stale{FrameType::kPush,
-                   wel.session,
-                   static_cast<uint16_t>(wel.rank),
-                   0,
-                   push_round - 2,
-                   0};
-  hostile.Send(to_server, stale, replay.data(),
-               static_cast<uint32_t>(std::min<size_t>(replay.size(), count)),
-               grad, layout);
-  DataHeader wrong_session = stale;
-  wrong_session.round = push_round;
-  wrong_session.session = wel.session ^ 0x5A5A5A5Au;
-  const uint32_t zero = 0;
-  hostile.Send(to_server, wrong_session, &zero, 1, grad, layout);
-  DataHeader future = stale;
-  future.round = push_round + 4;
-  hostile.Send(to_server, future, &zero, 1, grad, layout);
-  // A wrong chunk length, a truncated header and a bad magic.
-  uint8_t raw[kDataHeaderBytes + 8] = {};
-  DataHeader h = wrong_session;
-  h.session = wel.session;
-  h.payload_len = 8;  // shorter than chunk 0: out of range
-  EncodeDataHeader(h, raw);
-  const uint16_t lens[3] = {sizeof(raw), 10, sizeof(raw)};
-  for (int k = 0; k < 3; ++k) {
-    if (k == 2) raw[0] ^= 0xFF;  // bad magic
-    rte_mbuf* m = rte_pktmbuf_alloc(pool);
-    if (m == nullptr) break;
-    to_server.BuildRaw(m, raw, lens[k]);
-    if (rte_eth_tx_burst(0, 0, &m, 1) != 1) rte_pktmbuf_free(m);
+// Test hook (--hostile_per_round): what an attacker on the data path would
+// send at the server before our push, none of which may be accepted:
+// frames of the previous round, of another job and of a future round (all
+// tagged with a key that is not the job's); this round's chunks with other
+// floats under that wrong key (bad tag: accepted, they would change the
+// mean); exact copies of this round's chunks from an address the server did
+// not pin (another IPv4); valid L2-L4 around bad DBLP bytes.
+struct Hostile {
+  const WelcomeMsg& wel;
+  rte_mempool* pool;
+  DatapathCounters* ctr;
+  FrameTemplate forged;    // toward the server, tags under a wrong key
+  FrameTemplate stranger;  // the job's key, from an unpinned IPv4
+  const uint8_t* grad;
+  const ChunkLayout& layout;
+  ShardMap shards;  // this round's chunks go on their shard's queue
+  std::vector<uint8_t> poison =
+      std::vector<uint8_t>(layout.total_bytes(), 0x41);
+
+  void Send(uint32_t push_round, std::span<const uint32_t> replay,
+            std::span<const uint32_t> next, uint32_t count) {
+    ChunkTransmitter tx{0, 0, pool, ctr, nullptr, 64};
+    const auto n = [count](std::span<const uint32_t> s) {
+      return static_cast<uint32_t>(std::min<size_t>(s.size(), count));
+    };
+    DataHeader stale{FrameType::kPush,
+                     wel.session,
+                     static_cast<uint16_t>(wel.rank),
+                     0,
+                     push_round - 2,
+                     0};
+    tx.Send(forged, stale, replay.data(), n(replay), grad, layout);
+    DataHeader wrong_session = stale;
+    wrong_session.round = push_round;
+    wrong_session.session = wel.session ^ 0x5A5A5A5Au;
+    const uint32_t zero = 0;
+    tx.Send(forged, wrong_session, &zero, 1, grad, layout);
+    DataHeader future = stale;
+    future.round = push_round + 4;
+    tx.Send(forged, future, &zero, 1, grad, layout);
+    DataHeader current = stale;
+    current.round = push_round;
+    for (uint32_t i = 0; i < n(next); ++i) {
+      // On the queue of the chunk's shard, like the real frame: a server
+      // lcore sees it and must refuse it for its tag or its source.
+      ChunkTransmitter q{
+          0, static_cast<uint16_t>(shards.ShardOf(next[i])), pool, ctr, nullptr,
+          64};
+      q.Send(forged, current, &next[i], 1, poison.data(), layout);
+      q.Send(stranger, current, &next[i], 1, grad, layout);
+    }
+    // A wrong chunk length, a truncated header and a bad magic.
+    uint8_t raw[kDataHeaderBytes + 8] = {};
+    DataHeader h = current;
+    h.payload_len = 8;  // shorter than chunk 0: out of range
+    EncodeDataHeader(h, raw);
+    const uint16_t lens[3] = {sizeof(raw), 10, sizeof(raw)};
+    for (int k = 0; k < 3; ++k) {
+      if (k == 2) raw[0] ^= 0xFF;  // bad magic
+      rte_mbuf* m = rte_pktmbuf_alloc(pool);
+      if (m == nullptr) break;
+      forged.BuildRaw(m, raw, lens[k]);
+      if (rte_eth_tx_burst(0, 0, &m, 1) != 1) rte_pktmbuf_free(m);
+    }
   }
-}
+};
 
 // The frame template toward the server, from the WELCOME and our flags.
 FrameTemplate ServerTemplate(const WorkerOptions& o, const WelcomeMsg& wel,
                              const PortCaps& caps, Endpoint* local) {
   Endpoint server;
   local->mac = caps.mac;
-  const std::string ip = o.local_ip.empty()
-                             ? "10.0.0." + std::to_string(2 + wel.rank)
-                             : o.local_ip;
-  if (!ParseIpv4(ip, &local->ipv4)) {
-    Die("bad --local_ip " + ip, "use a dotted IPv4 address, e.g. 10.0.0.2");
-  }
+  local->ipv4 = wel.worker_ipv4;  // ours, or the one the server assigned
   local->udp_port = static_cast<uint16_t>(wel.udp_base_port + 1 + wel.rank);
   server.ipv4 = wel.server_ipv4;
   server.udp_port = wel.udp_base_port;
@@ -99,11 +120,6 @@ void AddWorkerCounters(const LcoreConf& lc, const WorkerControl& control,
       {"injected_drops", ctr.injected_drops.load()},
       {"tx_ring_full", ctr.tx_ring_full.load()},
       {"mbuf_alloc_failures", ctr.mbuf_alloc_failures.load()},
-      {"bcast_accepted", rx.verdict_count(Verdict::kAccepted)},
-      {"bcast_duplicate", rx.verdict_count(Verdict::kDuplicate)},
-      {"bcast_stale", rx.verdict_count(Verdict::kStaleRound)},
-      {"bcast_late", rx.verdict_count(Verdict::kLate)},
-      {"bcast_malformed", rx.verdict_count(Verdict::kMalformed)},
       {"bitmaps_dropped", bitmaps_dropped},
       {"stops_sent", control.stops_sent()},
       {"control_messages_in", control.messages_in()},
@@ -111,7 +127,14 @@ void AddWorkerCounters(const LcoreConf& lc, const WorkerControl& control,
       {"device_imissed", drops.imissed},
       {"device_rx_nombuf", drops.rx_nombuf},
       {"device_oerrors", drops.oerrors},
+      {"frames_unpinned_source", ctr.unpinned_source.load()},
   };
+  // Every verdict by index, so one added to the enum is written too.
+  for (int v = 0; v < kNumVerdicts; ++v) {
+    report->counters.emplace_back(
+        std::string("bcast_") + VerdictName(static_cast<Verdict>(v)),
+        rx.verdict_count(static_cast<Verdict>(v)));
+  }
   for (int s = 1; s < kNumFrameStatus; ++s) {
     report->counters.emplace_back(
         std::string("frame_") + FrameStatusName(static_cast<FrameStatus>(s)),
@@ -151,6 +174,14 @@ PortCaps SetupWorkerPort(const WorkerOptions& o, uint16_t queues,
 
 int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
   const std::atomic<bool>& g_quit = InstallQuitHandlers();
+  // Rows are streamed from the first iteration on: a directory that cannot
+  // take them fails the worker now, before it joins (and stalls) a job.
+  RowStream rows;
+  if (std::string err;
+      !o.dp.out_dir.empty() && !rows.Open(o.dp.out_dir, &err)) {
+    std::fprintf(stderr, "dblp-worker: %s\n", err.c_str());
+    return 1;
+  }
   if (rte_eth_dev_count_avail() == 0) {
     Die("no Ethernet port",
         "give the worker a port: -a <PCI address> for a "
@@ -158,21 +189,31 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
   }
   LcoreConf lc;
   lc.lcore_id = rte_lcore_id();
-  WorkerControl control(&lc.counters, o.dp.stats_period_s);
+  WorkerControl control(o.secret, &lc.counters, o.dp.stats_period_s);
   JoinMsg join;
   join.worker_name = o.name;
   join.total_bytes = source->floats() * sizeof(float);
   join.mtu = o.dp.port.mtu;
   join.layers = source->Layers();
+  // Our data source, which the server pins: the port's MAC (known since
+  // the EAL probed it) and --local_ip if given.
+  rte_ether_addr mac{};
+  if (rte_eth_macaddr_get(0, &mac) != 0) {
+    Die("cannot read port 0's MAC address", "check the port (-a / --vdev)");
+  }
+  std::memcpy(join.data_mac.data(), mac.addr_bytes, 6);
+  if (!o.local_ip.empty() && !ParseIpv4(o.local_ip, &join.data_ipv4)) {
+    Die("bad --local_ip " + o.local_ip,
+        "use a dotted IPv4 address, e.g. 10.0.0.2");
+  }
+  // Join checks the WELCOME (authenticity, layout, rank, ports) and exits
+  // naming the fix if it is wrong.
   const WelcomeMsg wel =
       control.Join(o.server, join, o.join_timeout_ms, g_quit, o.dp.realtime);
   const ChunkLayout layout(wel.total_bytes, wel.chunk_payload);
   const uint16_t queues = wel.num_shards;
-  if (layout.num_chunks() != wel.num_chunks || queues == 0 || queues > 64) {
-    control.Finish(false, "inconsistent WELCOME");
-    Die("WELCOME is inconsistent (chunk count or shards)",
-        "run the same DBLP build on the server and the workers");
-  }
+  const FrameKey frame_key = DeriveFrameKey(
+      o.secret, wel.job_nonce, static_cast<FrameAuthMode>(wel.frame_auth));
   if (wel.consistent_broadcast && o.bcast_fill == FillMode::kPrevious) {
     control.Finish(false, "--bcast_fill=prev with a consistent broadcast");
     Die("the server runs --bcast_tolerance=consistent: it carries the chunks "
@@ -193,6 +234,7 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
   const PortCaps caps = SetupWorkerPort(o, queues, &pool);
   Endpoint local;
   FrameTemplate to_server = ServerTemplate(o, wel, caps, &local);
+  to_server.set_auth(frame_key);
 
   // One push side per server shard, each on its own TX queue.
   std::vector<std::unique_ptr<SendSide>> push;
@@ -206,7 +248,8 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
     push_ptrs.push_back(push.back().get());
   }
   ReceiveSide bcast(ReceiveSideConfig{
-      ReceiverConfig{wel.session, FrameType::kBroadcast, kServerRank, layout},
+      ReceiverConfig{wel.session, FrameType::kBroadcast, kServerRank, layout, 0,
+                     UINT32_MAX, frame_key},
       Direction::kBroadcast, 0});
   control.Attach(push_ptrs, &bcast);
 
@@ -230,11 +273,25 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
   PlaceOnNodeOrWarn(std::span<const float>(avg), node, "mean buffer");
   WorkerLcore lcore(
       lc, control, push, bcast,
-      WorkerLcore::Setup{0, queues, local.udp_port, &layout, &loss, &tx,
-                         &to_server, grad_bytes,
+      WorkerLcore::Setup{0, queues, local.udp_port, wel.server_ipv4, &layout,
+                         &loss, &tx, &to_server, grad_bytes,
                          reinterpret_cast<uint8_t*>(avg.data()), &pacer});
   SendOrder order(o.dp.send_order, wel.rank, wel.num_workers, o.dp.seed);
   std::vector<uint32_t> order_buf, replay;
+  std::optional<Hostile> hostile;
+  if (o.hostile_per_round > 0) {
+    FrameKey wrong = frame_key;
+    wrong.key[0] ^= 0xA5;
+    if (wrong.mode == FrameAuthMode::kNone) wrong.mode = FrameAuthMode::kHeader;
+    Endpoint elsewhere = local;
+    elsewhere.ipv4 ^= 0x00000100u;  // another host on the same /16
+    hostile.emplace(Hostile{wel, pool, &lc.counters, to_server,
+                            FrameTemplate(elsewhere, to_server.dst(), caps),
+                            grad_bytes, layout,
+                            ShardMap(layout.num_chunks(), queues)});
+    hostile->forged.set_auth(wrong);
+    hostile->stranger.set_auth(frame_key);
+  }
 
   std::printf(
       "dblp-worker: rank %u of %u, session %08x, %s, %u chunks of %u "
@@ -253,15 +310,16 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
   std::string failure;
   loss.StartClock(NowNs());
   const uint64_t iterations = model.iterations(o.iterations);
+  ResourceGauge after_first;  // warm: every buffer sized once
   for (uint64_t it = 0; it < iterations && failure.empty(); ++it) {
+    if (it == 1) after_first = ResourceGauge::Read(pool);
     control.set_iteration(it);
     failure = model.Prepare(it);
     if (!failure.empty()) break;
     if (!lcore.AwaitPushRound(it, &failure)) break;
     order.Fill(PushRound(it), layout.num_chunks(), order_buf);
-    if (o.hostile_per_round > 0 && it > 0) {
-      SendHostileFrames(wel, PushRound(it), replay, o.hostile_per_round, pool,
-                        &lc.counters, to_server, grad_bytes, layout);
+    if (hostile && it > 0) {
+      hostile->Send(PushRound(it), replay, order_buf, o.hostile_per_round);
     }
     replay.assign(order_buf.begin(),
                   order_buf.begin() +
@@ -308,12 +366,16 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
     r.resync = model.IsResync(it);
     r.control_rtt_us = rtt_n ? rtt_sum / rtt_n : 0;
     report.rows.push_back(r);
+    rows.Append(r);  // on disk before the next iteration: kill -9 keeps it
   }
+  const ResourceGauge at_end = ResourceGauge::Read(pool);
   control.Finish(failure.empty(), failure);
   AwaitPeerClose(0, caps);
   const PortDrops drops = ReadPortDrops(0);
 
   AddWorkerCounters(lc, control, push, bcast, drops, &report);
+  after_first.AddTo("after_first_iteration", &report.counters);
+  at_end.AddTo("end", &report.counters);
   report.info = {
       {"source", source->Describe()},
       {"link_gbps",
@@ -324,9 +386,11 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
       {"driver", caps.driver}};
   std::fputs(FormatRunSummary(report).c_str(), stdout);
   int exit_code = failure.empty() ? 0 : 1;
-  if (!o.dp.out_dir.empty()) {
-    std::string werr;
-    if (!WriteRunReport(o.dp.out_dir, report, &werr)) {
+  if (rows.is_open()) {
+    std::string werr = rows.error();
+    rows.Close();
+    if (werr.empty()) WriteRunSummary(o.dp.out_dir, report, &werr);
+    if (!werr.empty()) {
       std::fprintf(stderr, "dblp-worker: %s\n", werr.c_str());
       exit_code = 1;
     }

@@ -9,6 +9,7 @@
 
 #include "app_options.h"
 #include "dblp/gradient_source.h"
+#include "dblp/job_auth.h"
 #include "dblp/loss_fill.h"
 
 namespace dblp {
@@ -16,12 +17,13 @@ namespace dblp {
 struct WorkerOptions {
   std::string server = "127.0.0.1:9100";  // TCP control address
   std::string name = "worker";
-  std::string local_ip;     // default 10.0.0.(2 + rank)
-  std::string eth_peer;     // server MAC override ("" = from WELCOME)
+  std::string local_ip;  // default 10.0.0.(2 + rank)
+  std::string eth_peer;  // server MAC override ("" = from WELCOME)
   uint32_t iterations = 100;
-  DatapathOptions dp;       // loss: on the broadcast frames it receives
+  DatapathOptions dp;  // loss: on the broadcast frames it receives
   FillMode bcast_fill = FillMode::kZero;
   uint32_t join_timeout_ms = 30000;
+  JobSecret secret;  // --secret_file (empty: --insecure)
   // Test hook: frames of the previous round and malformed frames sent at
   // the server at the start of each push round.
   uint32_t hostile_per_round = 0;

@@ -39,7 +39,24 @@ def free_port():
         return s.getsockname()[1]
 
 
+SECRET = None  # a job secret file, made in main()
+
+
+def with_secret(cmd):
+    """Every app of these jobs shares one secret (after the "--")."""
+    if "--" not in cmd or any(a.startswith(("--secret_file", "--insecure"))
+                              for a in cmd):
+        return cmd
+    i = cmd.index("--") + 1
+    return cmd[:i] + ["--secret_file=" + SECRET] + cmd[i:]
+
+
+def popen(cmd, **kw):
+    return subprocess.Popen(with_secret(cmd), **kw)
+
+
 def run(cmd, timeout=60):
+    cmd = with_secret(cmd)
     try:
         p = subprocess.run(cmd, stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True,
@@ -62,6 +79,10 @@ def main():
     server = os.path.join(build, "apps", "dblp-server")
     worker = os.path.join(build, "apps", "dblp-worker")
     tmp = tempfile.mkdtemp(prefix="dblp-beh-")
+    global SECRET
+    SECRET = os.path.join(tmp, "job.secret")
+    with os.fdopen(os.open(SECRET, os.O_WRONLY | os.O_CREAT, 0o600), "wb") as f:
+        f.write(os.urandom(32))
 
     # ---- bad flags: exit 2, the message names the flag ----
     for binary, flag, needle in [
@@ -117,7 +138,7 @@ def main():
     # ---- a worker that would double-count a consistent broadcast ----
     port = free_port()
     sock = os.path.join(tmp, "cons-w0.sock")
-    srv = subprocess.Popen(
+    srv = popen(
         [server] + eal("cons", "net_memif0,role=server,socket=%s,id=0" % sock)
         + ["--", "--workers=1", "--listen=127.0.0.1:%d" % port,
            "--bcast_tolerance=consistent", "--stats_period=0",
@@ -142,7 +163,7 @@ def main():
     for mode in ("abort", "continue"):
         port = free_port()
         socks = [os.path.join(tmp, "%s-w%d.sock" % (mode, w)) for w in (0, 1)]
-        srv = subprocess.Popen(
+        srv = popen(
             [server] + eal("loss-" + mode,
                            "net_memif0,role=server,socket=%s,id=0" % socks[0],
                            "net_memif1,role=server,socket=%s,id=0" % socks[1]) +
@@ -161,7 +182,7 @@ def main():
             # finishes alone in continue mode.
             iters = "8000"
             out_to = open(w1_log, "w") if w == 1 else subprocess.PIPE
-            ws.append(subprocess.Popen(
+            ws.append(popen(
                 [worker] + eal("loss-%s-w%d" % (mode, w),
                                "net_memif0,role=client,socket=%s,id=0"
                                % socks[w], lcore="1" if os.cpu_count() > 1
@@ -216,7 +237,7 @@ def main():
     def job(name, server_flags, worker_iters, timeout=90):
         port = free_port()
         socks = [os.path.join(tmp, "%s-w%d.sock" % (name, w)) for w in (0, 1)]
-        srv = subprocess.Popen(
+        srv = popen(
             [server] + eal(name,
                            "net_memif0,role=server,socket=%s,id=0" % socks[0],
                            "net_memif1,role=server,socket=%s,id=0" % socks[1]) +
@@ -227,7 +248,7 @@ def main():
         time.sleep(0.8)
         ws = []
         for w in (0, 1):
-            ws.append(subprocess.Popen(
+            ws.append(popen(
                 [worker] + eal("%s-w%d" % (name, w),
                                "net_memif0,role=client,socket=%s,id=0"
                                % socks[w], lcore="1" if os.cpu_count() > 1

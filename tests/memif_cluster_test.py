@@ -94,9 +94,12 @@ def main():
     lcores = 1
     consistent = "--consistent" in sys.argv[2:]
     feedback = "--feedback" in sys.argv[2:]
+    frame_auth = "header"
     for a in sys.argv[2:]:
         if a.startswith("--server_lcores="):
             lcores = int(a.split("=", 1)[1])
+        if a.startswith("--frame_auth="):
+            frame_auth = a.split("=", 1)[1]
     if lcores > 1:
         FLOATS = 60000  # 166 chunks: shard ranges [0, 128) and [128, 166)
     server_bin = os.path.join(build, "apps", "dblp-server")
@@ -109,7 +112,10 @@ def main():
     port = free_port()
     dump = os.path.join(tmp, "dump")
     os.makedirs(dump)
-    common = ["--seed=11", "--loss=bernoulli:0.05", "--burst_iters=3",
+    secret = os.path.join(tmp, "job.secret")
+    with os.fdopen(os.open(secret, os.O_WRONLY | os.O_CREAT, 0o600), "wb") as f:
+        f.write(os.urandom(32))
+    common = ["--secret_file=" + secret, "--seed=11", "--loss=bernoulli:0.05", "--burst_iters=3",
               "--burst_loss=0.7", "--stats_period=0", "--idle_sleep_us=50",
               "--round_timeout_ms=20000"]
     procs = []
@@ -138,6 +144,7 @@ def main():
                                       "true" if feedback else "false"),
                                   "--out_dir=" + os.path.join(tmp, "server"),
                                   "--dump_dir=" + dump,
+                                  "--frame_auth=" + frame_auth,
                                   "--dump_iterations=%d" % DUMP_ITERS] + common,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         procs.append(("server", server))
@@ -182,7 +189,8 @@ def main():
                 p.wait()
 
     # ---- the checks -------------------------------------------------------
-    chunk_floats = ((MTU - 20 - 8 - 20) & ~3) // 4
+    tag = 0 if frame_auth == "none" else 16
+    chunk_floats = (((MTU - 20 - 8 - 20) & ~3) - tag) // 4
     n_chunks = (FLOATS + chunk_floats - 1) // chunk_floats
     threshold = n_chunks - math.floor(P_FIXED * n_chunks * (1 + 1e-12))
 
@@ -276,6 +284,14 @@ def main():
                 "decode_short_buffer", "decode_bad_magic"):
         if c[key] < ITERATIONS - 1:
             fail("%s not counted: %d" % (key, c[key]))
+    # The forged frames of this round (a key that is not the job's) and the
+    # exact copies from an address the server did not pin: all dropped and
+    # counted, while the means above matched bit for bit.
+    if tag and c["push_bad_tag"] < 4 * (ITERATIONS - 1):
+        fail("forged tags not all counted: %d" % c["push_bad_tag"])
+    if c["frames_unpinned_source"] < 4 * (ITERATIONS - 1):
+        fail("frames from an unpinned source not all counted: %d"
+             % c["frames_unpinned_source"])
     if c["injected_drops"] == 0:
         fail("no broadcast loss was injected")
     if c.get("push_misrouted", 0) != 0:
@@ -287,11 +303,13 @@ def main():
         fail("--feedback: nothing was ever carried, the test shows nothing")
     print("memif cluster (%d server lcores%s): %d iterations, %d dumped iterations checked bit for "
           "bit (%d broadcast chunks), stale=%d wrong_session=%d future=%d "
-          "out_of_range=%d" % (lcores, (", consistent broadcast" if consistent
+          "out_of_range=%d bad_tag=%d unpinned=%d (frame_auth=%s)" % (lcores, (", consistent broadcast" if consistent
                                 else "") + (", push feedback" if feedback
                                             else ""), ITERATIONS, DUMP_ITERS, checked_chunks,
                                c["push_stale_round"], c["push_wrong_session"],
-                               c["push_future_round"], c["push_out_of_range"]))
+                               c["push_future_round"], c["push_out_of_range"],
+                               c["push_bad_tag"], c["frames_unpinned_source"],
+                               frame_auth))
     shutil.rmtree(tmp, ignore_errors=True)
     print("1 passed, 0 failed")
 

@@ -96,6 +96,10 @@ std::vector<ControlMessage> Samples() {
                  {"fc.bias", {1000}},
                  {"scalar", {}},
                  {"", {0, std::numeric_limits<int64_t>::max()}}};
+  for (size_t i = 0; i < join.nonce.size(); ++i) join.nonce[i] = 0xA0 + i;
+  join.data_mac = {0x02, 0, 0, 0, 0, 0x07};
+  join.data_ipv4 = 0x0A000009;
+  join.data_udp_port = 51000;
   v.push_back(join);
 
   WelcomeMsg w;
@@ -115,7 +119,18 @@ std::vector<ControlMessage> Samples() {
   w.server_mac = {0x02, 0x00, 0x5e, 0x10, 0xfe, 0xff};
   w.policy = "dblp";
   w.layers = join.layers;
+  w.worker_ipv4 = 0x0A000005;
+  w.frame_auth = 2;
+  w.job_nonce.fill(0x5A);
+  for (size_t i = 0; i < w.mac.size(); ++i) w.mac[i] = static_cast<uint8_t>(i);
   v.push_back(w);
+  ChallengeMsg ch;
+  ch.nonce.fill(0x11);
+  ch.proof.fill(0xEE);
+  v.push_back(ch);
+  ProofMsg pr;
+  pr.proof.fill(0x42);
+  v.push_back(pr);
 
   v.push_back(RoundBeginMsg{.round = 0xFFFFFFFF,
                             .iteration = 12345,
@@ -187,7 +202,8 @@ TEST(ControlCodec, RoundTripEveryType) {
     EXPECT_EQ(d.Next(got), Status::kNeedMore);
     seen.insert(TypeOf(msg));
   }
-  EXPECT_EQ(seen.size(), 9u) << "a message type has no round-trip sample";
+  EXPECT_EQ(seen.size(), std::variant_size_v<ControlMessage>)
+      << "a message type has no round-trip sample";
 }
 
 TEST(ControlCodec, RoundTripAtLimitsAndExactDoubles) {
@@ -386,6 +402,8 @@ TEST(ControlDecoder, EveryErrorReachedByCraftedFrame) {
     for (uint32_t i = 0; i < dims_count && i < 9; ++i) {
       b.U64(static_cast<uint64_t>(dim));
     }
+    // v4's tail: nonce, data MAC, IPv4, UDP port.
+    for (int i = 0; i < 32 + 6 + 4 + 2; ++i) b.U8(0);
     return Frame(1, b);
   };
   auto round_begin = [](double p, double minf) {
@@ -399,7 +417,7 @@ TEST(ControlDecoder, EveryErrorReachedByCraftedFrame) {
                  "max_frame");
   ExpectRejected({0, 0, 0, 0}, ControlError::kEmptyFrame, "length 0");
   ExpectRejected(Frame(0, Bytes()), ControlError::kUnknownType, "type 0");
-  ExpectRejected(Frame(10, Bytes()), ControlError::kUnknownType, "type 10");
+  ExpectRejected(Frame(12, Bytes()), ControlError::kUnknownType, "type 12");
 
   // kTruncatedBody: missing fixed field, string past the end, vector count
   // past the end.
@@ -703,12 +721,13 @@ TEST(ControlCodec, NamesAreDistinctAndTypesMatchWire) {
   }
   EXPECT_EQ(names.size(), 10u);
   EXPECT_STREQ(ControlErrorName(ControlError::kNone), "none");
-  const char* want[] = {"JOIN", "WELCOME", "ROUND_BEGIN", "PROBE",   "BITMAP",
-                        "STOP", "BYE",     "ERROR",       "ACCEPTED"};
+  const char* want[] = {"JOIN",     "WELCOME",   "ROUND_BEGIN", "PROBE",
+                        "BITMAP",   "STOP",      "BYE",         "ERROR",
+                        "ACCEPTED", "CHALLENGE", "PROOF"};
   for (const ControlMessage& msg : Samples()) {
     const auto t = static_cast<uint8_t>(TypeOf(msg));
     ASSERT_GE(t, 1);
-    ASSERT_LE(t, 9);
+    ASSERT_LE(t, std::size(want));
     EXPECT_STREQ(ControlTypeName(msg), want[t - 1]);
   }
   EXPECT_STREQ(ControlTypeName(static_cast<ControlType>(0)), "UNKNOWN");

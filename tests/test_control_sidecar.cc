@@ -39,11 +39,19 @@ using Clock = std::chrono::steady_clock;
 
 constexpr milliseconds kWait{5000};  // generous: 2 shared cores
 
+// When a Node's owner calls Trust() on an accepted connection.
+enum class TrustOn {
+  kNever,
+  kAccept,  // at once: for tests whose peers send more than strangers may
+  kJoin,    // after a JOIN, as dblp-server does after the handshake
+};
+
 // One sidecar, its thread, and everything its callbacks saw.
 class Node {
  public:
-  explicit Node(uint32_t max_frame = kMaxControlFrame, uint32_t tick_ms = 0)
-      : sc_(MakeCallbacks(tick_ms), max_frame) {}
+  explicit Node(uint32_t max_frame = kMaxControlFrame, uint32_t tick_ms = 0,
+                ControlLimits limits = {}, TrustOn trust = TrustOn::kNever)
+      : trust_(trust), sc_(MakeCallbacks(tick_ms), max_frame, limits) {}
   ~Node() { Stop(); }
 
   ControlSidecar& sc() { return sc_; }
@@ -119,6 +127,7 @@ class Node {
   std::vector<ConnId> accepted_;
   std::vector<std::pair<ConnId, ControlMessage>> messages_;
   std::vector<std::pair<ConnId, std::string>> closed_;
+  std::vector<std::string> logs_;
   int wakeups_ = 0;
   int ticks_ = 0;
 
@@ -126,10 +135,17 @@ class Node {
   ControlSidecar::Callbacks MakeCallbacks(uint32_t tick_ms) {
     ControlSidecar::Callbacks cb;
     cb.on_accept = [this](ConnId id) {
+      if (trust_ == TrustOn::kAccept) sc_.Trust(id);
       Record([&] { accepted_.push_back(id); });
     };
     cb.on_message = [this](ConnId id, const ControlMessage& m) {
+      if (trust_ == TrustOn::kJoin && std::holds_alternative<JoinMsg>(m)) {
+        sc_.Trust(id);
+      }
       Record([&] { messages_.emplace_back(id, m); });
+    };
+    cb.on_log = [this](const std::string& line) {
+      Record([&] { logs_.push_back(line); });
     };
     cb.on_close = [this](ConnId id, const std::string& reason) {
       Record([&] { closed_.emplace_back(id, reason); });
@@ -159,6 +175,7 @@ class Node {
   }
 
   std::deque<std::function<void()>> tasks_;
+  TrustOn trust_;
   ControlSidecar sc_;
   std::thread thread_;
 };
@@ -365,8 +382,10 @@ TEST(ControlSidecar, BurstArrivesInOrder) {
 }
 
 TEST(ControlSidecar, LargeMessagesSurvivePartialWrites) {
-  // Server side decoder must accept the big WELCOME.
-  Node server(/*max_frame=*/32u << 20);
+  // Server side decoder must accept the big WELCOME, and the connection
+  // must be trusted to send it.
+  Node server(/*max_frame=*/32u << 20, /*tick_ms=*/0, ControlLimits{},
+              TrustOn::kAccept);
   std::string err;
   ASSERT_TRUE(server.sc().Listen("127.0.0.1:0", &err)) << err;
   Node client;
@@ -473,24 +492,34 @@ TEST(ControlSidecar, ValidFramesBeforeGarbageAreDelivered) {
 }
 
 TEST(ControlSidecar, OversizeDeclaredLengthRejectedQuickly) {
-  Pair p(/*server_max_frame=*/64 * 1024);
-  const int raw = RawConnect(p.server.sc().bound_port());
-  const auto t0 = Clock::now();
-  // Only the header: the server must not wait for 4 GiB of body.
-  RawWrite(raw, {0xFF, 0xFF, 0xFF, 0xFF});
-  ControlDecoder dec;
-  ControlMessage m;
-  ASSERT_TRUE(RawReadMessage(raw, dec, &m));
-  EXPECT_LT(Clock::now() - t0, milliseconds(1000));
-  ASSERT_TRUE(std::holds_alternative<ErrorMsg>(m));
-  const auto& e = std::get<ErrorMsg>(m);
-  EXPECT_EQ(e.code, kErrorCodeProtocol +
-                        static_cast<uint16_t>(ControlError::kFrameTooLarge));
-  EXPECT_NE(e.text.find("max_frame"), std::string::npos) << e.text;
-  EXPECT_TRUE(RawSeesClose(raw));
-  close(raw);
-  ASSERT_TRUE(p.server.WaitFor([&] { return p.server.closed_.size() == 1; }));
-  EXPECT_EQ(p.server.sc().protocol_errors(), 1u);
+  // Trusted: the decoder's max_frame; untrusted: the smaller
+  // max_untrusted_frame, checked by the sidecar.
+  for (const TrustOn trust : {TrustOn::kAccept, TrustOn::kNever}) {
+    SCOPED_TRACE(trust == TrustOn::kAccept ? "trusted" : "untrusted");
+    Node server(/*max_frame=*/64 * 1024, 0, ControlLimits{}, trust);
+    std::string err;
+    ASSERT_TRUE(server.sc().Listen("127.0.0.1:0", &err)) << err;
+    server.Start();
+    const int raw = RawConnect(server.sc().bound_port());
+    const auto t0 = Clock::now();
+    // Only the header: the server must not wait for 4 GiB of body.
+    RawWrite(raw, {0xFF, 0xFF, 0xFF, 0xFF});
+    ControlDecoder dec;
+    ControlMessage m;
+    ASSERT_TRUE(RawReadMessage(raw, dec, &m));
+    EXPECT_LT(Clock::now() - t0, milliseconds(1000));
+    ASSERT_TRUE(std::holds_alternative<ErrorMsg>(m));
+    const auto& e = std::get<ErrorMsg>(m);
+    EXPECT_EQ(e.code, kErrorCodeProtocol +
+                          static_cast<uint16_t>(ControlError::kFrameTooLarge));
+    const char* limit =
+        trust == TrustOn::kAccept ? "> max_frame" : "> max_untrusted_frame";
+    EXPECT_NE(e.text.find(limit), std::string::npos) << e.text;
+    EXPECT_TRUE(RawSeesClose(raw));
+    close(raw);
+    ASSERT_TRUE(server.WaitFor([&] { return server.closed_.size() == 1; }));
+    EXPECT_EQ(server.sc().protocol_errors(), 1u);
+  }
 }
 
 TEST(ControlSidecar, PeerCloseCallsOnCloseOnceOnBothSides) {
@@ -751,6 +780,328 @@ TEST(ControlSidecar, NoFdLeaks) {
     // p's connection is still open: the destructors must close it.
   }
   EXPECT_EQ(OpenFds(), before);
+}
+
+// --- limits (ControlLimits) --------------------------------------------------
+
+// Every limit off but the ones a test sets: each test sees one limit act.
+ControlLimits NoLimits() {
+  ControlLimits l;
+  l.max_connections = 0;
+  l.join_deadline = milliseconds(0);
+  l.max_untrusted_frame = kMaxControlFrame;
+  l.partial_message_timeout = milliseconds(0);
+  l.idle_timeout = milliseconds(0);
+  return l;
+}
+
+// A listening server node, running.
+std::unique_ptr<Node> StartServer(ControlLimits limits,
+                                  TrustOn trust = TrustOn::kJoin) {
+  auto n = std::make_unique<Node>(kMaxControlFrame, 0, limits, trust);
+  std::string err;
+  EXPECT_TRUE(n->sc().Listen("127.0.0.1:0", &err)) << err;
+  n->Start();
+  return n;
+}
+
+std::vector<uint8_t> LengthPrefix(uint32_t len) {
+  return {static_cast<uint8_t>(len >> 24), static_cast<uint8_t>(len >> 16),
+          static_cast<uint8_t>(len >> 8), static_cast<uint8_t>(len)};
+}
+
+// The ERROR the server sent before closing (code 0 and the text "none" if
+// there was none).
+ErrorMsg ReadError(int fd) {
+  ControlDecoder dec;
+  ControlMessage m;
+  if (!RawReadMessage(fd, dec, &m)) return ErrorMsg{0, "none"};
+  if (const auto* e = std::get_if<ErrorMsg>(&m)) return *e;
+  return ErrorMsg{0, std::string("a ") + ControlTypeName(m)};
+}
+
+JoinMsg Join(const std::string& name) {
+  JoinMsg j;
+  j.worker_name = name;
+  return j;
+}
+
+bool Contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+TEST(ControlSidecarLimits, DefaultsAreSafe) {
+  const ControlLimits l;
+  EXPECT_GT(l.max_connections, 0u);
+  EXPECT_GT(l.join_deadline.count(), 0);
+  EXPECT_LT(l.max_untrusted_frame, kMaxControlFrame);
+  EXPECT_GE(l.max_untrusted_frame, 16u << 10);  // a JOIN with layers fits
+  EXPECT_GT(l.partial_message_timeout.count(), 0);
+  EXPECT_EQ(l.idle_timeout.count(), 0);  // jobs may be quiet for long
+}
+
+TEST(ControlSidecarLimits, MaxConnectionsRefusesCountsAndLogsOnce) {
+  ControlLimits l = NoLimits();
+  l.max_connections = 3;
+  auto server = StartServer(l);
+  const uint16_t port = server->sc().bound_port();
+  std::vector<int> admitted;
+  for (int i = 0; i < 3; ++i) admitted.push_back(RawConnect(port));
+  ASSERT_TRUE(server->WaitFor([&] { return server->accepted_.size() == 3; }));
+  EXPECT_EQ(server->sc().open_connections(), 3u);
+
+  constexpr int kExtra = 5;
+  for (int i = 0; i < kExtra; ++i) {
+    const int fd = RawConnect(port);
+    const ErrorMsg e = ReadError(fd);
+    EXPECT_EQ(e.code, kErrorCodeLimit) << e.text;
+    EXPECT_TRUE(Contains(e.text, "max_connections")) << e.text;
+    EXPECT_TRUE(RawSeesClose(fd));
+    close(fd);
+  }
+  EXPECT_EQ(server->sc().connections_refused(), uint64_t{kExtra});
+  // Refused connections never reach the owner.
+  EXPECT_EQ(server->accepted().size(), 3u);
+  EXPECT_TRUE(server->closed().empty());
+  // One log line for the burst, naming the limit and the fix.
+  const auto logs = [&] {
+    std::lock_guard lock(server->mu_);
+    return server->logs_;
+  }();
+  ASSERT_EQ(logs.size(), 1u);
+  EXPECT_TRUE(Contains(logs[0], "max_connections")) << logs[0];
+  EXPECT_TRUE(Contains(logs[0], "--control_max_connections")) << logs[0];
+
+  // A slot freed by a close is usable again.
+  close(admitted[0]);
+  ASSERT_TRUE(server->WaitFor([&] { return server->closed_.size() == 1; }));
+  const int again = RawConnect(port);
+  ASSERT_TRUE(server->WaitFor([&] { return server->accepted_.size() == 4; }));
+  EXPECT_EQ(server->sc().connections_refused(), uint64_t{kExtra});
+  EXPECT_EQ(server->sc().open_connections(), 3u);
+  close(again);
+  for (size_t i = 1; i < admitted.size(); ++i) close(admitted[i]);
+}
+
+TEST(ControlSidecarLimits, JoinDeadlineClosesUntrustedButNotTrusted) {
+  ControlLimits l = NoLimits();
+  l.join_deadline = milliseconds(150);
+  auto server = StartServer(l, TrustOn::kJoin);
+  const uint16_t port = server->sc().bound_port();
+  const auto t0 = Clock::now();
+  const int stranger = RawConnect(port);
+  const int member = RawConnect(port);
+  RawWrite(member, EncodeControl(Join("w0")));
+  ASSERT_TRUE(server->WaitFor([&] { return server->messages_.size() == 1; }));
+  const ConnId member_id = server->messages()[0].first;
+  EXPECT_TRUE(server->Call(
+      [&](ControlSidecar& sc) { return sc.IsTrusted(member_id); }));
+
+  const ErrorMsg e = ReadError(stranger);
+  const auto took = Clock::now() - t0;
+  EXPECT_EQ(e.code, kErrorCodeLimit) << e.text;
+  EXPECT_TRUE(Contains(e.text, "join_deadline")) << e.text;
+  EXPECT_TRUE(RawSeesClose(stranger));
+  EXPECT_GE(took, milliseconds(140));
+  EXPECT_LT(took, milliseconds(3000));
+  close(stranger);
+  ASSERT_TRUE(server->WaitFor([&] { return server->closed_.size() == 1; }));
+  EXPECT_TRUE(Contains(server->closed()[0].second, "join deadline"))
+      << server->closed()[0].second;
+  EXPECT_NE(server->closed()[0].first, member_id);
+  EXPECT_EQ(server->sc().join_timeouts(), 1u);
+
+  // The trusted one outlives the deadline several times and is served.
+  std::this_thread::sleep_for(milliseconds(500));
+  RawWrite(member, EncodeControl(ByeMsg{.reason = "still here"}));
+  ASSERT_TRUE(server->WaitFor([&] { return server->messages_.size() == 2; }));
+  EXPECT_EQ(server->closed().size(), 1u);
+  EXPECT_EQ(server->sc().join_timeouts(), 1u);
+  close(member);
+}
+
+TEST(ControlSidecarLimits, PartialFrameTimesOutTrustedOrNot) {
+  ControlLimits l = NoLimits();
+  l.partial_message_timeout = milliseconds(150);
+  auto server = StartServer(l, TrustOn::kJoin);
+  const uint16_t port = server->sc().bound_port();
+  // Untrusted: a length prefix and a few bytes of the body, then silence.
+  const int untrusted = RawConnect(port);
+  auto bytes = LengthPrefix(1000);
+  bytes.insert(bytes.end(), {static_cast<uint8_t>(ControlType::kBye), 0, 5});
+  const auto t0 = Clock::now();
+  RawWrite(untrusted, bytes);
+  // Trusted (after its JOIN): the same truncated message.
+  const int trusted = RawConnect(port);
+  RawWrite(trusted, EncodeControl(Join("w0")));
+  RawWrite(trusted, bytes);
+  // A frame completed in pieces within the timeout is fine, and an idle
+  // connection (no frame begun) is not touched.
+  const int slow = RawConnect(port);
+  const int idle = RawConnect(port);
+  const auto bye = EncodeControl(ByeMsg{.reason = "in pieces"});
+  RawWrite(slow, std::vector<uint8_t>(bye.begin(), bye.begin() + 3));
+  std::this_thread::sleep_for(milliseconds(50));
+  RawWrite(slow, std::vector<uint8_t>(bye.begin() + 3, bye.end()));
+
+  for (const int fd : {untrusted, trusted}) {
+    const ErrorMsg e = ReadError(fd);
+    EXPECT_EQ(e.code, kErrorCodeLimit) << e.text;
+    EXPECT_TRUE(Contains(e.text, "partial_message_timeout")) << e.text;
+    EXPECT_TRUE(RawSeesClose(fd));
+  }
+  EXPECT_GE(Clock::now() - t0, milliseconds(140));
+  ASSERT_TRUE(server->WaitFor([&] { return server->closed_.size() == 2; }));
+  for (const auto& [id, reason] : server->closed()) {
+    EXPECT_TRUE(Contains(reason, "partial message timeout")) << reason;
+  }
+  EXPECT_EQ(server->sc().partial_timeouts(), 2u);
+  std::this_thread::sleep_for(milliseconds(300));
+  EXPECT_EQ(server->closed().size(), 2u) << "slow or idle connection closed";
+  const auto msgs = server->messages();
+  ASSERT_EQ(msgs.size(), 2u);  // the JOIN and the BYE sent in pieces
+  EXPECT_EQ(msgs[1].second, ControlMessage(ByeMsg{.reason = "in pieces"}));
+  for (const int fd : {untrusted, trusted, slow, idle}) close(fd);
+}
+
+TEST(ControlSidecarLimits, UntrustedFrameLimitOnThePrefixTrustedGetsMaxFrame) {
+  ControlLimits l = NoLimits();
+  l.max_untrusted_frame = 1024;
+  auto server = StartServer(l, TrustOn::kJoin);
+  const uint16_t port = server->sc().bound_port();
+
+  // Exactly the limit (type + body = 1024 bytes) passes untrusted.
+  const int edge = RawConnect(port);
+  const ByeMsg at_limit{.reason = std::string(1024 - 3, 'x')};
+  const auto at_limit_bytes = EncodeControl(at_limit);
+  ASSERT_EQ(at_limit_bytes.size(), kControlFrameHeader + 1024);
+  RawWrite(edge, at_limit_bytes);
+  ASSERT_TRUE(server->WaitFor([&] { return server->messages_.size() == 1; }));
+
+  // One byte more is refused on the length prefix alone, at once.
+  const int big = RawConnect(port);
+  const auto t0 = Clock::now();
+  RawWrite(big, LengthPrefix(1025));
+  const ErrorMsg e = ReadError(big);
+  EXPECT_LT(Clock::now() - t0, milliseconds(1000));
+  EXPECT_EQ(e.code, kErrorCodeProtocol +
+                        static_cast<uint16_t>(ControlError::kFrameTooLarge));
+  EXPECT_TRUE(Contains(e.text, "max_untrusted_frame")) << e.text;
+  EXPECT_TRUE(RawSeesClose(big));
+  ASSERT_TRUE(server->WaitFor([&] { return server->closed_.size() == 1; }));
+  EXPECT_TRUE(Contains(server->closed()[0].second, "max_untrusted_frame"))
+      << server->closed()[0].second;
+  EXPECT_EQ(server->sc().protocol_errors(), 1u);
+
+  // A JOIN and a large frame in one write: the JOIN's callback trusts the
+  // connection before the large frame's prefix is checked.
+  const int member = RawConnect(port);
+  auto bytes = EncodeControl(Join("w0"));
+  const auto bitmap = RandomBitmap(64 * 1024, 5);  // 8 KiB of words
+  const auto bitmap_bytes = EncodeControl(bitmap);
+  bytes.insert(bytes.end(), bitmap_bytes.begin(), bitmap_bytes.end());
+  RawWrite(member, bytes);
+  ASSERT_TRUE(server->WaitFor([&] { return server->messages_.size() == 3; }));
+  EXPECT_TRUE(server->messages()[2].second == ControlMessage(bitmap));
+  EXPECT_EQ(server->closed().size(), 1u);
+  EXPECT_EQ(server->sc().protocol_errors(), 1u);
+  for (const int fd : {edge, big, member}) close(fd);
+}
+
+TEST(ControlSidecarLimits, IdleTimeoutClosesOnlyQuietConnections) {
+  ControlLimits l = NoLimits();
+  l.idle_timeout = milliseconds(150);
+  auto server = StartServer(l, TrustOn::kJoin);
+  const uint16_t port = server->sc().bound_port();
+  const int quiet = RawConnect(port);
+  const int chatty = RawConnect(port);
+  RawWrite(chatty, EncodeControl(Join("w0")));
+  // Keeps talking for 3x the timeout: never idle that long.
+  const auto t0 = Clock::now();
+  while (Clock::now() - t0 < milliseconds(450)) {
+    RawWrite(chatty, EncodeControl(ByeMsg{.reason = "tick"}));
+    std::this_thread::sleep_for(milliseconds(30));
+  }
+  const ErrorMsg e = ReadError(quiet);
+  EXPECT_EQ(e.code, kErrorCodeLimit) << e.text;
+  EXPECT_TRUE(Contains(e.text, "idle_timeout")) << e.text;
+  EXPECT_TRUE(RawSeesClose(quiet));
+  ASSERT_TRUE(server->WaitFor([&] { return server->closed_.size() >= 1; }));
+  EXPECT_EQ(server->closed().size(), 1u) << "the chatty one was closed too";
+  EXPECT_EQ(server->sc().idle_timeouts(), 1u);
+  // Once it stops, it is idle as well (trusted or not).
+  const ErrorMsg e2 = ReadError(chatty);
+  EXPECT_TRUE(Contains(e2.text, "idle_timeout")) << e2.text;
+  ASSERT_TRUE(server->WaitFor([&] { return server->closed_.size() == 2; }));
+  EXPECT_TRUE(Contains(server->closed()[1].second, "idle timeout"))
+      << server->closed()[1].second;
+  EXPECT_EQ(server->sc().idle_timeouts(), 2u);
+  close(quiet);
+  close(chatty);
+}
+
+TEST(ControlSidecarLimits, ConnectedConnectionsStartTrusted) {
+  // A client's connection to its server is not subject to the join deadline
+  // or the untrusted frame limit (its peer is the one it chose).
+  ControlLimits l = NoLimits();
+  l.join_deadline = milliseconds(50);
+  l.max_untrusted_frame = 64;
+  Node server(kMaxControlFrame, 0, ControlLimits{}, TrustOn::kAccept);
+  std::string err;
+  ASSERT_TRUE(server.sc().Listen("127.0.0.1:0", &err)) << err;
+  Node client(kMaxControlFrame, 0, l);
+  ConnId conn = 0;
+  ASSERT_TRUE(
+      client.sc().Connect(Addr(server.sc().bound_port()), 2000, &conn, &err))
+      << err;
+  EXPECT_TRUE(client.sc().IsTrusted(conn));
+  server.Start();
+  client.Start();
+  ASSERT_TRUE(server.WaitFor([&] { return server.accepted_.size() == 1; }));
+  std::this_thread::sleep_for(milliseconds(200));
+  const auto bitmap = RandomBitmap(8192, 9);  // 1 KiB > 64
+  EXPECT_TRUE(server.Send(server.accepted()[0], bitmap));
+  ASSERT_TRUE(client.WaitFor([&] { return client.messages_.size() == 1; }));
+  EXPECT_TRUE(client.messages()[0].second == ControlMessage(bitmap));
+  EXPECT_TRUE(client.closed().empty());
+  EXPECT_EQ(client.sc().join_timeouts(), 0u);
+}
+
+TEST(ControlSidecarLimits, ManyStalledConnectionsAllClosedAndFreed) {
+  // Many strangers, half silent and half holding a partial frame just under
+  // the untrusted limit: every one is closed by a limit and its socket
+  // released (no fd leak), and the counters add up.
+  ControlLimits l = NoLimits();
+  l.max_connections = 64;
+  l.join_deadline = milliseconds(300);
+  l.partial_message_timeout = milliseconds(150);
+  l.max_untrusted_frame = 32 * 1024;
+  const size_t fds_before = OpenFds();
+  {
+    auto server = StartServer(l, TrustOn::kNever);
+    const uint16_t port = server->sc().bound_port();
+    std::vector<int> fds;
+    for (int i = 0; i < 40; ++i) {
+      const int fd = RawConnect(port);
+      if (i % 2 == 1) {
+        auto bytes = LengthPrefix(32 * 1024);
+        bytes.push_back(static_cast<uint8_t>(ControlType::kBye));
+        bytes.resize(bytes.size() + 30 * 1024, 0);
+        RawWrite(fd, bytes);
+      }
+      fds.push_back(fd);
+    }
+    for (const int fd : fds) {
+      EXPECT_EQ(ReadError(fd).code, kErrorCodeLimit);
+      EXPECT_TRUE(RawSeesClose(fd));
+      close(fd);
+    }
+    ASSERT_TRUE(server->WaitFor([&] { return server->closed_.size() == 40; }));
+    EXPECT_EQ(server->sc().partial_timeouts(), 20u);
+    EXPECT_EQ(server->sc().join_timeouts(), 20u);
+    EXPECT_EQ(server->sc().open_connections(), 0u);
+  }
+  EXPECT_EQ(OpenFds(), fds_before);
 }
 
 }  // namespace

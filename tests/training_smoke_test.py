@@ -92,7 +92,10 @@ def main():
     tmp = tempfile.mkdtemp(prefix="dblp-train-smoke-")
     port = free_port()
     uniq = "ts%d" % os.getpid()
-    common = ["--seed=3", "--burst_iters=%d" % (ITERATIONS // 2),
+    secret = os.path.join(tmp, "job.secret")
+    with os.fdopen(os.open(secret, os.O_WRONLY | os.O_CREAT, 0o600), "wb") as f:
+        f.write(os.urandom(32))
+    common = ["--secret_file=" + secret, "--seed=3", "--burst_iters=%d" % (ITERATIONS // 2),
               "--burst_loss=0.7", "--stats_period=0", "--idle_sleep_us=50"]
     dump = os.path.join(tmp, "dump")
     server_extra = []

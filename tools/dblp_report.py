@@ -328,6 +328,8 @@ SERVER_COUNTER_GROUPS = [
     ("malformed", ["push_malformed", "push_wrong_session", "push_wrong_sender",
                    "push_wrong_type", "push_out_of_range", "decode_*",
                    "frame_*"]),
+    ("forged", ["push_bad_tag", "frames_unpinned_source",
+                "control_auth_failures", "control_out_of_state"]),
     ("injected_drops", ["injected_drops"]),
     ("device_drops", ["device_imissed", "device_rx_nombuf",
                       "device_oerrors"]),
@@ -338,7 +340,8 @@ WORKER_COUNTER_GROUPS = [
     ("injected_drops", ["injected_drops"]),
     ("device_drops", ["device_imissed", "device_rx_nombuf",
                       "device_oerrors"]),
-    ("bcast_stale", ["bcast_stale"]),
+    ("bcast_stale", ["bcast_stale_round", "bcast_stale"]),
+    ("bcast_forged", ["bcast_bad_tag", "frames_unpinned_source"]),
     ("bcast_malformed", ["bcast_malformed", "frame_*"]),
 ]
 

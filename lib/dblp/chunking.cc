@@ -7,7 +7,7 @@
 
 namespace dblp {
 
-uint32_t ChunkPayloadForMtu(uint32_t mtu) {
+uint32_t ChunkPayloadForMtu(uint32_t mtu, uint32_t tag_bytes) {
   if (mtu < kMinMtu || mtu > kMaxMtu) {
     throw std::invalid_argument(
         "MTU " + std::to_string(mtu) + " is outside [" +
@@ -16,7 +16,7 @@ uint32_t ChunkPayloadForMtu(uint32_t mtu) {
   }
   const uint32_t room =
       mtu - kIpv4HeaderBytes - kUdpHeaderBytes - kDataHeaderBytes;
-  return room & ~3u;
+  return (room & ~3u) - tag_bytes;
 }
 
 ChunkLayout::ChunkLayout(uint64_t total_bytes, uint32_t chunk_payload)

@@ -16,9 +16,10 @@ inline constexpr uint32_t kMinMtu = 576;   // IPv4 minimum reassembly size
 inline constexpr uint32_t kMaxMtu = 9216;  // common jumbo ceiling
 
 // Chunk payload bytes for a given IP MTU: MTU - IPv4 - UDP - DBLP header,
-// rounded down to a multiple of 4 so a chunk never splits a float32.
+// rounded down to a multiple of 4 so a chunk never splits a float32, less
+// `tag_bytes` (an authenticated job's frame tag, a multiple of 4).
 // Throws std::invalid_argument if the MTU is outside [kMinMtu, kMaxMtu].
-uint32_t ChunkPayloadForMtu(uint32_t mtu);
+uint32_t ChunkPayloadForMtu(uint32_t mtu, uint32_t tag_bytes = 0);
 
 class ChunkLayout {
  public:

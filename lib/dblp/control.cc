@@ -7,6 +7,8 @@
 #include <type_traits>
 #include <utility>
 
+#include "dblp/frame_auth.h"
+
 namespace dblp {
 namespace {
 
@@ -29,7 +31,11 @@ static_assert(
     std::is_same_v<std::variant_alternative_t<7, ControlMessage>, ErrorMsg>);
 static_assert(
     std::is_same_v<std::variant_alternative_t<8, ControlMessage>, AcceptedMsg>);
-static_assert(std::variant_size_v<ControlMessage> == 9);
+static_assert(std::is_same_v<std::variant_alternative_t<9, ControlMessage>,
+                             ChallengeMsg>);
+static_assert(
+    std::is_same_v<std::variant_alternative_t<10, ControlMessage>, ProofMsg>);
+static_assert(std::variant_size_v<ControlMessage> == 11);
 
 // Smallest encodings, used to bound a declared count by the bytes left
 // before anything is reserved.
@@ -121,8 +127,14 @@ class Checker {
            Layers(m.layers);
   }
   bool Check(const WelcomeMsg& m) {
+    if (m.frame_auth > kMaxFrameAuthMode) {
+      return Fail(ControlError::kBadValue, "frame_auth",
+                  "unknown mode " + std::to_string(m.frame_auth));
+    }
     return String(m.policy, kMaxControlString, "policy") && Layers(m.layers);
   }
+  bool Check(const ChallengeMsg&) { return true; }
+  bool Check(const ProofMsg&) { return true; }
   bool Check(const RoundBeginMsg& m) {
     return Dir(m.direction) && Fraction(m.p, "p") &&
            Fraction(m.min_fraction, "min_fraction", /*one_allowed=*/true);
@@ -215,7 +227,20 @@ class Writer {
     U64(m.total_bytes);
     U32(m.mtu);
     Layers(m.layers);
+    Raw(m.nonce);
+    Raw(m.data_mac);
+    U32(m.data_ipv4);
+    U16(m.data_udp_port);
   }
+  template <size_t N>
+  void Raw(const std::array<uint8_t, N>& a) {
+    out_.insert(out_.end(), a.begin(), a.end());
+  }
+  void Body(const ChallengeMsg& m) {
+    Raw(m.nonce);
+    Raw(m.proof);
+  }
+  void Body(const ProofMsg& m) { Raw(m.proof); }
   void Body(const WelcomeMsg& m) {
     U32(m.session);
     U16(m.rank);
@@ -233,6 +258,10 @@ class Writer {
     out_.insert(out_.end(), m.server_mac.begin(), m.server_mac.end());
     Str(m.policy);
     Layers(m.layers);
+    U32(m.worker_ipv4);
+    U8(m.frame_auth);
+    Raw(m.job_nonce);
+    Raw(m.mac);
   }
   void Body(const RoundBeginMsg& m) {
     U32(m.round);
@@ -417,8 +446,14 @@ class Reader {
            U32(m.session, "session") &&
            Str(m.worker_name, kMaxControlString, "worker_name") &&
            U64(m.total_bytes, "total_bytes") && U32(m.mtu, "mtu") &&
-           Layers(m.layers);
+           Layers(m.layers) && Bytes(m.nonce, "nonce") &&
+           Bytes(m.data_mac, "data_mac") && U32(m.data_ipv4, "data_ipv4") &&
+           U16(m.data_udp_port, "data_udp_port");
   }
+  bool Body(ChallengeMsg& m) {
+    return Bytes(m.nonce, "nonce") && Bytes(m.proof, "proof");
+  }
+  bool Body(ProofMsg& m) { return Bytes(m.proof, "proof"); }
   bool Body(WelcomeMsg& m) {
     return U32(m.session, "session") && U16(m.rank, "rank") &&
            U16(m.num_workers, "num_workers") && U32(m.mtu, "mtu") &&
@@ -432,7 +467,10 @@ class Reader {
            Flag(m.consistent_broadcast, "consistent_broadcast") &&
            U32(m.server_ipv4, "server_ipv4") &&
            Bytes(m.server_mac, "server_mac") &&
-           Str(m.policy, kMaxControlString, "policy") && Layers(m.layers);
+           Str(m.policy, kMaxControlString, "policy") && Layers(m.layers) &&
+           U32(m.worker_ipv4, "worker_ipv4") &&
+           U8(m.frame_auth, "frame_auth") && Bytes(m.job_nonce, "job_nonce") &&
+           Bytes(m.mac, "mac");
   }
   bool Body(RoundBeginMsg& m) {
     return U32(m.round, "round") && U32(m.iteration, "iteration") &&
@@ -499,7 +537,7 @@ class Reader {
 
 bool IsKnownType(uint8_t t) {
   return t >= static_cast<uint8_t>(ControlType::kJoin) &&
-         t <= static_cast<uint8_t>(ControlType::kAccepted);
+         t <= static_cast<uint8_t>(ControlType::kProof);
 }
 
 // Parses a body of alternative T; on failure fills err/text.
@@ -577,12 +615,28 @@ const char* ControlTypeName(ControlType t) {
       return "ERROR";
     case ControlType::kAccepted:
       return "ACCEPTED";
+    case ControlType::kChallenge:
+      return "CHALLENGE";
+    case ControlType::kProof:
+      return "PROOF";
   }
   return "UNKNOWN";
 }
 
 ControlType TypeOf(const ControlMessage& m) {
   return static_cast<ControlType>(m.index() + 1);
+}
+
+bool IsServerMessage(const ControlMessage& m) {
+  return std::holds_alternative<WelcomeMsg>(m) ||
+         std::holds_alternative<ChallengeMsg>(m) ||
+         std::holds_alternative<RoundBeginMsg>(m) ||
+         std::holds_alternative<AcceptedMsg>(m);
+}
+
+bool IsWorkerOnlyMessage(const ControlMessage& m) {
+  return std::holds_alternative<JoinMsg>(m) ||
+         std::holds_alternative<ProofMsg>(m);
 }
 
 const char* ControlTypeName(const ControlMessage& m) {
@@ -704,6 +758,12 @@ ControlDecoder::Status ControlDecoder::Next(ControlMessage& out) {
       break;
     case ControlType::kAccepted:
       ok = ParseAs<AcceptedMsg>(body, body_len, name, out, err, text);
+      break;
+    case ControlType::kChallenge:
+      ok = ParseAs<ChallengeMsg>(body, body_len, name, out, err, text);
+      break;
+    case ControlType::kProof:
+      ok = ParseAs<ProofMsg>(body, body_len, name, out, err, text);
       break;
   }
   if (!ok) return Fail(err, std::move(text));

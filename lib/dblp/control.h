@@ -28,7 +28,11 @@ namespace dblp {
 // 3: WELCOME carries resync_every (replicas re-synchronised, resync.h) and
 //    push_feedback and consistent_broadcast; ACCEPTED (the push's final
 //    accepted set) is new.
-inline constexpr uint16_t kControlVersion = 3;
+// 4: authenticated jobs (job_auth.h): JOIN carries the worker's nonce and
+//    its data source; CHALLENGE and PROOF are new; WELCOME carries the
+//    worker's pinned IPv4, the frame authentication mode, the job nonce and
+//    a MAC over itself.
+inline constexpr uint16_t kControlVersion = 4;
 inline constexpr uint32_t kMaxControlFrame = 1u << 20;  // default decoder limit
 inline constexpr size_t kControlFrameHeader = 4;        // the u32 length
 
@@ -48,7 +52,12 @@ enum class ControlType : uint8_t {
   kBye = 7,
   kError = 8,
   kAccepted = 9,
+  kChallenge = 10,
+  kProof = 11,
 };
+
+// Handshake values (job_auth.h): nonces and HMAC-SHA256 outputs.
+using AuthBytes = std::array<uint8_t, 32>;
 
 struct LayerInfo {
   std::string name;
@@ -66,6 +75,13 @@ struct JoinMsg {
   uint64_t total_bytes = 0;
   uint32_t mtu = 0;
   std::vector<LayerInfo> layers;
+  // Since v4. The worker's fresh random nonce (job_auth.h).
+  AuthBytes nonce{};
+  // Where its data frames will come from, pinned by the server: the port's
+  // MAC and an IPv4 (0 = let the server assign one).
+  std::array<uint8_t, 6> data_mac{};
+  uint32_t data_ipv4 = 0;
+  uint16_t data_udp_port = 0;  // 0: the server's base port + 1 + rank
   bool operator==(const JoinMsg&) const = default;
 };
 
@@ -94,7 +110,31 @@ struct WelcomeMsg {
   std::array<uint8_t, 6> server_mac{};
   std::string policy;
   std::vector<LayerInfo> layers;
+  // Since v4. The IPv4 the worker's data frames must come from (the server
+  // pinned it with the JOIN's MAC and its UDP port).
+  uint32_t worker_ipv4 = 0;
+  // FrameAuthMode (frame_auth.h): 0 none, 1 header, 2 full.
+  uint8_t frame_auth = 0;
+  // The job's random nonce: the frame key and the session derive from it.
+  AuthBytes job_nonce{};
+  // HMAC over this WELCOME (with mac zeroed) and both handshake nonces:
+  // only the server that proved the secret could have sent it.
+  AuthBytes mac{};
   bool operator==(const WelcomeMsg&) const = default;
+};
+
+// Server -> worker, answering JOIN: the server's nonce and its proof that
+// it holds the job secret (job_auth.h). Since v4.
+struct ChallengeMsg {
+  AuthBytes nonce{};
+  AuthBytes proof{};
+  bool operator==(const ChallengeMsg&) const = default;
+};
+
+// Worker -> server, answering CHALLENGE: the worker's proof. Since v4.
+struct ProofMsg {
+  AuthBytes proof{};
+  bool operator==(const ProofMsg&) const = default;
 };
 
 // Server -> worker: a round starts, with the tolerance p it must honour.
@@ -169,7 +209,8 @@ struct ErrorMsg {
 // Alternative index + 1 == ControlType value (static_assert'ed in the .cc).
 using ControlMessage =
     std::variant<JoinMsg, WelcomeMsg, RoundBeginMsg, ProbeMsg, BitmapMsg,
-                 StopMsg, ByeMsg, ErrorMsg, AcceptedMsg>;
+                 StopMsg, ByeMsg, ErrorMsg, AcceptedMsg, ChallengeMsg,
+                 ProofMsg>;
 
 enum class ControlError : uint8_t {
   kNone,
@@ -188,6 +229,11 @@ const char* ControlErrorName(ControlError e);
 const char* ControlTypeName(ControlType t);  // "JOIN", ...; "UNKNOWN"
 const char* ControlTypeName(const ControlMessage& m);
 ControlType TypeOf(const ControlMessage& m);
+// Messages only a server sends (WELCOME, CHALLENGE, ROUND_BEGIN, ACCEPTED)
+// and only a worker sends (JOIN, PROOF): either one arriving at the wrong
+// end is out of order.
+bool IsServerMessage(const ControlMessage& m);
+bool IsWorkerOnlyMessage(const ControlMessage& m);
 
 // Checks a message against the field limits and value rules above. Returns
 // kNone if it may be sent; otherwise the error the decoder would report,

@@ -1,6 +1,9 @@
 #include "dblp/control_sidecar.h"
 
 #include <arpa/inet.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -14,6 +17,7 @@
 #include <array>
 #include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <optional>
 #include <stdexcept>
 #include <system_error>
@@ -40,6 +44,27 @@ constexpr size_t kReadChunk = 64 * 1024;
 constexpr int kMaxReadsPerEvent = 16;
 constexpr int kMaxAcceptsPerEvent = 64;
 constexpr std::chrono::milliseconds kAcceptPause{100};
+// A refused connection is logged at most once per this period; the lines in
+// between are counted into the next one, so a flood cannot flood stderr.
+constexpr std::chrono::seconds kRefusalLogPeriod{5};
+// A decoder that held more than this for one frame is replaced by a fresh
+// one once the frame is consumed: ControlDecoder keeps its capacity, and a
+// peer's single large frame must not pin that memory for the connection's
+// lifetime. At or below it, reuse saves an allocation per frame.
+constexpr size_t kShrinkAbove = 64 * 1024;
+// malloc_trim once this much peer-controlled buffer memory was freed, at
+// most once per kTrimPeriod (it walks every arena).
+constexpr size_t kTrimAfterBytes = size_t{1} << 20;
+constexpr std::chrono::milliseconds kTrimPeriod{100};
+#ifdef __GLIBC__
+constexpr bool kCanTrim = true;
+#else
+constexpr bool kCanTrim = false;
+#endif
+
+std::string Ms(std::chrono::milliseconds d) {
+  return std::to_string(d.count()) + " ms";
+}
 
 std::string ErrnoText(int err) {
   return std::error_code(err, std::generic_category()).message();
@@ -95,21 +120,39 @@ struct ControlSidecar::Conn {
 
   size_t pending() const { return out.size() - out_off; }
 
+  // A frame's length prefix or body is still to come.
+  bool in_frame() const { return hdr_have > 0 || body_left > 0; }
+
   ConnId id;
   int fd;  // -1 once the socket is closed
   std::string peer;
   ControlDecoder decoder;
-  std::vector<uint8_t> out;      // encoded frames not yet written
-  size_t out_off = 0;            // written prefix of out
-  bool closing = false;          // logically closed: on_close queued, no Send
-  bool wr_shut = false;          // our FIN sent
-  bool eof = false;              // peer's FIN seen
+  bool accepted = false;        // from our listening socket: max_connections
+  bool trusted = true;          // accepted ones start untrusted (Trust())
+  Clock::time_point opened{};   // the join deadline runs from here
+  Clock::time_point last_rx{};  // the idle timeout runs from here
+  Clock::time_point frame_start{};  // first byte of the frame in progress
+  // Frame boundaries, tracked beside the decoder so each length prefix is
+  // checked against the limit in force when it completes.
+  std::array<uint8_t, kControlFrameHeader> hdr{};
+  size_t hdr_have = 0;       // bytes of the current length prefix seen
+  uint64_t body_left = 0;    // bytes of the current frame still to come
+  size_t rx_peak = 0;        // most bytes the decoder held since it was made
+  std::vector<uint8_t> out;  // encoded frames not yet written
+  size_t out_off = 0;        // written prefix of out
+  bool closing = false;      // logically closed: on_close queued, no Send
+  bool wr_shut = false;      // our FIN sent
+  bool eof = false;          // peer's FIN seen
   Clock::time_point deadline{};  // closing: close the socket by then
   uint32_t armed = 0;            // epoll events currently registered
 };
 
-ControlSidecar::ControlSidecar(Callbacks cb, uint32_t max_frame)
-    : cb_(std::move(cb)), max_frame_(max_frame) {
+ControlSidecar::ControlSidecar(Callbacks cb, uint32_t max_frame,
+                               ControlLimits limits)
+    : cb_(std::move(cb)),
+      max_frame_(max_frame),
+      limits_(limits),
+      max_untrusted_frame_(std::min(limits.max_untrusted_frame, max_frame)) {
   auto fail = [this](const char* what) {
     const int err = errno;
     for (int* fd : {&timer_fd_, &wake_fd_, &epfd_}) {
@@ -259,7 +302,8 @@ bool ControlSidecar::Connect(const std::string& addr, uint32_t timeout_ms,
     }
     if (err == 0 && IsSelfConnect(fd)) err = ECONNREFUSED;
     if (err == 0) {
-      const ConnId cid = AddConn(fd, FormatIpv4Endpoint(sa));
+      const ConnId cid =
+          AddConn(fd, FormatIpv4Endpoint(sa), /*accepted=*/false);
       if (cid == 0) {
         if (error)
           *error = "cannot connect to " + addr + ": epoll_ctl() failed";
@@ -290,7 +334,7 @@ bool ControlSidecar::Connect(const std::string& addr, uint32_t timeout_ms,
   return false;
 }
 
-ConnId ControlSidecar::AddConn(int fd, std::string peer) {
+ConnId ControlSidecar::AddConn(int fd, std::string peer, bool accepted) {
   SetNoDelay(fd);
   const ConnId id = next_id_++;
   epoll_event ev{};
@@ -302,6 +346,18 @@ ConnId ControlSidecar::AddConn(int fd, std::string peer) {
   }
   auto c = std::make_unique<Conn>(id, fd, std::move(peer), max_frame_);
   c->armed = EPOLLIN;
+  c->accepted = accepted;
+  c->trusted = !accepted;
+  c->opened = c->last_rx = Clock::now();
+  if (accepted) {
+    open_accepted_.fetch_add(1, std::memory_order_relaxed);
+    if (limits_.join_deadline.count() > 0) {
+      NoteDeadline(c->opened + limits_.join_deadline);
+    }
+  }
+  if (limits_.idle_timeout.count() > 0) {
+    NoteDeadline(c->last_rx + limits_.idle_timeout);
+  }
   conns_.emplace(id, std::move(c));
   return id;
 }
@@ -314,6 +370,17 @@ ControlSidecar::Conn* ControlSidecar::Find(ConnId id) const {
 std::string ControlSidecar::PeerAddress(ConnId id) const {
   const Conn* c = Find(id);
   return c ? c->peer : std::string();
+}
+
+void ControlSidecar::Trust(ConnId id) {
+  Conn* c = Find(id);
+  if (c == nullptr || c->closing || c->fd < 0) return;
+  c->trusted = true;
+}
+
+bool ControlSidecar::IsTrusted(ConnId id) const {
+  const Conn* c = Find(id);
+  return c != nullptr && c->trusted;
 }
 
 bool ControlSidecar::Send(ConnId id, const ControlMessage& m,
@@ -402,6 +469,10 @@ void ControlSidecar::BeginClose(Conn& c, std::string reason, bool abort) {
     c.deadline = Clock::now() + kLinger;
     pending_closes_.emplace_back(c.id, std::move(reason));
     lingering_.push_back(c.id);
+    if (c.accepted) open_accepted_.fetch_sub(1, std::memory_order_relaxed);
+    // Input is only drained from now on: a partial frame (up to max_frame)
+    // must not stay buffered while the socket lingers.
+    ReleaseDecoder(c);
   }
   if (abort) {
     CloseSocket(c);
@@ -451,6 +522,7 @@ void ControlSidecar::CloseSocket(Conn& c) {
   if (c.fd < 0) return;
   ::close(c.fd);  // also removes it from epoll
   c.fd = -1;
+  freed_bytes_ += c.out.capacity();
   c.out.clear();
   c.out.shrink_to_fit();
   c.out_off = 0;
@@ -459,18 +531,115 @@ void ControlSidecar::CloseSocket(Conn& c) {
 
 void ControlSidecar::OnProtocolError(Conn& c) {
   protocol_errors_.fetch_add(1, std::memory_order_relaxed);
-  const std::string& text = c.decoder.error_text();
+  CloseWithError(
+      c,
+      static_cast<uint16_t>(kErrorCodeProtocol +
+                            static_cast<uint16_t>(c.decoder.error())),
+      "protocol error: " + c.decoder.error_text());
+}
+
+void ControlSidecar::CloseWithError(Conn& c, uint16_t code,
+                                    const std::string& text) {
   ErrorMsg reply;
-  reply.code = static_cast<uint16_t>(kErrorCodeProtocol +
-                                     static_cast<uint16_t>(c.decoder.error()));
-  reply.text = ("protocol error: " + text).substr(0, kMaxControlString);
+  reply.code = code;
+  reply.text = text.substr(0, kMaxControlString);
   try {
     EncodeControl(reply, c.out);
     messages_out_.fetch_add(1, std::memory_order_relaxed);
   } catch (const std::invalid_argument&) {
     // Best effort: closing is what matters.
   }
-  BeginClose(c, "protocol error: " + text, /*abort=*/false);
+  BeginClose(c, text, /*abort=*/false);
+}
+
+void ControlSidecar::ReleaseDecoder(Conn& c) {
+  freed_bytes_ += std::max(c.rx_peak, c.decoder.buffered());
+  c.decoder = ControlDecoder(max_frame_);
+  c.rx_peak = 0;
+  c.hdr_have = 0;
+  c.body_left = 0;
+}
+
+void ControlSidecar::Consume(Conn& c, const uint8_t* data, size_t len,
+                             Clock::time_point now) {
+  while (len > 0 && !c.closing) {
+    size_t take;
+    if (c.body_left == 0) {
+      if (c.hdr_have == 0) {
+        c.frame_start = now;
+        if (limits_.partial_message_timeout.count() > 0) {
+          NoteDeadline(now + limits_.partial_message_timeout);
+        }
+      }
+      take = std::min(len, kControlFrameHeader - c.hdr_have);
+      std::memcpy(c.hdr.data() + c.hdr_have, data, take);
+      c.hdr_have += take;
+      if (c.hdr_have == kControlFrameHeader) {
+        const uint32_t frame = (uint32_t{c.hdr[0]} << 24) |
+                               (uint32_t{c.hdr[1]} << 16) |
+                               (uint32_t{c.hdr[2]} << 8) | uint32_t{c.hdr[3]};
+        if (!c.trusted && frame > max_untrusted_frame_) {
+          // Refused on the prefix, before any of the body is buffered.
+          protocol_errors_.fetch_add(1, std::memory_order_relaxed);
+          CloseWithError(
+              c,
+              static_cast<uint16_t>(
+                  kErrorCodeProtocol +
+                  static_cast<uint16_t>(ControlError::kFrameTooLarge)),
+              "protocol error: frame length " + std::to_string(frame) +
+                  " > max_untrusted_frame " +
+                  std::to_string(max_untrusted_frame_) +
+                  " (a connection must authenticate before it may send "
+                  "larger messages)");
+          return;
+        }
+        // A zero length leaves no frame in progress; the decoder reports
+        // it below.
+        c.hdr_have = 0;
+        c.body_left = frame;
+      }
+    } else {
+      take = static_cast<size_t>(std::min<uint64_t>(len, c.body_left));
+      c.body_left -= take;
+    }
+    c.decoder.Feed(data, take);
+    c.rx_peak = std::max(c.rx_peak, c.decoder.buffered());
+    data += take;
+    len -= take;
+    if (!Deliver(c)) return;
+    if (!c.in_frame() && c.rx_peak > kShrinkAbove &&
+        c.decoder.buffered() == 0) {
+      ReleaseDecoder(c);
+    }
+  }
+}
+
+bool ControlSidecar::Deliver(Conn& c) {
+  ControlMessage m;
+  for (;;) {
+    const auto st = c.decoder.Next(m);
+    if (st == ControlDecoder::Status::kNeedMore) return true;
+    if (st == ControlDecoder::Status::kError) {
+      OnProtocolError(c);
+      return false;
+    }
+    messages_in_.fetch_add(1, std::memory_order_relaxed);
+    if (cb_.on_message) {
+      // A handler that throws (a request it cannot serve) costs this
+      // connection, never the process: the peer is told why.
+      try {
+        cb_.on_message(c.id, m);
+      } catch (const std::exception& e) {
+        const std::string why = std::string("cannot handle ") +
+                                ControlTypeName(m) + ": " + e.what();
+        protocol_errors_.fetch_add(1, std::memory_order_relaxed);
+        Send(c.id, ErrorMsg{kErrorCodeProtocol, why});
+        BeginClose(c, why, /*abort=*/false);
+      }
+    }
+    // The callback closed it (or a Send failed): its decoder is gone.
+    if (c.closing) return false;
+  }
 }
 
 void ControlSidecar::HandleConnEvent(Conn& c, uint32_t events) {
@@ -488,36 +657,14 @@ void ControlSidecar::HandleConnEvent(Conn& c, uint32_t events) {
 
 void ControlSidecar::HandleReadable(Conn& c) {
   std::array<uint8_t, kReadChunk> buf;
+  const auto now = Clock::now();
   for (int i = 0; i < kMaxReadsPerEvent && c.fd >= 0; ++i) {
     const ssize_t n = ::recv(c.fd, buf.data(), buf.size(), 0);
     if (n > 0) {
       // A closing connection only drains input so that our close is a FIN.
       if (c.closing) continue;
-      c.decoder.Feed(buf.data(), static_cast<size_t>(n));
-      ControlMessage m;
-      for (;;) {
-        const auto st = c.decoder.Next(m);
-        if (st == ControlDecoder::Status::kNeedMore) break;
-        if (st == ControlDecoder::Status::kError) {
-          OnProtocolError(c);
-          break;
-        }
-        messages_in_.fetch_add(1, std::memory_order_relaxed);
-        if (cb_.on_message) {
-          // A handler that throws (a request it cannot serve) costs this
-          // connection, never the process: the peer is told why.
-          try {
-            cb_.on_message(c.id, m);
-          } catch (const std::exception& e) {
-            const std::string why = std::string("cannot handle ") +
-                                    ControlTypeName(m) + ": " + e.what();
-            protocol_errors_.fetch_add(1, std::memory_order_relaxed);
-            Send(c.id, ErrorMsg{kErrorCodeProtocol, why});
-            BeginClose(c, why, /*abort=*/false);
-          }
-        }
-        if (c.closing) break;  // the callback closed it (or a Send failed)
-      }
+      c.last_rx = now;
+      Consume(c, buf.data(), static_cast<size_t>(n), now);
       continue;
     }
     if (n == 0) {
@@ -570,9 +717,54 @@ void ControlSidecar::HandleAccept() {
       Log("control sidecar: accept() failed: " + ErrnoText(err));
       return;
     }
-    const ConnId id = AddConn(fd, FormatIpv4Endpoint(sa));
+    if (limits_.max_connections > 0 &&
+        open_accepted_.load(std::memory_order_relaxed) >=
+            limits_.max_connections) {
+      RefuseConnection(fd, FormatIpv4Endpoint(sa));
+      continue;
+    }
+    const ConnId id = AddConn(fd, FormatIpv4Endpoint(sa), /*accepted=*/true);
     if (id != 0 && cb_.on_accept) cb_.on_accept(id);
   }
+}
+
+void ControlSidecar::RefuseConnection(int fd, const std::string& peer) {
+  connections_refused_.fetch_add(1, std::memory_order_relaxed);
+  const std::string limit = std::to_string(limits_.max_connections) +
+                            " connections open (max_connections)";
+  // Best effort, one non-blocking write into an empty socket buffer: a
+  // legitimate peer learns why; a peer that already sent data may see a
+  // reset instead (we close without reading).
+  std::vector<uint8_t> frame;
+  try {
+    EncodeControl(ErrorMsg{kErrorCodeLimit,
+                           "too many connections: " + limit + "; try later"},
+                  frame);
+    if (::send(fd, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT) >
+        0) {
+      messages_out_.fetch_add(1, std::memory_order_relaxed);
+    }
+  } catch (const std::invalid_argument&) {
+    // Cannot happen for this message; the close below is what matters.
+  }
+  ::close(fd);
+  const auto now = Clock::now();
+  if (now < next_refusal_log_) {
+    ++refusals_not_logged_;
+    return;
+  }
+  std::string line = "control sidecar: refused a connection from " + peer +
+                     ": " + limit +
+                     "; raise max_connections (dblp-server: "
+                     "--control_max_connections) if these peers are "
+                     "legitimate";
+  if (refusals_not_logged_ > 0) {
+    line += " (" + std::to_string(refusals_not_logged_) +
+            " more refused since the last such line)";
+  }
+  refusals_not_logged_ = 0;
+  next_refusal_log_ = now + kRefusalLogPeriod;
+  Log(line);
 }
 
 void ControlSidecar::ResumeListen() {
@@ -598,6 +790,83 @@ void ControlSidecar::ExpireLingering() {
   });
 }
 
+ControlSidecar::Clock::time_point ControlSidecar::LimitDeadline(
+    const Conn& c, LimitKind* which) const {
+  auto t = Clock::time_point::max();
+  *which = LimitKind::kNone;
+  auto consider = [&](Clock::time_point d, LimitKind k) {
+    if (d < t) {
+      t = d;
+      *which = k;
+    }
+  };
+  if (!c.trusted && limits_.join_deadline.count() > 0) {
+    consider(c.opened + limits_.join_deadline, LimitKind::kJoin);
+  }
+  if (c.in_frame() && limits_.partial_message_timeout.count() > 0) {
+    consider(c.frame_start + limits_.partial_message_timeout,
+             LimitKind::kPartial);
+  }
+  if (limits_.idle_timeout.count() > 0) {
+    consider(c.last_rx + limits_.idle_timeout, LimitKind::kIdle);
+  }
+  return t;
+}
+
+void ControlSidecar::ExpireLimits() {
+  const auto now = Clock::now();
+  if (now < next_limit_check_) return;
+  next_limit_check_ = Clock::time_point::max();
+  // Closing only queues on_close and moves ids to lingering_/dead_; conns_
+  // itself is not modified until Reap(), so iterating it here is safe.
+  for (auto& [id, cp] : conns_) {
+    Conn& c = *cp;
+    if (c.closing || c.fd < 0) continue;
+    LimitKind which;
+    const auto t = LimitDeadline(c, &which);
+    if (which == LimitKind::kNone) continue;
+    if (now < t) {
+      NoteDeadline(t);
+      continue;
+    }
+    std::string why;
+    switch (which) {
+      case LimitKind::kJoin:
+        join_timeouts_.fetch_add(1, std::memory_order_relaxed);
+        why = "join deadline: the peer did not authenticate within " +
+              Ms(limits_.join_deadline) + " (join_deadline)";
+        break;
+      case LimitKind::kPartial:
+        partial_timeouts_.fetch_add(1, std::memory_order_relaxed);
+        why = "partial message timeout: a message begun " +
+              Ms(limits_.partial_message_timeout) +
+              " ago is still incomplete (" +
+              std::to_string(c.decoder.buffered()) +
+              " bytes of it arrived; partial_message_timeout)";
+        break;
+      case LimitKind::kIdle:
+        idle_timeouts_.fetch_add(1, std::memory_order_relaxed);
+        why = "idle timeout: nothing received for " + Ms(limits_.idle_timeout) +
+              " (idle_timeout)";
+        break;
+      case LimitKind::kNone:
+        break;
+    }
+    CloseWithError(c, kErrorCodeLimit, why);
+  }
+}
+
+void ControlSidecar::TrimHeap() {
+  if (freed_bytes_ < kTrimAfterBytes) return;
+  const auto now = Clock::now();
+  if (now < next_trim_) return;
+#ifdef __GLIBC__
+  malloc_trim(0);
+#endif
+  freed_bytes_ = 0;
+  next_trim_ = now + kTrimPeriod;
+}
+
 int ControlSidecar::NextTimeoutMs() const {
   std::optional<Clock::time_point> next;
   auto consider = [&](Clock::time_point t) {
@@ -609,6 +878,10 @@ int ControlSidecar::NextTimeoutMs() const {
     }
   }
   if (listen_paused_) consider(listen_paused_until_);
+  if (next_limit_check_ != Clock::time_point::max()) {
+    consider(next_limit_check_);
+  }
+  if (kCanTrim && freed_bytes_ >= kTrimAfterBytes) consider(next_trim_);
   if (!next) return -1;
   const auto left = *next - Clock::now();
   if (left <= Clock::duration::zero()) return 0;
@@ -680,10 +953,12 @@ void ControlSidecar::Run() {
         HandleConnEvent(*c, events[i].events);
       }
     }
+    ExpireLimits();
     ExpireLingering();
     ResumeListen();
     DeliverCloses();
     Reap();
+    TrimHeap();
   }
   DeliverCloses();
   Reap();

@@ -16,10 +16,20 @@
 //
 // Connection lifetime: on_close is called exactly once for every connection
 // that had on_accept / a successful Connect, whoever ended it (peer, I/O
-// error, protocol error, or our own Close()), unless the sidecar is destroyed
-// first (the destructor closes sockets without callbacks). After on_close
-// (in fact as soon as the connection is closing) Send() on that id returns
-// false. ConnIds are never reused within one sidecar.
+// error, protocol error, a limit, or our own Close()), unless the sidecar is
+// destroyed first (the destructor closes sockets without callbacks). After
+// on_close (in fact as soon as the connection is closing) Send() on that id
+// returns false. ConnIds are never reused within one sidecar.
+//
+// Bounded resources (ControlLimits): anyone who can reach the listening port
+// can open connections, so what a peer can make us hold is capped in
+// number, time and bytes. An accepted connection starts *untrusted*: it may
+// send only small frames and must be Trust()ed by the owner (after the peer
+// authenticated) within the join deadline. Connections we Connect() start
+// trusted (we chose the peer). A connection closed by a limit gets an ERROR
+// (code kErrorCodeLimit, or kErrorCodeProtocol + kFrameTooLarge for an
+// oversized untrusted frame) whose text names the limit, and its on_close
+// reason names it too.
 #pragma once
 
 #include <atomic>
@@ -42,6 +52,37 @@ using ConnId = uint32_t;
 // the decoder rejected: kErrorCodeProtocol + the ControlError value (so 401 =
 // frame too large, ...); the text names the problem.
 inline constexpr uint16_t kErrorCodeProtocol = 400;
+// ErrorMsg::code sent before closing a connection that hit a ControlLimits
+// bound (too many connections, join deadline, partial-message or idle
+// timeout); the text names the limit.
+inline constexpr uint16_t kErrorCodeLimit = 429;
+
+// What peers may make a ControlSidecar hold. A duration of 0 switches that
+// limit off. The defaults are safe for a job of up to a few hundred workers
+// on a host anyone may reach; an owner passes its own from flags.
+struct ControlLimits {
+  // Accepted connections open at once; connections beyond it are closed as
+  // soon as they are accepted (never reported to the owner) and counted in
+  // connections_refused(). Closing connections still lingering (at most
+  // ControlSidecar::kLinger) do not count. 0 = no limit.
+  uint32_t max_connections = 256;
+  // An accepted connection not Trust()ed within this long is closed: a
+  // stranger cannot hold a connection (and a slot) by never authenticating.
+  std::chrono::milliseconds join_deadline{10000};
+  // Largest frame (type + body) an untrusted connection may send, checked
+  // on its length prefix, before anything is buffered: a stranger cannot
+  // make us buffer max_frame. A JOIN with thousands of layers still fits in
+  // the default. Clamped to max_frame.
+  uint32_t max_untrusted_frame = 64u << 10;
+  // A frame whose first byte came this long ago and which is still not
+  // complete closes the connection, trusted or not: a truncated message
+  // followed by silence must not hold a connection and its buffer forever.
+  std::chrono::milliseconds partial_message_timeout{5000};
+  // Nothing received for this long closes the connection, trusted or not.
+  // Off by default: a job's connection is legitimately quiet while a model
+  // computes, and untrusted connections are bounded by join_deadline.
+  std::chrono::milliseconds idle_timeout{0};
+};
 
 class ControlSidecar {
  public:
@@ -74,9 +115,13 @@ class ControlSidecar {
   // see the peer's FIN before its socket is closed anyway.
   static constexpr std::chrono::milliseconds kLinger{2000};
 
+  using Limits = ControlLimits;
+
   // Creates the epoll, eventfd and timerfd. Throws std::system_error if the
   // kernel refuses them (fd exhaustion): nothing can work without them.
-  explicit ControlSidecar(Callbacks cb, uint32_t max_frame = kMaxControlFrame);
+  // `max_frame` bounds frames from trusted connections; `limits` the rest.
+  explicit ControlSidecar(Callbacks cb, uint32_t max_frame = kMaxControlFrame,
+                          ControlLimits limits = {});
   ~ControlSidecar();
   ControlSidecar(const ControlSidecar&) = delete;
   ControlSidecar& operator=(const ControlSidecar&) = delete;
@@ -104,6 +149,12 @@ class ControlSidecar {
   void Close(ConnId id, const std::string& reason);
   // "ip:port" of the peer, empty if unknown.
   std::string PeerAddress(ConnId id) const;
+  // The peer of an accepted connection authenticated: from now on the join
+  // deadline no longer applies and frames up to max_frame are accepted
+  // (checked from the next frame's length prefix on). No-op if unknown or
+  // closing; connections we Connect()ed are trusted from the start.
+  void Trust(ConnId id);
+  bool IsTrusted(ConnId id) const;
 
   // Runs the event loop until RequestStop(). Returns immediately if
   // RequestStop() was already called (stop is sticky, so a stop requested
@@ -118,12 +169,23 @@ class ControlSidecar {
   uint64_t messages_in() const { return messages_in_.load(); }
   uint64_t messages_out() const { return messages_out_.load(); }
   uint64_t protocol_errors() const { return protocol_errors_.load(); }
+  // Limits (ControlLimits), any thread. An untrusted frame over
+  // max_untrusted_frame counts as a protocol error.
+  uint64_t connections_refused() const { return connections_refused_.load(); }
+  uint64_t join_timeouts() const { return join_timeouts_.load(); }
+  uint64_t partial_timeouts() const { return partial_timeouts_.load(); }
+  uint64_t idle_timeouts() const { return idle_timeouts_.load(); }
+  // Accepted connections open now (what max_connections bounds).
+  uint32_t open_connections() const { return open_accepted_.load(); }
+  const ControlLimits& limits() const { return limits_; }
 
  private:
   struct Conn;
   using Clock = std::chrono::steady_clock;
 
-  ConnId AddConn(int fd, std::string peer);
+  // `accepted`: from our listening socket (untrusted, counted against
+  // max_connections); otherwise a Connect()ed, trusted connection.
+  ConnId AddConn(int fd, std::string peer, bool accepted);
   Conn* Find(ConnId id) const;
   void HandleAccept();
   void HandleConnEvent(Conn& c, uint32_t events);
@@ -132,7 +194,30 @@ class ControlSidecar {
   // Writes queued output until done or EAGAIN; false on a fatal error (the
   // connection has then been aborted).
   bool Flush(Conn& c);
+  // Splits received bytes at frame boundaries for the decoder, checking each
+  // length prefix against the connection's frame limit as it completes (so
+  // a Trust() from the previous message's callback applies to the next).
+  void Consume(Conn& c, const uint8_t* data, size_t len, Clock::time_point now);
+  // Delivers the decoder's complete messages; false if the connection is
+  // closing afterwards.
+  bool Deliver(Conn& c);
   void OnProtocolError(Conn& c);
+  // Queues ERROR{code, text} (best effort) and closes with reason `text`.
+  void CloseWithError(Conn& c, uint16_t code, const std::string& text);
+  // Frees the decoder's buffer (a fresh one replaces it); the bytes are
+  // noted for a later malloc_trim.
+  void ReleaseDecoder(Conn& c);
+  void RefuseConnection(int fd, const std::string& peer);
+  // The earliest limit deadline of an open connection; *which names it.
+  enum class LimitKind { kNone, kJoin, kPartial, kIdle };
+  Clock::time_point LimitDeadline(const Conn& c, LimitKind* which) const;
+  void NoteDeadline(Clock::time_point t) {
+    if (t < next_limit_check_) next_limit_check_ = t;
+  }
+  // Closes the connections whose limit deadline passed; at most one scan of
+  // the connections per expiring deadline, none per event.
+  void ExpireLimits();
+  void TrimHeap();
   // Ends the connection logically (on_close is queued) and lets the socket
   // linger to flush output; `abort` closes the socket at once.
   void BeginClose(Conn& c, std::string reason, bool abort);
@@ -150,6 +235,21 @@ class ControlSidecar {
 
   Callbacks cb_;
   uint32_t max_frame_;
+  ControlLimits limits_;
+  uint32_t max_untrusted_frame_;  // limits_' value clamped to max_frame_
+  // No limit deadline of an open connection is earlier than this. It may be
+  // earlier than the earliest (deadlines move later as data arrives or a
+  // connection is trusted): the scan at this time finds out.
+  Clock::time_point next_limit_check_ = Clock::time_point::max();
+  // Refusal log lines: at most one per kRefusalLogPeriod, the rest counted
+  // into the next one.
+  Clock::time_point next_refusal_log_{};
+  uint64_t refusals_not_logged_ = 0;
+  // Peer-controlled buffers freed since the last malloc_trim: glibc may keep
+  // freed heap memory (its mmap threshold adapts upwards), so RSS would not
+  // fully come back after a flood of large frames without a trim.
+  size_t freed_bytes_ = 0;
+  Clock::time_point next_trim_{};
   int epfd_ = -1;
   int wake_fd_ = -1;
   int timer_fd_ = -1;
@@ -171,6 +271,9 @@ class ControlSidecar {
   std::vector<ConnId> dead_;
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> messages_in_{0}, messages_out_{0}, protocol_errors_{0};
+  std::atomic<uint64_t> connections_refused_{0}, join_timeouts_{0},
+      partial_timeouts_{0}, idle_timeouts_{0};
+  std::atomic<uint32_t> open_accepted_{0};
 };
 
 // Runs a sidecar's event loop on a thread of its own; Stop() (or the

@@ -21,6 +21,15 @@ std::string JoinDesk::Admit(ConnId c, const JoinMsg& j) {
            ": lower --floats or raise the server's limit";
   }
   if (RankOf(c) >= 0) return "JOIN sent twice";
+  if (j.worker_name.empty()) {
+    return "empty worker name: give every worker a unique --name";
+  }
+  for (const Member& m : members_) {
+    if (m.name == j.worker_name) {
+      return "a worker named \"" + j.worker_name +
+             "\" already joined: give every worker a unique --name";
+    }
+  }
   if (j.mtu != policy_.mtu) {
     return "worker MTU " + std::to_string(j.mtu) + " != server MTU " +
            std::to_string(policy_.mtu) + ": pass the same --mtu to every app";
@@ -31,7 +40,8 @@ std::string JoinDesk::Admit(ConnId c, const JoinMsg& j) {
     return "gradient layout differs from the first worker's: every worker "
            "must run the same model (--floats / --model)";
   }
-  members_.push_back(Member{c, j.worker_name});
+  members_.push_back(
+      Member{c, j.worker_name, j.data_mac, j.data_ipv4, j.data_udp_port});
   return "";
 }
 

@@ -4,6 +4,7 @@
 // the kernel-UDP server. Control thread only; not thread-safe.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -12,6 +13,10 @@
 #include "dblp/control_sidecar.h"
 
 namespace dblp {
+
+// A worker that names no data IPv4 gets this one plus its rank (10.0.0.2,
+// 10.0.0.3, ...); the server's default is 10.0.0.1.
+inline constexpr uint32_t kDefaultWorkerIpv4 = 0x0A000002u;
 
 struct JoinPolicy {
   uint32_t workers = 1;
@@ -25,6 +30,9 @@ class JoinDesk {
   struct Member {
     ConnId conn = 0;
     std::string name;
+    std::array<uint8_t, 6> data_mac{};  // its JOIN's data source
+    uint32_t data_ipv4 = 0;             // 0: the server assigns one
+    uint16_t data_udp_port = 0;         // 0: base port + 1 + rank
   };
 
   explicit JoinDesk(const JoinPolicy& policy) : policy_(policy) {}

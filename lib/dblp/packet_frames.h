@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "dblp/chunking.h"
+#include "dblp/frame_auth.h"
 #include "dblp/transport.h"
 #include "dblp/wire.h"
 
@@ -19,11 +20,14 @@ class PacketFrames {
   // endpoint `dst` of `transport`. All three must outlive this object.
   PacketFrames(Transport* transport, uint32_t dst, const uint8_t* buffer,
                const ChunkLayout* layout, uint32_t max_burst)
-      : transport_(transport), buffer_(buffer), layout_(layout),
+      : transport_(transport),
+        buffer_(buffer),
+        layout_(layout),
         packets_(max_burst) {
     for (Packet& p : packets_) {
       p.dst = dst;
-      p.bytes.reserve(kDataHeaderBytes + layout->chunk_payload());
+      p.bytes.reserve(kDataHeaderBytes + layout->chunk_payload() +
+                      kFrameTagBytes);
     }
   }
 
@@ -36,18 +40,23 @@ class PacketFrames {
       h.payload_len = static_cast<uint16_t>(layout_->Length(h.seq));
       Packet& p = packets_[i];
       // No allocation: the capacity of a full chunk was reserved.
-      p.bytes.resize(kDataHeaderBytes + h.payload_len);
+      const size_t body = kDataHeaderBytes + h.payload_len;
+      p.bytes.resize(body + auth_.tag_bytes());
       BuildDataFrame(h, buffer_ + layout_->Offset(h.seq), p.bytes.data());
+      if (auth_.enabled()) auth_.Seal(p.bytes.data(), body, &p.bytes[body]);
     }
     return transport_->TxBurst(packets_.data(), static_cast<uint16_t>(n));
   }
   void set_buffer(const uint8_t* buffer) { buffer_ = buffer; }
+  // An authenticated job: every frame ends with its tag (frame_auth.h).
+  void set_auth(const FrameKey& key) { auth_ = FrameAuth(key); }
 
  private:
   Transport* transport_;
   const uint8_t* buffer_;
   const ChunkLayout* layout_;
   std::vector<Packet> packets_;
+  FrameAuth auth_;
 };
 
 }  // namespace dblp

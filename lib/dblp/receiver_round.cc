@@ -28,12 +28,16 @@ const char* VerdictName(Verdict v) {
       return "idle";
     case Verdict::kMisrouted:
       return "misrouted";
+    case Verdict::kBadTag:
+      return "bad_tag";
   }
   return "unknown";
 }
 
 ReceiverRound::ReceiverRound(const ReceiverConfig& config)
     : config_(config),
+      auth_(config.frame_key),
+      tag_bytes_(auth_.tag_bytes()),
       seq_span_(config.seq_end > config.seq_begin
                     ? config.seq_end - config.seq_begin
                     : 0) {
@@ -61,8 +65,9 @@ void ReceiverRound::SetTolerance(double p) {
 }
 
 void ReceiverRound::SetDeadline(uint64_t deadline_ns, double min_fraction) {
-  deadline_floor_.store(FractionFloor(config_.layout.num_chunks(), min_fraction),
-                        std::memory_order_release);
+  deadline_floor_.store(
+      FractionFloor(config_.layout.num_chunks(), min_fraction),
+      std::memory_order_release);
   deadline_ns_.store(deadline_ns, std::memory_order_release);
 }
 
@@ -80,7 +85,8 @@ Verdict ReceiverRound::OnFrame(const uint8_t* buf, size_t len, DataHeader* hdr,
     return Count(Verdict::kWrongSender);
   }
   if (!begun_) return Count(Verdict::kIdle);
-  const int32_t ahead = RoundDistance(hdr->round, round_.load(std::memory_order_relaxed));
+  const int32_t ahead =
+      RoundDistance(hdr->round, round_.load(std::memory_order_relaxed));
   if (ahead < 0) return Count(Verdict::kStaleRound);
   if (ahead > 0) return Count(Verdict::kFutureRound);
   if (!open_.load(std::memory_order_relaxed)) return Count(Verdict::kLate);
@@ -92,6 +98,16 @@ Verdict ReceiverRound::OnFrame(const uint8_t* buf, size_t len, DataHeader* hdr,
   // One unsigned compare: a seq below seq_begin wraps to a huge offset.
   if (hdr->seq - config_.seq_begin >= seq_span_) {
     return Count(Verdict::kMisrouted);
+  }
+  if (tag_bytes_ != 0) {
+    // A chunk we hold costs no MAC; anything else must prove its origin
+    // before it can set a bit (the owner is the only writer, so nothing
+    // sets it between the test and the set).
+    if (bitmap_.Test(hdr->seq)) return Count(Verdict::kDuplicate);
+    const size_t body = kDataHeaderBytes + size_t{hdr->payload_len};
+    if (len < body + tag_bytes_ || !auth_.Verify(buf, body, buf + body)) {
+      return Count(Verdict::kBadTag);
+    }
   }
   if (!bitmap_.Set(hdr->seq)) return Count(Verdict::kDuplicate);
   *payload = buf + kDataHeaderBytes;

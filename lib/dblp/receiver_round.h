@@ -12,6 +12,7 @@
 
 #include "dblp/bitmap.h"
 #include "dblp/chunking.h"
+#include "dblp/frame_auth.h"
 #include "dblp/stop_decision.h"
 #include "dblp/wire.h"
 
@@ -30,8 +31,9 @@ enum class Verdict : uint8_t {
   kMalformed,     // failed structural decode (see decode counters)
   kIdle,          // no round has begun
   kMisrouted,     // a chunk of another shard's range (another lcore's)
+  kBadTag,        // authentication tag missing or wrong (frame_auth.h)
 };
-inline constexpr int kNumVerdicts = 12;
+inline constexpr int kNumVerdicts = 13;
 const char* VerdictName(Verdict v);
 
 inline constexpr int32_t kAnySender = -1;
@@ -45,6 +47,8 @@ struct ReceiverConfig {
   // over lcores (shards.h); the rest of the round is other receivers'.
   uint32_t seq_begin = 0;
   uint32_t seq_end = UINT32_MAX;
+  // An authenticated job's frame key: every frame must carry its tag.
+  FrameKey frame_key = {};
 };
 
 class ReceiverRound {
@@ -123,16 +127,18 @@ class ReceiverRound {
   }
 
   ReceiverConfig config_;
-  uint32_t seq_span_;  // seq_end - seq_begin (owner only, set at construction)
-  AtomicBitmap bitmap_;                     // owner: wo; control: ro
-  std::atomic<uint32_t> round_{0};          // owner: wo; any: ro
-  std::atomic<bool> open_{false};           // owner: wo; any: ro
-  bool begun_ = false;                      // owner only
-  std::atomic<double> p_{0};                // control or owner: wo; any: ro
-  std::atomic<uint32_t> threshold_{0};      // derived from p_, same writer
-  std::atomic<uint64_t> deadline_ns_{0};    // owner: wo (Begin)
-  std::atomic<uint32_t> deadline_floor_{0}; // owner: wo (Begin)
-  std::atomic<bool> stop_taken_{false};     // exchanged by whoever sends STOP
+  FrameAuth auth_;      // owner only
+  uint32_t tag_bytes_;  // auth_.tag_bytes(), read per frame
+  uint32_t seq_span_;   // seq_end - seq_begin (owner only, set at construction)
+  AtomicBitmap bitmap_;                      // owner: wo; control: ro
+  std::atomic<uint32_t> round_{0};           // owner: wo; any: ro
+  std::atomic<bool> open_{false};            // owner: wo; any: ro
+  bool begun_ = false;                       // owner only
+  std::atomic<double> p_{0};                 // control or owner: wo; any: ro
+  std::atomic<uint32_t> threshold_{0};       // derived from p_, same writer
+  std::atomic<uint64_t> deadline_ns_{0};     // owner: wo (Begin)
+  std::atomic<uint32_t> deadline_floor_{0};  // owner: wo (Begin)
+  std::atomic<bool> stop_taken_{false};      // exchanged by whoever sends STOP
   std::array<std::atomic<uint64_t>, kNumVerdicts> verdicts_{};
   std::array<std::atomic<uint64_t>, kNumDecodeStatus> decode_errors_{};
 };

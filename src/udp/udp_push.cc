@@ -20,6 +20,7 @@
 #include <utility>
 #include <variant>
 
+#include "dblp/admission.h"
 #include "dblp/chunking.h"
 #include "dblp/control.h"
 #include "dblp/control_sidecar.h"
@@ -37,6 +38,7 @@
 #include "dblp/sender_round.h"
 #include "dblp/udp_transport.h"
 #include "dblp/wire.h"
+#include "run_report.h"
 
 namespace dblp {
 namespace {
@@ -190,6 +192,22 @@ bool WaitFor(F done, uint32_t timeout_ms) {
   return true;
 }
 
+// Ends a run's report: summary.json next to the streamed rows, with every
+// counter. A row or a summary that could not be written fails a run that
+// had not failed already (its results are incomplete).
+template <class Result>
+void FinishReport(RowStream& stream, RunReport report, Result* res) {
+  if (!stream.is_open()) return;
+  std::string err = stream.error();
+  stream.Close();
+  report.counters.assign(res->counters.begin(), res->counters.end());
+  if (err.empty()) WriteRunSummary(stream.dir(), report, &err);
+  if (!err.empty() && res->exit_code == 0) {
+    res->exit_code = 1;
+    res->error = err;
+  }
+}
+
 // ---------------------------------------------------------------------------
 // Server: one ReceiveSide per worker, the mean over all of them.
 // ---------------------------------------------------------------------------
@@ -216,11 +234,9 @@ class PushServer {
 
   // Sidecar thread.
   void OnMessage(ConnId c, const ControlMessage& m);
-  void OnJoin(ConnId c, const JoinMsg& j);
   void Welcome();
   void OnClose(ConnId c, const std::string& reason);
   void OnWakeup();
-  void Refuse(ConnId c, const std::string& why);
   void TellGone(uint32_t w, bool failed, const std::string& why);
 
   // Datapath thread.
@@ -245,13 +261,19 @@ class PushServer {
   LossSpec loss_spec_;
   uint32_t session_ = 0;
   uint32_t chunk_payload_ = 0;
+  AuthBytes job_nonce_{};
+  FrameKey frame_key_;
   ControlSidecar* sc_ = nullptr;
 
   // Join state: the sidecar writes it (under join_mu_) until `joined_`;
-  // read-only after, by both threads (but for Link's departure fields). The sides are made with the last
-  // JOIN, so the sidecar can hand them PROBEs as soon as `joined_` is set.
+  // read-only after, by both threads (but for Link's departure fields). The
+  // sides are made with the last JOIN, so the sidecar can hand them PROBEs as
+  // soon as `joined_` is set.
   std::mutex join_mu_;
-  JoinDesk desk_{JoinPolicy{o_.workers, o_.mtu, o_.max_gradient_bytes}};
+  Admission admission_{JoinPolicy{o_.workers, o_.mtu, o_.max_gradient_bytes},
+                       o_.secret, "udp-server"};
+  JoinDesk& desk_ = admission_.desk();
+  uint64_t unpinned_ = 0;        // datapath: frames from an unpinned address
   std::vector<Departure> gone_;  // by worker rank, sized at the WELCOME
   std::vector<std::unique_ptr<ReceiveSide>> sides_;  // by worker rank
   std::atomic<bool> joined_{false};
@@ -276,6 +298,11 @@ class PushServer {
   std::vector<DatapathEvent> taken_;
   uint64_t it_ = 0;
   uint64_t poll_gen_ = 0, drained_gen_ = 0;
+  uint64_t round_open_ns_ = 0;
+  // Datapath only: the rows, streamed as the rounds close and kept for
+  // the summary.
+  RowStream row_stream_;
+  RunReport report_;
 };
 
 std::string PushServer::CheckOptions() {
@@ -302,10 +329,20 @@ std::string PushServer::CheckOptions() {
 UdpPushServerResult PushServer::Run() {
   if (std::string e = CheckOptions(); !e.empty()) return Fail(2, e);
   std::string err;
+  // Before anything else: a directory that cannot take the rows fails the
+  // server now, not after the whole job.
+  if (!o_.out_dir.empty() && !row_stream_.Open(o_.out_dir, &err)) {
+    return Fail(2, err);
+  }
   popts_.max_datagram = o_.mtu - kIpUdpHeaders;
   if (!port_.Open(o_.data, popts_, &err)) return Fail(1, err);
-  session_ = static_cast<uint32_t>(HashMix(NowNs(), 0x5E55)) | 1u;
-  chunk_payload_ = ChunkPayloadForMtu(o_.mtu);
+  if (o_.secret.insecure() && o_.frame_auth != FrameAuthMode::kNone) {
+    return Fail(2, "frame authentication needs a job secret");
+  }
+  job_nonce_ = RandomAuthBytes();
+  session_ = DeriveSession(o_.secret, job_nonce_);
+  frame_key_ = DeriveFrameKey(o_.secret, job_nonce_, o_.frame_auth);
+  chunk_payload_ = ChunkPayloadForMtu(o_.mtu, FrameTagBytes(o_.frame_auth));
 
   ControlSidecar::Callbacks cb;
   cb.on_message = [this](ConnId c, const ControlMessage& m) {
@@ -317,8 +354,8 @@ UdpPushServerResult PushServer::Run() {
   sc_ = &sidecar;
   if (!sidecar.Listen(o_.control, &err)) return Fail(1, "control: " + err);
   if (!o_.quiet) {
-    std::printf("udp-server: control %s port %u, data %s\n",
-                o_.control.c_str(), sidecar.bound_port(),
+    std::printf("udp-server: control %s port %u, data %s\n", o_.control.c_str(),
+                sidecar.bound_port(),
                 FormatIpv4Endpoint(port_.bound_addr()).c_str());
     std::fflush(stdout);
   }
@@ -341,22 +378,28 @@ UdpPushServerResult PushServer::Run() {
   Finish(out, failure);
   sidecar_thread.Stop();
   FillCounters();
+  report_.role = "server";
+  report_.policy = "fixed p=" + std::to_string(o_.p);
+  report_.info = {{"transport", "kernel-udp"},
+                  {"loss", o_.loss},
+                  {"chunks", std::to_string(layout_.num_chunks())},
+                  {"chunk_bytes", std::to_string(layout_.chunk_payload())}};
+  FinishReport(row_stream_, std::move(report_), &res_);
   return res_;
 }
 
 // ---- sidecar thread -------------------------------------------------------
 
-void PushServer::Refuse(ConnId c, const std::string& why) {
-  sc_->Send(c, ErrorMsg{1, why});
-  sc_->Close(c, why);
-}
-
 void PushServer::OnMessage(ConnId c, const ControlMessage& m) {
-  if (const auto* j = std::get_if<JoinMsg>(&m)) return OnJoin(c, *j);
+  Admission::Step step;
+  {
+    std::lock_guard<std::mutex> lock(join_mu_);
+    step = admission_.OnMessage(*sc_, c, m);
+    if (step == Admission::Step::kAdmitted && desk_.full()) Welcome();
+  }
+  if (step != Admission::Step::kMember) return;
   if (!joined_.load(std::memory_order_acquire)) return;
-  const int w = desk_.RankOf(c);
-  if (w < 0) return;
-  const auto peer = static_cast<uint16_t>(w);
+  const auto peer = static_cast<uint16_t>(desk_.RankOf(c));
   // A PROBE goes to the worker's side, which answers it after an RX poll
   // that started later (so the BITMAP counts every frame sent before it).
   if (DeliverToSides(m, nullptr, sides_[peer].get(), NowNs())) return;
@@ -367,14 +410,6 @@ void PushServer::OnMessage(ConnId c, const ControlMessage& m) {
   }
 }
 
-void PushServer::OnJoin(ConnId c, const JoinMsg& j) {
-  std::lock_guard<std::mutex> lock(join_mu_);
-  if (const std::string why = desk_.Admit(c, j); !why.empty()) {
-    return Refuse(c, why);
-  }
-  if (desk_.full()) Welcome();
-}
-
 // The last JOIN: the sides, then WELCOME to every worker, then `joined_`.
 void PushServer::Welcome() {
   desk_.Close();
@@ -382,8 +417,9 @@ void PushServer::Welcome() {
   const ChunkLayout layout(desk_.first().total_bytes, chunk_payload_);
   for (uint32_t w = 0; w < o_.workers; ++w) {
     ReceiveSideConfig rc;
-    rc.receiver = ReceiverConfig{session_, FrameType::kPush,
-                                 static_cast<int32_t>(w), layout};
+    rc.receiver = ReceiverConfig{
+        session_,   FrameType::kPush, static_cast<int32_t>(w), layout, 0,
+        UINT32_MAX, frame_key_};
     rc.direction = Direction::kPush;
     rc.peer = static_cast<uint16_t>(w);
     sides_.push_back(std::make_unique<ReceiveSide>(rc));
@@ -394,19 +430,29 @@ void PushServer::Welcome() {
     wm.udp_base_port = port_.bound_port();
     wm.server_ipv4 = ntohl(port_.bound_addr().sin_addr.s_addr);
     wm.policy = "fixed p=" + std::to_string(o_.p);
-    sc_->Send(desk_.members()[w].conn, wm);
+    wm.frame_auth = static_cast<uint8_t>(o_.frame_auth);
+    wm.job_nonce = job_nonce_;
+    // Frames of worker w count only from the address it named at JOIN
+    // (its control connection's IPv4 if it named none).
+    const JoinDesk::Member& m = desk_.members()[w];
+    sockaddr_in pin{};
+    std::string err;
+    ParseIpv4Endpoint(sc_->PeerAddress(m.conn), false, false, "", &pin, &err);
+    if (m.data_ipv4 != 0) pin.sin_addr.s_addr = htonl(m.data_ipv4);
+    pin.sin_port = htons(m.data_udp_port);
+    wm.worker_ipv4 = ntohl(pin.sin_addr.s_addr);
+    // The datapath reads the peer table only after joined_ (below).
+    port_.AddPeer(w, pin);
+    admission_.SealWelcome(w, &wm);
+    sc_->Send(m.conn, wm);
   }
   joined_.store(true, std::memory_order_release);
 }
 
 void PushServer::OnClose(ConnId c, const std::string& reason) {
   std::lock_guard<std::mutex> lock(join_mu_);
-  const int w = desk_.RankOf(c);
-  if (w < 0) return;
-  if (!joined_.load()) {
-    desk_.Leave(c);  // left during the join: free the slot
-    return;
-  }
+  const int w = admission_.OnClose(c);  // frees a slot during the join
+  if (w < 0 || !joined_.load()) return;
   TellGone(static_cast<uint32_t>(w), false, reason);
 }
 
@@ -427,7 +473,7 @@ void PushServer::OnWakeup() {
     std::visit(
         Overloaded{
             [&](const RoundBeginRequest& rb) {
-              const RoundBeginMsg m{rb.round, rb.round / 2,  rb.direction,
+              const RoundBeginMsg m{rb.round, rb.round / 2,   rb.direction,
                                     rb.p,     rb.deadline_ns, rb.min_fraction};
               for (const auto& w : desk_.members()) sc_->Send(w.conn, m);
             },
@@ -526,6 +572,7 @@ void PushServer::OpenRound(Outbox& out) {
   const uint32_t round = PushRound(it_);
   const uint64_t now = NowNs();
   for (auto& side : sides_) side->Begin(round, o_.p, 0, 0, now);
+  round_open_ns_ = now;
   out.Post(RoundBeginRequest{Direction::kPush, round, o_.p, 0, 0});
 }
 
@@ -549,6 +596,10 @@ bool PushServer::Receive(bool* progress) {
     // wrong-sender (or malformed) without accepting anything.
     const uint32_t rank = PeekSenderRank(buf, len);
     const uint32_t w = rank < W ? rank : 0;
+    if (pkts_[i].src != w) {  // not from where worker w was pinned
+      ++unpinned_;
+      continue;
+    }
     arrivals_[w] = 1;
     if (sides_[w]->OnFrame(buf, len, accumulate) == Verdict::kAccepted) {
       *progress = true;
@@ -600,6 +651,18 @@ bool PushServer::CloseRoundIfStopped() {
     side.receiver().SnapshotBitmap(arrived_[w]);
     res_.rounds.push_back(
         UdpServerRound{it_, w, side.receiver().delivered_fraction()});
+    // The row as the DPDK server writes it: round open to this side's STOP.
+    IterationRecord row;
+    row.iteration = it_;
+    row.rank = w;
+    row.send_latency_us =
+        side.stop_ns() > round_open_ns_
+            ? static_cast<double>(side.stop_ns() - round_open_ns_) / 1e3
+            : 0;
+    row.delivered_fraction = side.receiver().delivered_fraction();
+    row.p = o_.p;
+    report_.rows.push_back(row);
+    row_stream_.Append(row);  // on disk before on_round: kill -9 keeps it
   }
   reducer_->Finalize(FillMode::kZero, mean_);
   if (o_.on_round) o_.on_round(UdpServerRoundView{it_, mean_, arrived_});
@@ -640,10 +703,22 @@ void PushServer::FillCounters() {
       {"socket_drops", port_.socket_drops()},
       {"rx_truncated", port_.rx_truncated()},
       {"rcvbuf_bytes", static_cast<uint64_t>(port_.rcvbuf_bytes())},
+      {"unpinned_source", unpinned_},
+      {"control_auth_failures", admission_.auth_failures()},
+      {"control_refused_joins", admission_.refused_joins()},
+      {"control_out_of_state", admission_.out_of_state()},
   };
+  // Every verdict and decode error by index, so one added to the enums is
+  // written without a change here.
   for (int v = 0; v < kNumVerdicts; ++v) {
     res_.counters[VerdictName(static_cast<Verdict>(v))] =
         sum(static_cast<Verdict>(v));
+  }
+  for (int d = 1; d < kNumDecodeStatus; ++d) {
+    const auto s = static_cast<DecodeStatus>(d);
+    uint64_t n = 0;
+    for (const auto& side : sides_) n += side->receiver().decode_error_count(s);
+    res_.counters[std::string("decode_") + DecodeStatusName(s)] = n;
   }
 }
 
@@ -677,8 +752,8 @@ class PushWorker {
   void Finish(Outbox& out, const std::string& failure);
 
   const UdpPushWorkerOptions& o_;
-  UdpPushWorkerResult res_;  // datapath only
-  UdpSocketPort port_;       // datapath only
+  UdpPushWorkerResult res_;    // datapath only
+  UdpSocketPort port_;         // datapath only
   sockaddr_in server_ctrl_{};  // datapath only
   // Set before the sidecar thread starts, read-only after.
   ControlSidecar* sc_ = nullptr;
@@ -686,6 +761,8 @@ class PushWorker {
 
   // Shared with the sidecar; each field's writer noted. The datapath reads
   // a text only after the flag written after it (acquire).
+  WorkerHandshake handshake_{o_.secret};  // sidecar (Run starts it before)
+  JoinMsg join_;        // Run: wo before the sidecar thread; sidecar: ro
   WelcomeMsg welcome_;  // sidecar: wo before `welcomed_`
   std::atomic<bool> welcomed_{false};
   std::string gone_why_;  // sidecar: wo (once) before `server_gone_`
@@ -714,6 +791,10 @@ class PushWorker {
   bool have_go_ = false;  // a ROUND_BEGIN came; go_round_ is its round
   uint32_t go_round_ = 0;
   uint64_t bitmaps_ = 0;  // BITMAPs that started a pass or ended a round
+  // Datapath only: the rows, streamed as the rounds end and kept for the
+  // summary.
+  RowStream row_stream_;
+  RunReport report_;
 };
 
 std::string PushWorker::CheckOptions() {
@@ -740,6 +821,11 @@ std::string PushWorker::CheckOptions() {
 UdpPushWorkerResult PushWorker::Run() {
   if (std::string e = CheckOptions(); !e.empty()) return Fail(2, e);
   std::string err;
+  // Before the JOIN: a directory that cannot take the rows fails the
+  // worker now, not after the whole job.
+  if (!o_.out_dir.empty() && !row_stream_.Open(o_.out_dir, &err)) {
+    return Fail(2, err);
+  }
   UdpPortOptions popts;
   popts.max_datagram = o_.mtu - kIpUdpHeaders;
   if (!port_.Open(o_.data, popts, &err)) return Fail(1, err);
@@ -762,6 +848,12 @@ UdpPushWorkerResult PushWorker::Run() {
   join.worker_name = o_.name;
   join.total_bytes = o_.size_bytes;
   join.mtu = o_.mtu;
+  // Our data socket, which the server pins (0.0.0.0: the address it sees
+  // our control connection come from).
+  join.data_ipv4 = ntohl(port_.bound_addr().sin_addr.s_addr);
+  join.data_udp_port = port_.bound_port();
+  handshake_.Start(&join);
+  join_ = join;
   sidecar.Send(conn_, join);
   SidecarThread sidecar_thread(sidecar);
   if (!PinThisThread(o_.cpu, &err)) return Fail(2, err);
@@ -788,17 +880,44 @@ UdpPushWorkerResult PushWorker::Run() {
       {"probes", push_->probes_sent()},
       {"bitmaps", bitmaps_},
   };
+  report_.role = "worker";
+  report_.rank = static_cast<int32_t>(res_.rank);
+  report_.policy = welcome_.policy;
+  report_.info = {{"transport", "kernel-udp"},
+                  {"chunks", std::to_string(layout_.num_chunks())},
+                  {"chunk_bytes", std::to_string(layout_.chunk_payload())}};
+  FinishReport(row_stream_, std::move(report_), &res_);
   return res_;
 }
 
 // ---- sidecar thread -------------------------------------------------------
 
 void PushWorker::OnMessage(const ControlMessage& m) {
-  if (const auto* w = std::get_if<WelcomeMsg>(&m)) {
-    if (!welcomed_.load()) {
-      welcome_ = *w;
-      welcomed_.store(true, std::memory_order_release);
+  if (const auto* c = std::get_if<ChallengeMsg>(&m)) {
+    ProofMsg proof;
+    if (std::string why = handshake_.OnChallenge(*c, &proof); !why.empty()) {
+      sc_->Close(conn_, why);
+      return ServerGone(why);
     }
+    sc_->Send(conn_, proof);
+  } else if (const auto* w = std::get_if<WelcomeMsg>(&m)) {
+    // Authenticated, then checked against what we can hold.
+    std::string why = handshake_.CheckWelcome(*w);
+    if (why.empty()) why = ValidateWelcome(*w, join_);
+    if (!why.empty() || welcomed_.load()) {
+      if (why.empty()) why = "the server sent WELCOME twice";
+      why = "the server's WELCOME is refused: " + why;
+      sc_->Send(conn_, ErrorMsg{3, why});
+      sc_->Close(conn_, why);
+      return ServerGone(why);
+    }
+    welcome_ = *w;
+    welcomed_.store(true, std::memory_order_release);
+  } else if (!welcomed_.load() && !std::holds_alternative<ErrorMsg>(m)) {
+    const std::string why =
+        std::string("the server sent ") + ControlTypeName(m) + " out of order";
+    sc_->Close(conn_, why);
+    ServerGone(why);
   } else if (const auto* rb = std::get_if<RoundBeginMsg>(&m)) {
     if (rb->direction == Direction::kPush) {
       events_.Push(RoundBeginEvent{rb->direction, rb->round, rb->p,
@@ -849,23 +968,9 @@ std::string PushWorker::AwaitWelcome() {
                 ? " (" + gone_why_ + ")"
                 : " within " + std::to_string(o_.join_timeout_ms) + " ms");
   }
-  // A WELCOME the codec accepted may still describe an impossible job.
+  // OnMessage authenticated and validated it (ValidateWelcome).
   const WelcomeMsg& w = welcome_;
-  if (w.total_bytes != o_.size_bytes || w.chunk_payload == 0 ||
-      w.chunk_payload % 4 != 0 ||
-      w.chunk_payload + kDataHeaderBytes + 28 > o_.mtu ||
-      w.num_workers == 0 || w.rank >= w.num_workers) {
-    return "WELCOME is invalid (" + std::to_string(w.total_bytes) +
-           " bytes, chunk payload " + std::to_string(w.chunk_payload) +
-           ", rank " + std::to_string(w.rank) + " of " +
-           std::to_string(w.num_workers) +
-           "): run the same build on both sides";
-  }
   layout_ = ChunkLayout(w.total_bytes, w.chunk_payload);
-  if (layout_.num_chunks() != w.num_chunks) {
-    return "WELCOME is inconsistent with our JOIN: run the same build on "
-           "both sides";
-  }
   return "";
 }
 
@@ -885,6 +990,8 @@ void PushWorker::SetUpJob() {
   frames_ = std::make_unique<PacketFrames<UdpSocketPort>>(
       &port_, kServerEndpoint, reinterpret_cast<const uint8_t*>(grad_.data()),
       &layout_, o_.burst);
+  frames_->set_auth(DeriveFrameKey(o_.secret, w.job_nonce,
+                                   static_cast<FrameAuthMode>(w.frame_auth)));
   SendSideConfig sc;
   sc.type = FrameType::kPush;
   sc.session = w.session;
@@ -956,9 +1063,8 @@ std::string PushWorker::PushOneRound(uint64_t it, Outbox& out) {
              std::to_string(round) + " made no progress for " +
              std::to_string(o_.round_timeout_ms) + " ms (" +
              std::to_string(push.sender().passes()) + " passes, " +
-             std::to_string(push.sender().packets_sent()) +
-             " packets sent, " + (probed ? "BITMAP never came" : "no STOP") +
-             ")";
+             std::to_string(push.sender().packets_sent()) + " packets sent, " +
+             (probed ? "BITMAP never came" : "no STOP") + ")";
     }
     backoff_->Idle();
   }
@@ -968,8 +1074,8 @@ void PushWorker::RecordRound(uint64_t it) {
   const SendSide& push = *push_;
   // Each BITMAP the round used started a pass after the first, or showed
   // nothing missing (ended the round without STOP).
-  bitmaps_ += push.sender().passes() - 1 +
-              (push.sender().stop_requested() ? 0 : 1);
+  bitmaps_ +=
+      push.sender().passes() - 1 + (push.sender().stop_requested() ? 0 : 1);
   UdpRoundRecord r;
   r.iteration = it;
   // From the first send to STOP's arrival (the sidecar's clock).
@@ -982,6 +1088,19 @@ void PushWorker::RecordRound(uint64_t it) {
   r.delivered_fraction =
       static_cast<double>(push.stop_received()) / layout_.num_chunks();
   res_.rounds.push_back(r);
+  // The row as the DPDK worker writes it (no broadcast over kernel UDP).
+  IterationRecord row;
+  row.iteration = it;
+  row.rank = res_.rank;
+  row.send_latency_us = r.latency_us;
+  row.passes = r.passes;
+  row.packets_sent = r.packets_sent;
+  row.packets_resent = push.sender().packets_resent();
+  row.delivered_fraction = r.delivered_fraction;
+  row.p = res_.p;
+  row.control_rtt_us = push.mean_rtt_us();
+  report_.rows.push_back(row);
+  row_stream_.Append(row);  // on disk before on_round: kill -9 keeps it
   if (o_.on_round) o_.on_round(r);
 }
 
@@ -1055,8 +1174,24 @@ UdpPushBenchResult RunUdpPushBench(const UdpPushBenchOptions& o) {
   if (ctrl.sin_addr.s_addr == htonl(INADDR_ANY)) {
     ctrl.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   }
+  // Both sides' directories up front, like the other option errors (each
+  // side opens its own again when it starts).
+  for (const char* side : {"/server", "/worker"}) {
+    RowStream probe;
+    if (!o.out_dir.empty() && !probe.Open(o.out_dir + side, &err)) {
+      res.exit_code = 2;
+      res.error = err;
+      return res;
+    }
+  }
 
   UdpPushServerOptions so;
+  so.secret = o.secret;
+  if (so.secret.insecure() && o.frame_auth != FrameAuthMode::kNone) {
+    const AuthBytes key = RandomAuthBytes();
+    so.secret = JobSecret::FromBytes(key);
+  }
+  so.frame_auth = o.frame_auth;
   so.control = o.control;
   so.data = "127.0.0.1:" + std::to_string(o.udp_port);
   so.mtu = o.mtu;
@@ -1068,6 +1203,7 @@ UdpPushBenchResult RunUdpPushBench(const UdpPushBenchOptions& o) {
   so.cpu = o.server_cpu;
   so.idle_sleep_us = o.idle_sleep_us;
   so.on_round = o.on_server_round;
+  if (!o.out_dir.empty()) so.out_dir = o.out_dir + "/server";
   std::promise<uint16_t> control_port;
   bool told = false;  // server thread only
   so.on_listening = [&](uint16_t c, uint16_t u) {
@@ -1084,6 +1220,7 @@ UdpPushBenchResult RunUdpPushBench(const UdpPushBenchOptions& o) {
   UdpPushWorkerResult wres;
   if (cport != 0) {
     UdpPushWorkerOptions wo;
+    wo.secret = so.secret;
     ctrl.sin_port = htons(cport);
     wo.server = FormatIpv4Endpoint(ctrl);
     wo.data = "127.0.0.1:0";
@@ -1098,6 +1235,7 @@ UdpPushBenchResult RunUdpPushBench(const UdpPushBenchOptions& o) {
     wo.idle_sleep_us = o.idle_sleep_us;
     wo.name = "bench-worker";
     wo.on_round = o.on_round;
+    if (!o.out_dir.empty()) wo.out_dir = o.out_dir + "/worker";
     std::thread worker([&] { wres = RunUdpPushWorker(wo); });
     worker.join();
   }
@@ -1152,12 +1290,21 @@ std::string FormatUdpBenchJson(const UdpPushBenchOptions& o,
       << ",\"packets_sent\":" << x.packets_sent << ",\"passes\":" << x.passes
       << ",\"delivered_fraction\":" << num(x.delivered_fraction) << "}";
   }
-  s << "],\"counters\":{\"rx_frames\":" << counter("rx_frames")
-    << ",\"tx_frames\":" << counter("tx_frames")
-    << ",\"injected_drops\":" << counter("injected_drops")
-    << ",\"socket_drops\":" << counter("socket_drops")
-    << ",\"tx_eagain\":" << counter("tx_eagain")
-    << ",\"malformed\":" << counter("malformed") << "}";
+  // These first, always (readers index them), then every other counter
+  // the run kept, by name: each drop reason of the receive side included.
+  const std::vector<std::string> first = {"rx_frames",      "tx_frames",
+                                          "injected_drops", "socket_drops",
+                                          "tx_eagain",      "malformed"};
+  s << "],\"counters\":{";
+  for (size_t i = 0; i < first.size(); ++i) {
+    s << (i ? "," : "") << quote(first[i]) << ":" << counter(first[i].c_str());
+  }
+  for (const auto& [k, v] : r.counters) {
+    if (std::find(first.begin(), first.end(), k) == first.end()) {
+      s << "," << quote(k) << ":" << v;
+    }
+  }
+  s << "}";
   if (r.exit_code != 0) s << ",\"error\":" << quote(r.error);
   s << "}\n";
   return s.str();

@@ -23,6 +23,8 @@
 #include <vector>
 
 #include "dblp/bitmap.h"
+#include "dblp/frame_auth.h"
+#include "dblp/job_auth.h"
 
 namespace dblp {
 
@@ -57,6 +59,8 @@ struct UdpServerRoundView {
 };
 
 struct UdpPushServerOptions {
+  JobSecret secret;  // empty: insecure (then frame_auth must be kNone)
+  FrameAuthMode frame_auth = FrameAuthMode::kHeader;
   std::string control = "127.0.0.1:0";  // TCP listen ip:port (0: ephemeral)
   std::string data = "127.0.0.1:0";     // UDP bind ip:port (0: ephemeral)
   uint32_t workers = 1;
@@ -75,6 +79,10 @@ struct UdpPushServerOptions {
   std::function<void(uint16_t control_port, uint16_t udp_port)> on_listening;
   std::function<void(const UdpServerRoundView&)> on_round;
   bool quiet = true;  // no progress lines on stdout
+  // Rows (one per closed round and worker) streamed to iterations.jsonl /
+  // .csv here as the rounds close, summary.json (every counter) at the
+  // end; made before the sockets open. Empty: none.
+  std::string out_dir;
 };
 
 struct UdpPushServerResult {
@@ -82,12 +90,14 @@ struct UdpPushServerResult {
   std::string error;
   uint32_t chunks = 0;
   std::vector<UdpServerRound> rounds;
-  // rx_frames, injected_drops, socket_drops, accepted, duplicate, stale,
-  // late, malformed, wrong_*, out_of_range, future, truncated.
+  // rx_frames, injected_drops, socket_drops, rx_truncated, rcvbuf_bytes,
+  // every receiver verdict by VerdictName (accepted, duplicate,
+  // stale_round, ...) and every decode error as decode_<DecodeStatusName>.
   std::map<std::string, uint64_t> counters;
 };
 
 struct UdpPushWorkerOptions {
+  JobSecret secret;                       // the server's
   std::string server = "127.0.0.1:9100";  // the server's control ip:port
   std::string data = "127.0.0.1:0";       // our UDP bind ip:port
   uint64_t size_bytes = 1 << 20;          // gradient bytes (multiple of 4)
@@ -101,6 +111,9 @@ struct UdpPushWorkerOptions {
   uint32_t idle_sleep_us = 20;
   std::string name = "udp-worker";
   std::function<void(const UdpRoundRecord&)> on_round;
+  // Rows (one per push round) streamed to iterations.jsonl / .csv here,
+  // each before on_round sees it, summary.json at the end. Empty: none.
+  std::string out_dir;
 };
 
 struct UdpPushWorkerResult {
@@ -121,6 +134,10 @@ UdpPushServerResult RunUdpPushServer(const UdpPushServerOptions& o);
 UdpPushWorkerResult RunUdpPushWorker(const UdpPushWorkerOptions& o);
 
 struct UdpPushBenchOptions {
+  // Both sides share it; empty: a random one per run (the bench runs both
+  // ends, so a secret file buys nothing). Frames are tagged in `frame_auth`.
+  JobSecret secret;
+  FrameAuthMode frame_auth = FrameAuthMode::kHeader;
   double size_mb = 1;
   uint32_t iterations = 10;
   std::string loss = "none";
@@ -137,6 +154,9 @@ struct UdpPushBenchOptions {
   std::function<void(const UdpRoundRecord&)> on_round;  // worker thread
   std::function<void(const UdpServerRoundView&)> on_server_round;
   std::function<void(uint16_t udp_port)> on_server_listening;
+  // The server's rows and summary in out_dir/server, the worker's in
+  // out_dir/worker (see the two options above). Empty: none.
+  std::string out_dir;
 };
 
 struct UdpPushBenchResult {

@@ -1,0 +1,236 @@
+// Authenticated jobs (lib/dblp/job_auth.h): the secret file, the mutual
+// handshake, the WELCOME's MAC and what a worker checks in a WELCOME.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "dblp/chunking.h"
+#include "dblp/job_auth.h"
+
+namespace dblp {
+namespace {
+
+JobSecret Secret(uint8_t fill) {
+  std::vector<uint8_t> k(32, fill);
+  return JobSecret::FromBytes(k);
+}
+
+JoinMsg AJoin() {
+  JoinMsg j;
+  j.worker_name = "w0";
+  j.total_bytes = 4000;
+  j.mtu = 1500;
+  j.layers = {LayerInfo{"fc", {1000}}};
+  j.data_mac = {2, 0, 0, 0, 0, 1};
+  return j;
+}
+
+// The whole handshake between a worker holding `w` and a server holding
+// `s`: "" if it completes, else the first refusal.
+std::string Handshake(const JobSecret& w, const JobSecret& s,
+                      WelcomeMsg* welcome = nullptr) {
+  WorkerHandshake worker(w);
+  ServerHandshake server(s);
+  JoinMsg j = AJoin();
+  worker.Start(&j);
+  ChallengeMsg ch;
+  if (std::string e = server.OnJoin(1, j, &ch); !e.empty()) return e;
+  ProofMsg proof;
+  if (std::string e = worker.OnChallenge(ch, &proof); !e.empty()) return e;
+  JoinMsg admitted;
+  if (std::string e = server.OnProof(1, proof, &admitted); !e.empty()) {
+    return e;
+  }
+  EXPECT_EQ(admitted, j);
+  WelcomeMsg wm;
+  wm.rank = 0;
+  wm.num_workers = 1;
+  server.SealWelcome(1, &wm);
+  if (welcome) *welcome = wm;
+  return worker.CheckWelcome(wm);
+}
+
+TEST(JobAuth, SameSecretCompletesTheHandshake) {
+  EXPECT_EQ(Handshake(Secret(1), Secret(1)), "");
+}
+
+TEST(JobAuth, AWorkerWithAnotherSecretFindsTheServerUntrusted) {
+  // The server proves itself first: a worker with another secret refuses
+  // the CHALLENGE and never sends a proof.
+  const std::string e = Handshake(Secret(1), Secret(2));
+  EXPECT_NE(e.find("server's proof"), std::string::npos) << e;
+}
+
+TEST(JobAuth, AServerRefusesAProofMadeWithAnotherSecret) {
+  ServerHandshake server(Secret(1));
+  WorkerHandshake liar(Secret(2));
+  JoinMsg j = AJoin();
+  liar.Start(&j);
+  ChallengeMsg ch;
+  ASSERT_EQ(server.OnJoin(1, j, &ch), "");
+  // The liar cannot check the server's proof; it answers anyway.
+  ProofMsg forged;
+  forged.proof = Secret(2).Mac("dblp/4 worker", {ch.nonce, j.nonce});
+  JoinMsg admitted;
+  const std::string e = server.OnProof(1, forged, &admitted);
+  EXPECT_NE(e.find("authentication failed"), std::string::npos) << e;
+  EXPECT_FALSE(server.Authenticated(1));
+}
+
+TEST(JobAuth, OutOfOrderStepsAreRefused) {
+  ServerHandshake server(Secret(1));
+  ProofMsg p;
+  JoinMsg j;
+  EXPECT_NE(server.OnProof(7, p, &j), "");  // PROOF before JOIN
+  ChallengeMsg ch;
+  JoinMsg join = AJoin();
+  ASSERT_EQ(server.OnJoin(7, join, &ch), "");
+  EXPECT_NE(server.OnJoin(7, join, &ch), "");  // JOIN twice
+  WorkerHandshake worker(Secret(1));
+  WelcomeMsg wm;
+  EXPECT_NE(worker.CheckWelcome(wm), "");  // WELCOME before CHALLENGE
+}
+
+TEST(JobAuth, AChangedJoinFieldBreaksTheProof) {
+  // The proofs cover the JOIN: a name or layout rewritten on the way is
+  // caught by the server.
+  ServerHandshake server(Secret(1));
+  WorkerHandshake worker(Secret(1));
+  JoinMsg j = AJoin();
+  worker.Start(&j);
+  JoinMsg rewritten = j;
+  rewritten.total_bytes = 8000;
+  ChallengeMsg ch;
+  ASSERT_EQ(server.OnJoin(1, rewritten, &ch), "");
+  ProofMsg proof;
+  // The worker sees a server proof over another JOIN and refuses it.
+  EXPECT_NE(worker.OnChallenge(ch, &proof), "");
+}
+
+TEST(JobAuth, AChangedWelcomeFailsItsMac) {
+  WelcomeMsg wm;
+  ServerHandshake server(Secret(1));
+  WorkerHandshake worker(Secret(1));
+  JoinMsg j = AJoin();
+  worker.Start(&j);
+  ChallengeMsg ch;
+  ASSERT_EQ(server.OnJoin(1, j, &ch), "");
+  ProofMsg proof;
+  ASSERT_EQ(worker.OnChallenge(ch, &proof), "");
+  ASSERT_EQ(server.OnProof(1, proof, &j), "");
+  wm.num_workers = 2;
+  server.SealWelcome(1, &wm);
+  EXPECT_EQ(worker.CheckWelcome(wm), "");
+  WelcomeMsg changed = wm;
+  changed.rank = 1;
+  EXPECT_NE(worker.CheckWelcome(changed), "");
+}
+
+TEST(JobAuth, InsecureJobsStillAgreeButProveNothing) {
+  EXPECT_EQ(Handshake(JobSecret(), JobSecret()), "");
+  EXPECT_NE(Handshake(JobSecret(), Secret(1)), "");
+}
+
+TEST(JobAuth, DerivedValuesDependOnSecretAndNonce) {
+  const AuthBytes n1 = RandomAuthBytes(), n2 = RandomAuthBytes();
+  EXPECT_NE(n1, n2);
+  EXPECT_EQ(DeriveSession(Secret(1), n1), DeriveSession(Secret(1), n1));
+  EXPECT_NE(DeriveSession(Secret(1), n1), DeriveSession(Secret(1), n2));
+  EXPECT_NE(DeriveSession(Secret(1), n1), DeriveSession(Secret(2), n1));
+  EXPECT_NE(DeriveSession(Secret(1), n1), 0u);
+  const FrameKey a = DeriveFrameKey(Secret(1), n1, FrameAuthMode::kHeader);
+  const FrameKey b = DeriveFrameKey(Secret(2), n1, FrameAuthMode::kHeader);
+  EXPECT_NE(a.key, b.key);
+  EXPECT_EQ(DeriveFrameKey(Secret(1), n1, FrameAuthMode::kNone).mode,
+            FrameAuthMode::kNone);
+}
+
+class SecretFile : public ::testing::Test {
+ protected:
+  std::string path_ =
+      ::testing::TempDir() + "dblp-secret-" + std::to_string(getpid());
+  void Write(const std::string& bytes, mode_t mode) {
+    ::unlink(path_.c_str());
+    std::ofstream(path_, std::ios::binary) << bytes;
+    ::chmod(path_.c_str(), mode);
+  }
+  void TearDown() override { ::unlink(path_.c_str()); }
+};
+
+TEST_F(SecretFile, LoadsAPrivateFile) {
+  Write(std::string(32, 'k'), 0600);
+  std::string err;
+  std::optional<JobSecret> s = JobSecret::Load(path_, &err);
+  ASSERT_TRUE(s) << err;
+  EXPECT_FALSE(s->insecure());
+  EXPECT_EQ(s->Mac("x", {}), Secret('k').Mac("x", {}));
+}
+
+TEST_F(SecretFile, RefusesWhatIsNotASecret) {
+  std::string err;
+  Write(std::string(32, 'k'), 0644);
+  EXPECT_FALSE(JobSecret::Load(path_, &err));
+  EXPECT_NE(err.find("chmod 600"), std::string::npos) << err;
+  Write("short", 0600);
+  EXPECT_FALSE(JobSecret::Load(path_, &err));
+  EXPECT_NE(err.find("head -c 32 /dev/urandom"), std::string::npos) << err;
+  EXPECT_EQ(err.find("short"), std::string::npos) << "leaks the secret";
+  ::unlink(path_.c_str());
+  EXPECT_FALSE(JobSecret::Load(path_, &err));
+  EXPECT_NE(err.find("chmod 600"), std::string::npos) << err;
+  EXPECT_FALSE(JobSecret::Load("/tmp", &err));
+}
+
+WelcomeMsg GoodWelcome(const JoinMsg& j) {
+  WelcomeMsg wm;
+  wm.rank = 1;
+  wm.num_workers = 3;
+  wm.mtu = j.mtu;
+  wm.frame_auth = static_cast<uint8_t>(FrameAuthMode::kHeader);
+  wm.chunk_payload = ChunkPayloadForMtu(j.mtu, kFrameTagBytes);
+  wm.total_bytes = j.total_bytes;
+  wm.num_chunks = ChunkLayout(j.total_bytes, wm.chunk_payload).num_chunks();
+  wm.udp_base_port = 47000;
+  wm.num_shards = 1;
+  wm.layers = j.layers;
+  return wm;
+}
+
+TEST(ValidateWelcome, AcceptsWhatTheServerSends) {
+  const JoinMsg j = AJoin();
+  EXPECT_EQ(ValidateWelcome(GoodWelcome(j), j), "");
+}
+
+TEST(ValidateWelcome, RefusesEveryLie) {
+  const JoinMsg j = AJoin();
+  struct Lie {
+    const char* what;
+    void (*apply)(WelcomeMsg&);
+  };
+  const Lie lies[] = {
+      {"oversized layout", [](WelcomeMsg& w) { w.total_bytes = 256u << 20; }},
+      {"zero chunk payload", [](WelcomeMsg& w) { w.chunk_payload = 0; }},
+      {"chunk past the MTU", [](WelcomeMsg& w) { w.chunk_payload = 1480; }},
+      {"odd chunk payload", [](WelcomeMsg& w) { w.chunk_payload = 1001; }},
+      {"rank past the workers", [](WelcomeMsg& w) { w.rank = 3; }},
+      {"no workers", [](WelcomeMsg& w) { w.num_workers = 0; }},
+      {"chunk count", [](WelcomeMsg& w) { w.num_chunks += 1; }},
+      {"no shards", [](WelcomeMsg& w) { w.num_shards = 0; }},
+      {"ports wrap", [](WelcomeMsg& w) { w.udp_base_port = 65534; }},
+      {"another MTU", [](WelcomeMsg& w) { w.mtu = 9000; }},
+      {"another model", [](WelcomeMsg& w) { w.layers.clear(); }},
+      {"unknown tag mode", [](WelcomeMsg& w) { w.frame_auth = 9; }},
+  };
+  for (const Lie& lie : lies) {
+    WelcomeMsg w = GoodWelcome(j);
+    lie.apply(w);
+    EXPECT_NE(ValidateWelcome(w, j), "") << lie.what;
+  }
+}
+
+}  // namespace
+}  // namespace dblp
