@@ -45,22 +45,44 @@ const std::atomic<bool>& InstallQuitHandlers();
 // Test hook: writes `n` bytes to `path` (dumps of means and bitmaps).
 void DumpBinary(const std::string& path, const void* data, size_t n);
 
-// What a long run must give back: mbufs in use in `pool` and the
-// process's resident memory. Read after the first iteration and at the end
-// (the soak, tests/soak_test.py, checks that the end returns to the
-// start); control path only (reads /proc).
+// What a long run must give back: mbufs in use in `pool` and the process's
+// resident memory. Sampled at iterations 1, 2, 4, 8, ... (cheap: a /proc
+// read at a power of two); the report gives the last sample at or before
+// half the run (warm: every buffer and pool page touched once) and the end,
+// which a soak (tests/soak_test.py) checks are equal. Control path only.
 struct ResourceGauge {
   uint64_t mbufs_in_use = 0;
   uint64_t rss_kib = 0;
   static ResourceGauge Read(const rte_mempool* pool);
-  // Appended to a run report's counters as <prefix>_mbufs_in_use and
-  // <prefix>_rss_kib.
-  void AddTo(const char* prefix,
-             std::vector<std::pair<std::string, uint64_t>>* counters) const {
-    counters->emplace_back(std::string(prefix) + "_mbufs_in_use",
-                           mbufs_in_use);
-    counters->emplace_back(std::string(prefix) + "_rss_kib", rss_kib);
+};
+
+class ResourceTrack {
+ public:
+  explicit ResourceTrack(const rte_mempool* pool) : pool_(pool) {}
+  // At the start of iteration `it` (after it - 1 ended).
+  void Sample(uint64_t it) {
+    if (it == 0 || (it & (it - 1)) != 0) return;
+    samples_.emplace_back(it, ResourceGauge::Read(pool_));
   }
+  // <key>: mid_run_iteration, mid_run_mbufs_in_use, mid_run_rss_kib,
+  // end_mbufs_in_use, end_rss_kib, for a run of `iterations`.
+  void AddTo(uint64_t iterations,
+             std::vector<std::pair<std::string, uint64_t>>* counters) const {
+    const ResourceGauge end = ResourceGauge::Read(pool_);
+    std::pair<uint64_t, ResourceGauge> mid{0, end};
+    for (const auto& s : samples_) {
+      if (2 * s.first <= iterations) mid = s;
+    }
+    counters->emplace_back("mid_run_iteration", mid.first);
+    counters->emplace_back("mid_run_mbufs_in_use", mid.second.mbufs_in_use);
+    counters->emplace_back("mid_run_rss_kib", mid.second.rss_kib);
+    counters->emplace_back("end_mbufs_in_use", end.mbufs_in_use);
+    counters->emplace_back("end_rss_kib", end.rss_kib);
+  }
+
+ private:
+  const rte_mempool* pool_;
+  std::vector<std::pair<uint64_t, ResourceGauge>> samples_;
 };
 
 inline uint64_t NowNs() {

@@ -71,11 +71,13 @@ class FrameTemplate {
   FrameAuth auth_;     // kNone: no tag
 };
 
-// Same source MAC, IPv4 and UDP port: a frame from where a worker was
-// pinned at JOIN.
-inline bool SameSource(const Endpoint& a, const Endpoint& b) {
-  return a.ipv4 == b.ipv4 && a.udp_port == b.udp_port &&
-         rte_is_same_ether_addr(&a.mac, &b.mac);
+// A frame from `a` comes from where a worker was pinned at JOIN (`pin`):
+// same IPv4 and UDP port, and same MAC unless the pin has none (a worker
+// behind a router: frames arrive from the router's MAC).
+inline bool SameSource(const Endpoint& a, const Endpoint& pin) {
+  return a.ipv4 == pin.ipv4 && a.udp_port == pin.udp_port &&
+         (rte_is_zero_ether_addr(&pin.mac) ||
+          rte_is_same_ether_addr(&a.mac, &pin.mac));
 }
 
 enum class FrameStatus : uint8_t {

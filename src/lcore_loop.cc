@@ -277,10 +277,11 @@ void ServerLcore::ReceiveBurst(uint16_t port, rte_mbuf** pkts, uint16_t n,
     }
     l.arrivals = true;
     if (!l.learned) {
-      Learn(l, port, rank);
+      Learn(l, port, rank, pf.src.mac);
       WorkerState& ws = *workers_[rank];
       if (!ws.return_claimed.exchange(true, std::memory_order_relaxed)) {
         ws.return_port = port;
+        ws.return_mac = pf.src.mac;
         ws.return_ready.store(true, std::memory_order_release);
       }
     }
@@ -288,14 +289,18 @@ void ServerLcore::ReceiveBurst(uint16_t port, rte_mbuf** pkts, uint16_t n,
 }
 
 // The broadcast goes back to the worker's pinned address, on the port its
-// authenticated frames arrive on.
-void ServerLcore::Learn(ServerLink& l, uint16_t port, uint16_t rank) {
+// authenticated frames arrive on; to the MAC they came from if the worker
+// pinned none (a router between us).
+void ServerLcore::Learn(ServerLink& l, uint16_t port, uint16_t rank,
+                        const rte_ether_addr& next_hop) {
   l.learned = true;
   l.port = port;
   const auto worker_port = static_cast<uint16_t>(setup_.udp_port + 1 + rank);
   const PortCaps& caps = (*setup_.caps)[port];
   const Endpoint local{caps.mac, setup_.local_ip, worker_port};
-  l.tmpl = FrameTemplate(local, l.worker.source, caps);
+  Endpoint peer = l.worker.source;
+  if (rte_is_zero_ether_addr(&peer.mac)) peer.mac = next_hop;
+  l.tmpl = FrameTemplate(local, peer, caps);
   l.tmpl.set_auth(setup_.frame_key);
 }
 
@@ -314,7 +319,7 @@ bool ServerLcore::AdoptReturnPaths() {
                 "server's port (--p below 1)");
       return false;
     }
-    Learn(l, ws.return_port, static_cast<uint16_t>(w));
+    Learn(l, ws.return_port, static_cast<uint16_t>(w), ws.return_mac);
   }
   return true;
 }

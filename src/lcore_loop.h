@@ -145,7 +145,7 @@ class WorkerLcore {
 // The server's state for one worker, shared by its lcores. alive and
 // said_bye: writer lcore 0 (it handles control events), readers every
 // lcore; push_stop: every lcore (its own CAS protocol, shards.h).
-// return_port/return_addr: writer the lcore that wins return_claimed (the
+// return_port/return_mac: writer the lcore that wins return_claimed (the
 // first to accept a frame from the worker), readers every lcore after
 // return_ready (release/acquire) — an lcore whose shard got none of the
 // worker's frames still knows which port to broadcast on. The address is
@@ -160,6 +160,9 @@ struct WorkerState {
   std::atomic<bool> return_claimed{false};
   std::atomic<bool> return_ready{false};
   uint16_t return_port = 0;  // the port its frames arrive on
+  // Their source MAC: the next hop back when the worker pinned none (it
+  // sits behind a router, --eth_peer).
+  rte_ether_addr return_mac{};
 };
 
 // One server lcore's sides for one worker (its shard of that worker's
@@ -262,7 +265,8 @@ class ServerLcore {
   enum class PushEnd : uint8_t { kStopped, kAllBye, kFailed };
   bool Turn(uint64_t now_ns, bool broadcasting);
   uint32_t PollPushes(uint64_t now_ns);
-  void Learn(ServerLink& l, uint16_t port, uint16_t rank);
+  void Learn(ServerLink& l, uint16_t port, uint16_t rank,
+             const rte_ether_addr& next_hop);
   bool AdoptReturnPaths();
   bool HandleEvents();
   bool LoseWorker(uint32_t w, const std::string& how);

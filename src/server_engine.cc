@@ -282,9 +282,11 @@ int RunServer(const ServerOptions& o) {
     reducer.set_num_workers(lcores[0]->live_count());
     return push_tol;
   };
-  ResourceGauge after_first;  // warm: every buffer sized once
+  ResourceTrack resources(pool);
+  uint64_t iterations_done = 0;
   coord.broadcast_done = [&](uint64_t it) {
-    if (it == 0) after_first = ResourceGauge::Read(pool);
+    iterations_done = it + 1;
+    resources.Sample(it + 1);
     AddBroadcastToRows(links, W, &report);
     // On disk before the next round: a kill -9 keeps them.
     rows.Sync(report.rows);
@@ -309,13 +311,15 @@ int RunServer(const ServerOptions& o) {
   }
   lcores[0]->Run(&coord);
   rte_eal_mp_wait_lcore();
-  const ResourceGauge at_end = ResourceGauge::Read(pool);
+  std::vector<std::pair<std::string, uint64_t>> resource_counters;
+  resources.AddTo(iterations_done, &resource_counters);
   control.Stop();
   const std::string failure = job.failure();
 
   AddServerCounters(lcs, control, links, nb_ports, &report);
-  after_first.AddTo("after_first_iteration", &report.counters);
-  at_end.AddTo("end", &report.counters);
+  report.counters.insert(report.counters.end(), resource_counters.begin(),
+                         resource_counters.end());
+
   // Workers on memif wait for this close before they close their side
   // (worker_engine.cc, AwaitServerClose): closed right after the job.
   for (uint16_t p = 0; p < nb_ports; ++p) {

@@ -196,12 +196,13 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
   join.mtu = o.dp.port.mtu;
   join.layers = source->Layers();
   // Our data source, which the server pins: the port's MAC (known since
-  // the EAL probed it) and --local_ip if given.
+  // the EAL probed it; none behind a router, --eth_peer, where frames
+  // reach the server from the router's) and --local_ip if given.
   rte_ether_addr mac{};
   if (rte_eth_macaddr_get(0, &mac) != 0) {
     Die("cannot read port 0's MAC address", "check the port (-a / --vdev)");
   }
-  std::memcpy(join.data_mac.data(), mac.addr_bytes, 6);
+  if (o.eth_peer.empty()) std::memcpy(join.data_mac.data(), mac.addr_bytes, 6);
   if (!o.local_ip.empty() && !ParseIpv4(o.local_ip, &join.data_ipv4)) {
     Die("bad --local_ip " + o.local_ip,
         "use a dotted IPv4 address, e.g. 10.0.0.2");
@@ -310,9 +311,9 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
   std::string failure;
   loss.StartClock(NowNs());
   const uint64_t iterations = model.iterations(o.iterations);
-  ResourceGauge after_first;  // warm: every buffer sized once
+  ResourceTrack resources(pool);
   for (uint64_t it = 0; it < iterations && failure.empty(); ++it) {
-    if (it == 1) after_first = ResourceGauge::Read(pool);
+    resources.Sample(it);
     control.set_iteration(it);
     failure = model.Prepare(it);
     if (!failure.empty()) break;
@@ -368,14 +369,16 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
     report.rows.push_back(r);
     rows.Append(r);  // on disk before the next iteration: kill -9 keeps it
   }
-  const ResourceGauge at_end = ResourceGauge::Read(pool);
+  std::vector<std::pair<std::string, uint64_t>> resource_counters;
+  resources.AddTo(report.rows.size(), &resource_counters);
   control.Finish(failure.empty(), failure);
   AwaitPeerClose(0, caps);
   const PortDrops drops = ReadPortDrops(0);
 
   AddWorkerCounters(lc, control, push, bcast, drops, &report);
-  after_first.AddTo("after_first_iteration", &report.counters);
-  at_end.AddTo("end", &report.counters);
+  report.counters.insert(report.counters.end(), resource_counters.begin(),
+                         resource_counters.end());
+
   report.info = {
       {"source", source->Describe()},
       {"link_gbps",

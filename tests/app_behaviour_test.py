@@ -13,30 +13,16 @@ Usage: app_behaviour_test.py BUILD_DIR
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-
-FAILURES = []
-PASSED = 0
+from dblp_testlib import check, finish, free_port  # noqa: E402
 
 
-def check(name, ok, detail=""):
-    global PASSED
-    if ok:
-        PASSED += 1
-        print("ok   " + name)
-    else:
-        FAILURES.append(name)
-        print("FAIL " + name + ("\n     " + detail if detail else ""))
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+
 
 
 SECRET = None  # a job secret file, made in main()
@@ -277,8 +263,7 @@ def main():
           all(rc == 0 for rc, _ in outs),
           "\n".join(o[-300:] for _, o in outs))
 
-    print("%d passed, %d failed" % (PASSED, len(FAILURES)))
-    sys.exit(1 if FAILURES else 0)
+    finish()
 
 
 if __name__ == "__main__":

@@ -32,9 +32,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from dblp_testlib import check, finish, free_port  # noqa: E402
 
-FAILURES = []
-PASSED = 0
 
 RSS_MARGIN_KB = 10 * 1024
 FLOOD = 200
@@ -45,20 +44,8 @@ UNTRUSTED_FRAME = 64 * 1024
 ERROR_TYPE = 8  # ControlType::kError
 
 
-def check(name, ok, detail=""):
-    global PASSED
-    if ok:
-        PASSED += 1
-        print("ok   " + name)
-    else:
-        FAILURES.append(name)
-        print("FAIL " + name + ("\n     " + detail if detail else ""))
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def eal(prefix, *vdevs, lcore="0"):
@@ -221,8 +208,7 @@ def main():
         if srv.poll() is None:
             srv.kill()
             srv.wait()
-    print("%d passed, %d failed" % (PASSED, len(FAILURES)))
-    sys.exit(1 if FAILURES else 0)
+    finish()
 
 
 def run(srv, port, sock, join_ms, partial_ms, has_limits, worker,

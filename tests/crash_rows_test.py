@@ -19,34 +19,20 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
+from dblp_testlib import check, finish, free_port  # noqa: E402
 
-FAILURES = []
-PASSED = 0
 MIN_ROWS = 3
 CSV_HEADER = ("iteration,rank,send_latency_us,bcast_latency_us,passes,"
               "bcast_passes,packets_sent,packets_resent,delivered_fraction,"
               "p,critical,grad_norm,burst,control_rtt_us,resync")
 
 
-def check(name, ok, detail=""):
-    global PASSED
-    if ok:
-        PASSED += 1
-        print("ok   " + name)
-    else:
-        FAILURES.append(name)
-        print("FAIL " + name + ("\n     " + detail if detail else ""))
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def eal(prefix, *vdevs, lcore="0"):
@@ -297,10 +283,7 @@ def main():
         for d in glob.glob("/var/run/dpdk/dblp-crash-%d-*" % os.getpid()):
             shutil.rmtree(d, ignore_errors=True)
 
-    print("%d passed, %d failed" % (PASSED, len(FAILURES)))
-    if FAILURES:
-        print("failed: " + ", ".join(FAILURES))
-        sys.exit(1)
+    finish()
 
 
 if __name__ == "__main__":

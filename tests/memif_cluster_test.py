@@ -39,12 +39,11 @@ import json
 import math
 import os
 import shutil
-import socket
-import struct
 import subprocess
 import sys
 import tempfile
 import time
+from dblp_testlib import f32, free_port, integer_value, read_bits, read_f32  # noqa: E402
 
 WORKERS = 3
 ITERATIONS = 12
@@ -60,32 +59,14 @@ def fail(msg):
     sys.exit(1)
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
-def integer_value(j, it, rank):
-    # Must match dblp::IntegerGradientValue.
-    return float(((j * 7 + it * 3 + rank * 5) % 17) - 8)
 
 
-def f32(x):
-    return struct.unpack("<f", struct.pack("<f", x))[0]
 
 
-def read_f32(path):
-    with open(path, "rb") as f:
-        data = f.read()
-    return struct.unpack("<%df" % (len(data) // 4), data)
 
 
-def read_bits(path, nbits):
-    with open(path, "rb") as f:
-        data = f.read()
-    words = struct.unpack("<%dQ" % (len(data) // 8), data)
-    return [bool((words[i // 64] >> (i % 64)) & 1) for i in range(nbits)]
 
 
 def main():

@@ -19,39 +19,20 @@ import sys
 import tempfile
 import threading
 import time
-
-PASSED = 0
-FAILURES = []
-
-
-def check(name, ok, detail=""):
-    global PASSED
-    if ok:
-        PASSED += 1
-        print("ok   " + name)
-    else:
-        FAILURES.append(name)
-        print("FAIL " + name + ("\n     " + detail.replace("\n", "\n     ")
-                               if detail else ""))
+from dblp_testlib import check, finish, free_port, make_secret  # noqa: E402
+from dblp_testlib import eal as testlib_eal  # noqa: E402
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
-def make_secret(path, data=None):
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data if data is not None else os.urandom(32))
-    return path
+
+
+
+
 
 
 def eal(prefix, *vdevs, lcore="0"):
-    return (["-l", lcore, "--no-huge", "-m", "256", "--no-pci",
-             "--file-prefix=dblp-trust-%d-%s" % (os.getpid(), prefix),
-             "--log-level=*:warning"] + ["--vdev=" + v for v in vdevs])
+    return testlib_eal("trust", prefix, *vdevs, lcore=lcore)
 
 
 # ---- the control codec, as much as the tests need ----------------------
@@ -331,8 +312,7 @@ def main():
               rc == 1 and needle in out, "rc=%s %s" % (rc, out[-500:]))
         t.join(10)
 
-    print("%d passed, %d failed" % (PASSED, len(FAILURES)))
-    sys.exit(1 if FAILURES else 0)
+    finish()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,73 @@
+"""What the process-level tests share: named checks with a closing count,
+free ports, EAL arguments, job secrets, and the integer gradients and dump
+files of the memif jobs (tests/memif_cluster_test.py, tests/soak_test.py)."""
+import os
+import socket
+import struct
+import sys
+
+FAILURES = []
+_passed = [0]
+
+
+def check(name, ok, detail=""):
+    """One named check: printed, counted, and kept if it failed."""
+    if ok:
+        _passed[0] += 1
+        print("ok   " + name)
+    else:
+        FAILURES.append(name)
+        print("FAIL " + name + ("\n     " + str(detail).replace("\n", "\n     ")
+                               if detail else ""))
+
+
+def finish():
+    """The closing line; exit code 1 if any check failed."""
+    print("%d passed, %d failed" % (_passed[0], len(FAILURES)))
+    if FAILURES:
+        print("failed: " + ", ".join(FAILURES))
+    sys.exit(1 if FAILURES else 0)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def eal(test, prefix, *vdevs, lcore="0"):
+    """EAL arguments for one app of a test: --no-huge, its own
+    --file-prefix (dblp-<test>-<pid>-<prefix>), the given vdevs."""
+    return (["-l", lcore, "--no-huge", "-m", "256", "--no-pci",
+             "--file-prefix=dblp-%s-%d-%s" % (test, os.getpid(), prefix),
+             "--log-level=*:warning"] + ["--vdev=" + v for v in vdevs])
+
+
+def make_secret(path, data=None):
+    """A job secret file (mode 0600, 32 random bytes unless `data`)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data if data is not None else os.urandom(32))
+    return path
+
+
+def integer_value(j, it, rank):
+    # Must match dblp::IntegerGradientValue.
+    return float(((j * 7 + it * 3 + rank * 5) % 17) - 8)
+
+
+def f32(x):
+    return struct.unpack("<f", struct.pack("<f", x))[0]
+
+
+def read_f32(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    return struct.unpack("<%df" % (len(data) // 4), data)
+
+
+def read_bits(path, nbits):
+    with open(path, "rb") as f:
+        data = f.read()
+    words = struct.unpack("<%dQ" % (len(data) // 8), data)
+    return [(words[i // 64] >> (i % 64)) & 1 for i in range(nbits)]
