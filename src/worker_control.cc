@@ -90,6 +90,8 @@ void WorkerControl::OnMessage(const ControlMessage& m) {
       return Gone(why);
     }
     sidecar_.Send(conn_, proof);
+    // Everything after the PROOF, both ways, travels with its TAG.
+    sidecar_.Authenticate(conn_, handshake_.Keys());
     return;
   }
   const auto gone = [this](std::string why) { Gone(std::move(why)); };

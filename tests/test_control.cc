@@ -131,6 +131,10 @@ std::vector<ControlMessage> Samples() {
   ProofMsg pr;
   pr.proof.fill(0x42);
   v.push_back(pr);
+  TagMsg tg;
+  tg.seq = 0x0102030405060708ull;
+  tg.mac.fill(0x99);
+  v.push_back(tg);
 
   v.push_back(RoundBeginMsg{.round = 0xFFFFFFFF,
                             .iteration = 12345,
@@ -417,7 +421,7 @@ TEST(ControlDecoder, EveryErrorReachedByCraftedFrame) {
                  "max_frame");
   ExpectRejected({0, 0, 0, 0}, ControlError::kEmptyFrame, "length 0");
   ExpectRejected(Frame(0, Bytes()), ControlError::kUnknownType, "type 0");
-  ExpectRejected(Frame(12, Bytes()), ControlError::kUnknownType, "type 12");
+  ExpectRejected(Frame(13, Bytes()), ControlError::kUnknownType, "type 13");
 
   // kTruncatedBody: missing fixed field, string past the end, vector count
   // past the end.
@@ -723,7 +727,7 @@ TEST(ControlCodec, NamesAreDistinctAndTypesMatchWire) {
   EXPECT_STREQ(ControlErrorName(ControlError::kNone), "none");
   const char* want[] = {"JOIN",     "WELCOME",   "ROUND_BEGIN", "PROBE",
                         "BITMAP",   "STOP",      "BYE",         "ERROR",
-                        "ACCEPTED", "CHALLENGE", "PROOF"};
+                        "ACCEPTED", "CHALLENGE", "PROOF",       "TAG"};
   for (const ControlMessage& msg : Samples()) {
     const auto t = static_cast<uint8_t>(TypeOf(msg));
     ASSERT_GE(t, 1);

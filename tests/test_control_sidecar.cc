@@ -30,6 +30,7 @@
 
 #include "dblp/control.h"
 #include "dblp/control_sidecar.h"
+#include "dblp/hmac.h"
 
 namespace dblp {
 namespace {
@@ -1102,6 +1103,143 @@ TEST(ControlSidecarLimits, ManyStalledConnectionsAllClosedAndFreed) {
     EXPECT_EQ(server->sc().open_connections(), 0u);
   }
   EXPECT_EQ(OpenFds(), fds_before);
+}
+
+}  // namespace
+}  // namespace dblp
+
+// ---- authenticated channels (Authenticate, TAG) ----------------------------
+
+namespace dblp {
+namespace {
+
+ChannelKeys Keys(uint8_t s, uint8_t r) {
+  ChannelKeys k;
+  k.send.fill(s);
+  k.recv.fill(r);
+  return k;
+}
+
+// A message and its TAG as a peer holding `key` would send it.
+std::vector<uint8_t> Tagged(const ControlMessage& m, uint8_t key_fill,
+                            uint64_t seq) {
+  std::vector<uint8_t> frame = EncodeControl(m);
+  AuthBytes key;
+  key.fill(key_fill);
+  uint8_t seq_be[8];
+  for (int i = 0; i < 8; ++i) {
+    seq_be[i] = static_cast<uint8_t>(seq >> (56 - 8 * i));
+  }
+  std::vector<uint8_t> out = frame;
+  EncodeControl(TagMsg{seq, HmacSha256(key, "dblp/4 tag", {seq_be, frame})},
+                out);
+  return out;
+}
+
+TEST(ControlSidecarAuth, BothEndsAuthenticatedExchangeEveryType) {
+  Pair p;
+  p.server.Call([&](ControlSidecar& sc) {
+    sc.Authenticate(p.server.accepted()[0], Keys(1, 2));
+    return 0;
+  });
+  p.client.Call([&](ControlSidecar& sc) {
+    sc.Authenticate(p.client_conn, Keys(2, 1));
+    return 0;
+  });
+  const auto all = AllMessages();
+  for (const auto& m : all) ASSERT_TRUE(p.client.Send(p.client_conn, m));
+  ASSERT_TRUE(p.server.WaitFor(
+      [&] { return p.server.messages_.size() == all.size(); }));
+  for (size_t i = 0; i < all.size(); ++i) {
+    EXPECT_EQ(p.server.messages()[i].second, all[i]);
+  }
+  EXPECT_EQ(p.server.sc().protocol_errors(), 0u);
+}
+
+TEST(ControlSidecarAuth, UntaggedForgedReplayedAndReorderedAreRefused) {
+  struct Case {
+    const char* what;
+    std::vector<uint8_t> bytes;
+  };
+  const ProbeMsg probe{.round = 3, .direction = Direction::kPush, .pass = 1};
+  const StopMsg stop{.round = 3, .direction = Direction::kPush};
+  std::vector<uint8_t> replay = Tagged(probe, 7, 0);
+  const std::vector<uint8_t> again = Tagged(probe, 7, 0);
+  replay.insert(replay.end(), again.begin(), again.end());
+  std::vector<uint8_t> untagged = EncodeControl(probe);
+  EncodeControl(stop, untagged);  // the first is held for its TAG till now
+  std::vector<uint8_t> changed = Tagged(probe, 7, 0);
+  changed[5 + 3] ^= 1;  // the round, after the MAC was made
+  const Case cases[] = {
+      {"untagged", untagged},
+      {"wrong key", Tagged(probe, 8, 0)},
+      {"out of sequence", Tagged(stop, 7, 1)},
+      {"replayed", replay},
+      {"changed", changed},
+      {"a TAG alone", EncodeControl(TagMsg{})},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    Node server;
+    ASSERT_TRUE(server.sc().Listen("127.0.0.1:0", nullptr));
+    server.Start();
+    const int raw = RawConnect(server.sc().bound_port());
+    ASSERT_TRUE(server.WaitFor([&] { return server.accepted_.size() == 1; }));
+    server.Call([&](ControlSidecar& sc) {
+      sc.Authenticate(server.accepted()[0], Keys(9, 7));
+      return 0;
+    });
+    RawWrite(raw, c.bytes);
+    // A further, valid pair must not be delivered either: the channel is
+    // closed at the first fault.
+    ControlDecoder dec;
+    ControlMessage m;
+    bool saw_error = false;
+    while (RawReadMessage(raw, dec, &m)) {
+      if (std::holds_alternative<ErrorMsg>(m)) saw_error = true;
+    }
+    EXPECT_TRUE(saw_error);
+    ASSERT_TRUE(server.WaitFor([&] { return server.closed_.size() == 1; }));
+    const size_t delivered = server.messages().size();
+    // "replayed" delivers its first, genuine copy; nothing else gets in.
+    EXPECT_EQ(delivered, std::string(c.what) == "replayed" ? 1u : 0u);
+    EXPECT_EQ(server.sc().protocol_errors(), 1u);
+    close(raw);
+  }
+}
+
+TEST(ControlSidecarAuth, AGenuinePairIsDelivered) {
+  Node server;
+  ASSERT_TRUE(server.sc().Listen("127.0.0.1:0", nullptr));
+  server.Start();
+  const int raw = RawConnect(server.sc().bound_port());
+  ASSERT_TRUE(server.WaitFor([&] { return server.accepted_.size() == 1; }));
+  server.Call([&](ControlSidecar& sc) {
+    sc.Authenticate(server.accepted()[0], Keys(9, 7));
+    return 0;
+  });
+  std::vector<uint8_t> two = Tagged(ByeMsg{.reason = "a"}, 7, 0);
+  const std::vector<uint8_t> second = Tagged(ByeMsg{.reason = "b"}, 7, 1);
+  two.insert(two.end(), second.begin(), second.end());
+  RawWrite(raw, two);
+  ASSERT_TRUE(server.WaitFor([&] { return server.messages_.size() == 2; }));
+  EXPECT_EQ(server.messages()[1].second, ControlMessage(ByeMsg{.reason = "b"}));
+  // What the server sends back is tagged under its own key.
+  ASSERT_TRUE(server.Send(server.accepted()[0], ByeMsg{.reason = "c"}));
+  ControlDecoder dec;
+  ControlMessage m1, m2;
+  ASSERT_TRUE(RawReadMessage(raw, dec, &m1));
+  ASSERT_TRUE(RawReadMessage(raw, dec, &m2));
+  const auto* tag = std::get_if<TagMsg>(&m2);
+  ASSERT_NE(tag, nullptr);
+  const std::vector<uint8_t> want = Tagged(m1, 9, 0);
+  ControlDecoder back;
+  back.Feed(want.data(), want.size());
+  ControlMessage a, b;
+  ASSERT_EQ(back.Next(a), ControlDecoder::Status::kMessage);
+  ASSERT_EQ(back.Next(b), ControlDecoder::Status::kMessage);
+  EXPECT_EQ(std::get<TagMsg>(b), *tag);
+  close(raw);
 }
 
 }  // namespace

@@ -37,7 +37,7 @@ def eal(prefix, *vdevs, lcore="0"):
 
 # ---- the control codec, as much as the tests need ----------------------
 
-JOIN, WELCOME, ERROR, CHALLENGE, PROOF, BYE = 1, 2, 8, 10, 11, 7
+JOIN, WELCOME, ERROR, CHALLENGE, PROOF, BYE, TAG = 1, 2, 8, 10, 11, 7, 12
 VERSION = 4
 
 
@@ -141,7 +141,11 @@ def fake_server(port, key, lie, ready):
             return  # the worker refused us: fine, the test reads its output
         args = dict(layers=layers, total=total)
         args.update(lie)
-        c.sendall(welcome_frame(key, nw, ns, **args))
+        # After the PROOF every message travels with its TAG (seq 0 first).
+        s2w = mac(key, "dblp/4 control s2w", nw, ns)
+        wf = welcome_frame(key, nw, ns, **args)
+        seq = struct.pack(">Q", 0)
+        c.sendall(wf + frame(TAG, seq + mac(s2w, "dblp/4 tag", seq, wf)))
         time.sleep(2)  # let the worker read it, answer, and go
     ls.close()
 

@@ -34,6 +34,9 @@ Admission::Step Admission::OnMessage(ControlSidecar& sc, ConnId c,
                                                  : &out_of_state_);
       return Step::kHandled;
     }
+    // Both sides hold the channel keys now: every later message, a
+    // refusal included, travels with its TAG.
+    sc.Authenticate(c, handshake_.Keys(c));
     if (std::string why = desk_.Admit(c, j); !why.empty()) {
       Refuse(sc, c, why, &refused_joins_);
       return Step::kHandled;

@@ -35,7 +35,9 @@ static_assert(std::is_same_v<std::variant_alternative_t<9, ControlMessage>,
                              ChallengeMsg>);
 static_assert(
     std::is_same_v<std::variant_alternative_t<10, ControlMessage>, ProofMsg>);
-static_assert(std::variant_size_v<ControlMessage> == 11);
+static_assert(
+    std::is_same_v<std::variant_alternative_t<11, ControlMessage>, TagMsg>);
+static_assert(std::variant_size_v<ControlMessage> == 12);
 
 // Smallest encodings, used to bound a declared count by the bytes left
 // before anything is reserved.
@@ -135,6 +137,7 @@ class Checker {
   }
   bool Check(const ChallengeMsg&) { return true; }
   bool Check(const ProofMsg&) { return true; }
+  bool Check(const TagMsg&) { return true; }
   bool Check(const RoundBeginMsg& m) {
     return Dir(m.direction) && Fraction(m.p, "p") &&
            Fraction(m.min_fraction, "min_fraction", /*one_allowed=*/true);
@@ -241,6 +244,10 @@ class Writer {
     Raw(m.proof);
   }
   void Body(const ProofMsg& m) { Raw(m.proof); }
+  void Body(const TagMsg& m) {
+    U64(m.seq);
+    Raw(m.mac);
+  }
   void Body(const WelcomeMsg& m) {
     U32(m.session);
     U16(m.rank);
@@ -454,6 +461,7 @@ class Reader {
     return Bytes(m.nonce, "nonce") && Bytes(m.proof, "proof");
   }
   bool Body(ProofMsg& m) { return Bytes(m.proof, "proof"); }
+  bool Body(TagMsg& m) { return U64(m.seq, "seq") && Bytes(m.mac, "mac"); }
   bool Body(WelcomeMsg& m) {
     return U32(m.session, "session") && U16(m.rank, "rank") &&
            U16(m.num_workers, "num_workers") && U32(m.mtu, "mtu") &&
@@ -537,7 +545,7 @@ class Reader {
 
 bool IsKnownType(uint8_t t) {
   return t >= static_cast<uint8_t>(ControlType::kJoin) &&
-         t <= static_cast<uint8_t>(ControlType::kProof);
+         t <= static_cast<uint8_t>(ControlType::kTag);
 }
 
 // Parses a body of alternative T; on failure fills err/text.
@@ -619,6 +627,8 @@ const char* ControlTypeName(ControlType t) {
       return "CHALLENGE";
     case ControlType::kProof:
       return "PROOF";
+    case ControlType::kTag:
+      return "TAG";
   }
   return "UNKNOWN";
 }
@@ -764,6 +774,9 @@ ControlDecoder::Status ControlDecoder::Next(ControlMessage& out) {
       break;
     case ControlType::kProof:
       ok = ParseAs<ProofMsg>(body, body_len, name, out, err, text);
+      break;
+    case ControlType::kTag:
+      ok = ParseAs<TagMsg>(body, body_len, name, out, err, text);
       break;
   }
   if (!ok) return Fail(err, std::move(text));

@@ -29,7 +29,7 @@ namespace dblp {
 //    push_feedback and consistent_broadcast; ACCEPTED (the push's final
 //    accepted set) is new.
 // 4: authenticated jobs (job_auth.h): JOIN carries the worker's nonce and
-//    its data source; CHALLENGE and PROOF are new; WELCOME carries the
+//    its data source; CHALLENGE, PROOF and TAG are new; WELCOME carries the
 //    worker's pinned IPv4, the frame authentication mode, the job nonce and
 //    a MAC over itself.
 inline constexpr uint16_t kControlVersion = 4;
@@ -54,6 +54,7 @@ enum class ControlType : uint8_t {
   kAccepted = 9,
   kChallenge = 10,
   kProof = 11,
+  kTag = 12,
 };
 
 // Handshake values (job_auth.h): nonces and HMAC-SHA256 outputs.
@@ -137,6 +138,14 @@ struct ProofMsg {
   bool operator==(const ProofMsg&) const = default;
 };
 
+// Either way, after every message once the channel is authenticated
+// (ControlSidecar::Authenticate): its sequence number and MAC. Since v4.
+struct TagMsg {
+  uint64_t seq = 0;
+  AuthBytes mac{};
+  bool operator==(const TagMsg&) const = default;
+};
+
 // Server -> worker: a round starts, with the tolerance p it must honour.
 struct RoundBeginMsg {
   uint32_t round = 0;
@@ -210,7 +219,7 @@ struct ErrorMsg {
 using ControlMessage =
     std::variant<JoinMsg, WelcomeMsg, RoundBeginMsg, ProbeMsg, BitmapMsg,
                  StopMsg, ByeMsg, ErrorMsg, AcceptedMsg, ChallengeMsg,
-                 ProofMsg>;
+                 ProofMsg, TagMsg>;
 
 enum class ControlError : uint8_t {
   kNone,

@@ -24,7 +24,9 @@
 #include <thread>
 #include <utility>
 
+#include "dblp/hmac.h"
 #include "dblp/ipv4_endpoint.h"
+#include "dblp/job_auth.h"
 
 namespace dblp {
 
@@ -145,6 +147,11 @@ struct ControlSidecar::Conn {
   bool eof = false;          // peer's FIN seen
   Clock::time_point deadline{};  // closing: close the socket by then
   uint32_t armed = 0;            // epoll events currently registered
+  // An authenticated channel (Authenticate): each direction's key and
+  // next sequence number, and the message waiting for its TAG.
+  std::unique_ptr<ChannelKeys> keys;
+  uint64_t send_seq = 0, recv_seq = 0;
+  std::optional<ControlMessage> untagged;
 };
 
 ControlSidecar::ControlSidecar(Callbacks cb, uint32_t max_frame,
@@ -378,6 +385,72 @@ void ControlSidecar::Trust(ConnId id) {
   c->trusted = true;
 }
 
+void ControlSidecar::Authenticate(ConnId id, const ChannelKeys& keys) {
+  Conn* c = Find(id);
+  if (c == nullptr || c->closing || c->fd < 0) return;
+  c->keys = std::make_unique<ChannelKeys>(keys);
+  c->send_seq = c->recv_seq = 0;
+}
+
+namespace {
+
+// A TAG's MAC: the direction's key over the sequence number and the
+// message's canonical encoding (what was, or would have been, sent).
+AuthBytes TagMac(const AuthBytes& key, uint64_t seq,
+                 std::span<const uint8_t> frame) {
+  uint8_t seq_be[8];
+  for (int i = 0; i < 8; ++i)
+    seq_be[i] = static_cast<uint8_t>(seq >> (56 - 8 * i));
+  return HmacSha256(key, "dblp/4 tag", {seq_be, frame});
+}
+
+}  // namespace
+
+void ControlSidecar::Append(Conn& c, const ControlMessage& m) {
+  const size_t start = c.out.size();
+  EncodeControl(m, c.out);  // leaves out unchanged if it throws
+  messages_out_.fetch_add(1, std::memory_order_relaxed);
+  if (!c.keys) return;
+  const std::span<const uint8_t> frame(c.out.data() + start,
+                                       c.out.size() - start);
+  TagMsg tag{c.send_seq, TagMac(c.keys->send, c.send_seq, frame)};
+  ++c.send_seq;
+  EncodeControl(tag, c.out);
+}
+
+// An authenticated channel delivers a message only with its TAG, in
+// sequence. Returns false (the connection is closing) on anything else.
+bool ControlSidecar::CheckTag(Conn& c, ControlMessage& m, bool* deliver) {
+  *deliver = false;
+  const auto* tag = std::get_if<TagMsg>(&m);
+  std::string why;
+  if (tag == nullptr) {
+    if (!c.untagged) {
+      c.untagged = std::move(m);
+      return true;  // its TAG comes next
+    }
+    why = std::string(ControlTypeName(*c.untagged)) + " without its TAG";
+  } else if (!c.untagged) {
+    why = "TAG without a message";
+  } else if (tag->seq != c.recv_seq ||
+             !AuthEqual(tag->mac, TagMac(c.keys->recv, c.recv_seq,
+                                         EncodeControl(*c.untagged)))) {
+    why = std::string(ControlTypeName(*c.untagged)) +
+          " failed authentication (TAG " + std::to_string(tag->seq) +
+          ", expected " + std::to_string(c.recv_seq) +
+          "): injected, changed, replayed or reordered on the way";
+  } else {
+    ++c.recv_seq;
+    m = std::move(*c.untagged);
+    c.untagged.reset();
+    *deliver = true;
+    return true;
+  }
+  protocol_errors_.fetch_add(1, std::memory_order_relaxed);
+  CloseWithError(c, kErrorCodeProtocol, "protocol error: " + why);
+  return false;
+}
+
 bool ControlSidecar::IsTrusted(ConnId id) const {
   const Conn* c = Find(id);
   return c != nullptr && c->trusted;
@@ -399,14 +472,13 @@ bool ControlSidecar::Send(ConnId id, const ControlMessage& m,
   }
   const bool was_idle = c->pending() == 0;
   try {
-    EncodeControl(m, c->out);  // leaves out unchanged if it throws
-  } catch (const std::invalid_argument& e) {
+    Append(*c, m);
+  } catch (const std::exception& e) {
     // A bad message is the caller's bug, but it must not unwind through
     // Run() from inside a callback.
     if (error) *error = e.what();
     return false;
   }
-  messages_out_.fetch_add(1, std::memory_order_relaxed);
   if (c->pending() > kMaxQueuedOutput) {
     const std::string why =
         "peer is not reading: " + std::to_string(c->pending()) +
@@ -544,9 +616,8 @@ void ControlSidecar::CloseWithError(Conn& c, uint16_t code,
   reply.code = code;
   reply.text = text.substr(0, kMaxControlString);
   try {
-    EncodeControl(reply, c.out);
-    messages_out_.fetch_add(1, std::memory_order_relaxed);
-  } catch (const std::invalid_argument&) {
+    Append(c, reply);
+  } catch (const std::exception&) {
     // Best effort: closing is what matters.
   }
   BeginClose(c, text, /*abort=*/false);
@@ -622,6 +693,11 @@ bool ControlSidecar::Deliver(Conn& c) {
     if (st == ControlDecoder::Status::kError) {
       OnProtocolError(c);
       return false;
+    }
+    if (c.keys) {
+      bool deliver = false;
+      if (!CheckTag(c, m, &deliver)) return false;
+      if (!deliver) continue;
     }
     messages_in_.fetch_add(1, std::memory_order_relaxed);
     if (cb_.on_message) {

@@ -48,6 +48,12 @@ namespace dblp {
 
 using ConnId = uint32_t;
 
+// A control channel's keys, one per direction (job_auth.h derives them).
+struct ChannelKeys {
+  AuthBytes send{};
+  AuthBytes recv{};
+};
+
 // ErrorMsg::code sent before closing a connection whose peer sent a frame
 // the decoder rejected: kErrorCodeProtocol + the ControlError value (so 401 =
 // frame too large, ...); the text names the problem.
@@ -155,6 +161,13 @@ class ControlSidecar {
   // closing; connections we Connect()ed are trusted from the start.
   void Trust(ConnId id);
   bool IsTrusted(ConnId id) const;
+  // Authenticates the channel from now on (job_auth.h): every message sent
+  // on `id` is followed by a TAG (HMAC-SHA256 under keys.send over its
+  // sequence number and bytes), and every message received must be
+  // followed by its TAG under keys.recv, in sequence, before it is
+  // delivered; anything else closes the connection as a protocol error
+  // (counted, ERROR sent). No-op if unknown or closing.
+  void Authenticate(ConnId id, const ChannelKeys& keys);
 
   // Runs the event loop until RequestStop(). Returns immediately if
   // RequestStop() was already called (stop is sticky, so a stop requested
@@ -202,6 +215,10 @@ class ControlSidecar {
   // closing afterwards.
   bool Deliver(Conn& c);
   void OnProtocolError(Conn& c);
+  // Encodes `m` into c's output, with its TAG on an authenticated channel.
+  // Throws std::invalid_argument for a message ValidateControl refuses.
+  void Append(Conn& c, const ControlMessage& m);
+  bool CheckTag(Conn& c, ControlMessage& m, bool* deliver);
   // Queues ERROR{code, text} (best effort) and closes with reason `text`.
   void CloseWithError(Conn& c, uint16_t code, const std::string& text);
   // Frees the decoder's buffer (a fresh one replaces it); the bytes are

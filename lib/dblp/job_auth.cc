@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
-#include <openssl/hmac.h>
 #include <openssl/rand.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -13,22 +12,11 @@
 #include <stdexcept>
 
 #include "dblp/chunking.h"
+#include "dblp/hmac.h"
 #include "dblp/wire.h"
 
 namespace dblp {
 namespace {
-
-std::span<const uint8_t> AsBytes(std::string_view s) {
-  return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};
-}
-
-void AppendPart(std::vector<uint8_t>& out, std::span<const uint8_t> part) {
-  const auto n = static_cast<uint32_t>(part.size());
-  for (int shift = 24; shift >= 0; shift -= 8) {
-    out.push_back(static_cast<uint8_t>(n >> shift));
-  }
-  out.insert(out.end(), part.begin(), part.end());
-}
 
 // SHA-256 of the JOIN's canonical encoding: the proofs cover every field
 // the worker sent, so none can be changed on the way.
@@ -123,19 +111,7 @@ JobSecret JobSecret::FromBytes(std::span<const uint8_t> key) {
 AuthBytes JobSecret::Mac(
     std::string_view label,
     std::initializer_list<std::span<const uint8_t>> parts) const {
-  std::vector<uint8_t> msg;
-  AppendPart(msg, AsBytes(label));
-  for (std::span<const uint8_t> p : parts) AppendPart(msg, p);
-  AuthBytes out{};
-  unsigned int len = 0;
-  static const uint8_t kNoKey = 0;  // HMAC wants a pointer even for no key
-  if (HMAC(EVP_sha256(), key_.empty() ? &kNoKey : key_.data(),
-           static_cast<int>(key_.size()), msg.data(), msg.size(), out.data(),
-           &len) == nullptr ||
-      len != out.size()) {
-    throw std::runtime_error("HMAC-SHA256 failed in libcrypto");
-  }
-  return out;
+  return HmacSha256(key_, label, parts);
 }
 
 AuthBytes RandomAuthBytes() {
@@ -198,6 +174,19 @@ std::string ServerHandshake::OnProof(ConnId c, const ProofMsg& m,
 bool ServerHandshake::Authenticated(ConnId c) const {
   auto it = pending_.find(c);
   return it != pending_.end() && it->second.proven;
+}
+
+ChannelKeys ServerHandshake::Keys(ConnId c) const {
+  const Pending& p = pending_.at(c);
+  return ChannelKeys{
+      secret_.Mac("dblp/4 control s2w", {p.join.nonce, p.server_nonce}),
+      secret_.Mac("dblp/4 control w2s", {p.join.nonce, p.server_nonce})};
+}
+
+ChannelKeys WorkerHandshake::Keys() const {
+  return ChannelKeys{
+      secret_.Mac("dblp/4 control w2s", {join_.nonce, server_nonce_}),
+      secret_.Mac("dblp/4 control s2w", {join_.nonce, server_nonce_})};
 }
 
 void ServerHandshake::SealWelcome(ConnId c, WelcomeMsg* wm) const {

@@ -13,6 +13,11 @@
 //   server -> WELCOME   {..., job nonce J, mac = HMAC(K, "welcome" || Nw ||
 //                        Ns || WELCOME with mac zeroed)}
 //   worker    checks the mac, then validates the layout (ValidateWelcome)
+// Control channel: from the worker's PROOF on (both directions), every
+// message is followed by a TAG: HMAC(Kc, seq || message) under a key per
+// direction, Kc = HMAC(K, "control s2w" | Nw | Ns) and its w2s twin, with a
+// sequence number per direction (ControlSidecar::Authenticate), so no
+// message can be injected, changed, replayed, reordered or dropped.
 // Frame key:  HMAC(K, "frames" || J), first 16 bytes.
 // Session:    HMAC(K, "session" || J), first 4 bytes (never 0).
 // Both nonces are fresh per connection and J per job, so a recorded
@@ -88,6 +93,9 @@ class ServerHandshake {
   bool Authenticated(ConnId c) const;
   // Sets wm->mac for the authenticated connection `c`.
   void SealWelcome(ConnId c, WelcomeMsg* wm) const;
+  // The control channel's keys for the authenticated connection `c`
+  // (ControlSidecar::Authenticate): fresh per connection.
+  ChannelKeys Keys(ConnId c) const;
   void Forget(ConnId c) { pending_.erase(c); }
 
  private:
@@ -110,6 +118,8 @@ class WorkerHandshake {
   std::string OnChallenge(const ChallengeMsg& c, ProofMsg* proof);
   // "" if the WELCOME's mac is the server's, else why not.
   std::string CheckWelcome(const WelcomeMsg& wm) const;
+  // The control channel's keys, once OnChallenge succeeded.
+  ChannelKeys Keys() const;
 
  private:
   JobSecret secret_;

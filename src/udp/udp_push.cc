@@ -900,6 +900,7 @@ void PushWorker::OnMessage(const ControlMessage& m) {
       return ServerGone(why);
     }
     sc_->Send(conn_, proof);
+    sc_->Authenticate(conn_, handshake_.Keys());
   } else if (const auto* w = std::get_if<WelcomeMsg>(&m)) {
     // Authenticated, then checked against what we can hold.
     std::string why = handshake_.CheckWelcome(*w);
