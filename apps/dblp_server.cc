@@ -4,6 +4,8 @@
 #include <gflags/gflags.h>
 
 #include <chrono>
+#include <cstdio>
+#include <exception>
 
 #include "common_flags.h"
 #include "dblp/control_sidecar.h"
@@ -62,10 +64,11 @@ DEFINE_uint32(session, 0,
               "nonce)");
 DEFINE_string(frame_auth, "header",
               "tag on every data frame of an "
-              "authenticated job: header (SipHash over the DBLP header: "
-              "strangers cannot inject) | full (AES-GMAC over header and "
-              "payload: nor can an on-path attacker rewrite the floats; costs "
-              "more, docs/BENCHMARKS.md) | none. With --insecure: none");
+              "authenticated job: header (SipHash over the DBLP header: who "
+              "cannot see the job's traffic cannot inject; who can, can "
+              "replace floats) | full (AES-GMAC over header and payload: no "
+              "one without the secret can; costs more, docs/BENCHMARKS.md) | "
+              "none. With --insecure: none");
 DEFINE_uint32(max_gradient_mb, 1024,
               "refuse workers whose gradient is "
               "larger (the server keeps about three copies in memory)");
@@ -281,7 +284,14 @@ int main(int argc, char** argv) {
     o.frame_auth = dblp::FrameAuthMode::kNone;
   }
   dblp::InitEalOrDie(argc, argv);
-  const int rc = dblp::RunServer(o);
+  int rc = 1;
+  try {
+    rc = dblp::RunServer(o);
+  } catch (const std::exception& e) {
+    // Setup steps outside the datapath that throw (libcrypto, the random
+    // number generator): a message and exit 1, never std::terminate.
+    std::fprintf(stderr, "error: %s\n", e.what());
+  }
   rte_eal_cleanup();
   return rc;
 }

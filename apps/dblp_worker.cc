@@ -2,6 +2,8 @@
 // dblp-server each iteration and receives the mean, over DBLP.
 #include <gflags/gflags.h>
 
+#include <cstdio>
+#include <exception>
 #include <stdexcept>
 #include <string>
 
@@ -155,7 +157,14 @@ int main(int argc, char** argv) {
     return 1;
   }
   dblp::InitEalOrDie(argc, argv);
-  const int rc = dblp::RunWorker(o, std::move(source));
+  int rc = 1;
+  try {
+    rc = dblp::RunWorker(o, std::move(source));
+  } catch (const std::exception& e) {
+    // Setup steps outside the datapath that throw (libcrypto, the random
+    // number generator): a message and exit 1, never std::terminate.
+    std::fprintf(stderr, "error: %s\n", e.what());
+  }
   rte_eal_cleanup();
   return rc;
 }

@@ -1,12 +1,12 @@
 #include "datapath.h"
 
 #include <rte_errno.h>
+#include <rte_ethdev.h>
 
 #include <algorithm>
 #include <csignal>
-#include <fstream>
 #include <cstdio>
-#include <rte_ethdev.h>
+#include <fstream>
 
 #include "eal_app.h"
 
@@ -30,20 +30,22 @@ void DumpBinary(const std::string& path, const void* data, size_t n) {
 
 void SetControlPriorities(SidecarThread& sidecar, const char* app,
                           bool realtime_datapath) {
-  if (realtime_datapath &&
-      !SetRealtime(pthread_self(), kDatapathRtPriority)) {
-    std::fprintf(stderr, "%s: --realtime needs CAP_SYS_NICE (root); the "
-                 "datapath runs at normal priority\n", app);
+  if (realtime_datapath && !SetRealtime(pthread_self(), kDatapathRtPriority)) {
+    std::fprintf(stderr,
+                 "%s: --realtime needs CAP_SYS_NICE (root); the "
+                 "datapath runs at normal priority\n",
+                 app);
   }
   if (!SetRealtime(sidecar.native_handle(), kSidecarRtPriority)) {
-    std::fprintf(stderr, "%s: control thread runs at normal priority (no "
+    std::fprintf(stderr,
+                 "%s: control thread runs at normal priority (no "
                  "CAP_SYS_NICE): control latency may grow when cores are "
-                 "shared\n", app);
+                 "shared\n",
+                 app);
   }
 }
 
-uint16_t PollRx(uint16_t port, uint16_t queue, rte_mbuf** pkts,
-               uint16_t max) {
+uint16_t PollRx(uint16_t port, uint16_t queue, rte_mbuf** pkts, uint16_t max) {
   return rte_eth_rx_burst(port, queue, pkts, max);
 }
 

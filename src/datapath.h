@@ -19,10 +19,10 @@
 #include <cstring>
 #include <span>
 #include <string>
-#include <utility>
-#include <vector>
 #include <thread>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "dblp/bitmap.h"
 #include "dblp/chunking.h"

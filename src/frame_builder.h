@@ -53,6 +53,14 @@ class FrameTemplate {
   // (frame_auth.h). The template then owns its own MAC context: one lcore
   // builds with it.
   void set_auth(const FrameKey& key) { auth_ = FrameAuth(key); }
+  // New endpoints, the same authenticator (moved, not rebuilt: a datapath
+  // lcore may call it).
+  void Retarget(const Endpoint& src, const Endpoint& dst,
+                const PortCaps& caps) {
+    FrameAuth auth = std::move(auth_);
+    *this = FrameTemplate(src, dst, caps);
+    auth_ = std::move(auth);
+  }
 
  private:
   // Appends the patched L2-L4 template; returns where the UDP payload goes.

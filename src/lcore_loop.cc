@@ -300,8 +300,7 @@ void ServerLcore::Learn(ServerLink& l, uint16_t port, uint16_t rank,
   const Endpoint local{caps.mac, setup_.local_ip, worker_port};
   Endpoint peer = l.worker.source;
   if (rte_is_zero_ether_addr(&peer.mac)) peer.mac = next_hop;
-  l.tmpl = FrameTemplate(local, peer, caps);
-  l.tmpl.set_auth(setup_.frame_key);
+  l.tmpl.Retarget(local, peer, caps);  // keeps the authenticator
 }
 
 // Before a broadcast: a link whose shard saw none of its worker's frames
@@ -572,6 +571,8 @@ LinkGrid BuildLinkGrid(uint32_t session, const ChunkLayout& layout,
           ReceiveSideConfig{rc, Direction::kPush, static_cast<uint16_t>(w),
                             &workers[w]->push_stop, k},
           sc, *workers[w]));
+      // Its libcrypto context now, not on the lcore at the first frame.
+      links[k][w]->tmpl.set_auth(key);
       workers[w]->push_stop.Add(&links[k][w]->push.receiver());
     }
   }

@@ -240,7 +240,6 @@ class ServerLcore {
     // (the consistent broadcast). Writer: lcore 0's coordinator before a
     // JobSync barrier; readers: every lcore after it.
     const std::vector<uint32_t>* bcast_subset = nullptr;
-    FrameKey frame_key;  // the broadcast's tags
   };
 
   ServerLcore(LcoreConf& conf, ServerControl& control, JobSync& job,

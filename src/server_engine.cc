@@ -213,7 +213,7 @@ int RunServer(const ServerOptions& o) {
                            reinterpret_cast<const uint8_t*>(mean.data()), pool,
                            &link_rate[k], o.dp.prefetch, o.push_only,
                            o.continue_on_worker_loss, &orders, &decisions,
-                           &bcast_subset, frame_key}));
+                           &bcast_subset}));
   }
   RunReport report;
   report.role = "server";

@@ -29,7 +29,8 @@ namespace {
 // tagged with a key that is not the job's); this round's chunks with other
 // floats under that wrong key (bad tag: accepted, they would change the
 // mean); exact copies of this round's chunks from an address the server did
-// not pin (another IPv4); valid L2-L4 around bad DBLP bytes.
+// not pin (another IPv4; with other floats under header tags, which do
+// not cover them); valid L2-L4 around bad DBLP bytes.
 struct Hostile {
   const WelcomeMsg& wel;
   rte_mempool* pool;
@@ -39,6 +40,7 @@ struct Hostile {
   const uint8_t* grad;
   const ChunkLayout& layout;
   ShardMap shards;  // this round's chunks go on their shard's queue
+  bool full_tags;
   std::vector<uint8_t> poison =
       std::vector<uint8_t>(layout.total_bytes(), 0x41);
 
@@ -72,7 +74,12 @@ struct Hostile {
           0, static_cast<uint16_t>(shards.ShardOf(next[i])), pool, ctr, nullptr,
           64};
       q.Send(forged, current, &next[i], 1, poison.data(), layout);
-      q.Send(stranger, current, &next[i], 1, grad, layout);
+      // From an unpinned address with the job's key: other floats where
+      // the tag does not cover them (header mode), so only the pin keeps
+      // them out of the mean; exact copies under full tags (GMAC must
+      // never seal two contents under one nonce).
+      q.Send(stranger, current, &next[i], 1, full_tags ? grad : poison.data(),
+             layout);
     }
     // A wrong chunk length, a truncated header and a bad magic.
     uint8_t raw[kDataHeaderBytes + 8] = {};
@@ -281,15 +288,18 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
   std::vector<uint32_t> order_buf, replay;
   std::optional<Hostile> hostile;
   if (o.hostile_per_round > 0) {
+    // An independent key (never one related to the job's).
     FrameKey wrong = frame_key;
-    wrong.key[0] ^= 0xA5;
+    const AuthBytes random = RandomAuthBytes();
+    std::memcpy(wrong.key.data(), random.data(), wrong.key.size());
     if (wrong.mode == FrameAuthMode::kNone) wrong.mode = FrameAuthMode::kHeader;
     Endpoint elsewhere = local;
     elsewhere.ipv4 ^= 0x00000100u;  // another host on the same /16
     hostile.emplace(Hostile{wel, pool, &lc.counters, to_server,
                             FrameTemplate(elsewhere, to_server.dst(), caps),
                             grad_bytes, layout,
-                            ShardMap(layout.num_chunks(), queues)});
+                            ShardMap(layout.num_chunks(), queues),
+                            frame_key.mode == FrameAuthMode::kFull});
     hostile->forged.set_auth(wrong);
     hostile->stranger.set_auth(frame_key);
   }

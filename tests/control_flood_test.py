@@ -32,7 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dblp_testlib import check, finish, free_port  # noqa: E402
+from dblp_testlib import check, finish, free_port, make_secret  # noqa: E402
 
 
 RSS_MARGIN_KB = 10 * 1024
@@ -55,10 +55,6 @@ def eal(prefix, *vdevs, lcore="0"):
     return args + ["--vdev=" + v for v in vdevs]
 
 
-def help_text(binary):
-    p = subprocess.run([binary, "--", "--help"], stdout=subprocess.PIPE,
-                       stderr=subprocess.STDOUT, text=True, timeout=60)
-    return p.stdout
 
 
 def rss_kb(pid):
@@ -166,26 +162,16 @@ def main():
     worker = os.path.join(build, "apps", "dblp-worker")
     tmp = tempfile.mkdtemp(prefix="dblp-flood-")
 
-    server_help = help_text(server)
-    worker_help = help_text(worker)
-    secret_flags, worker_secret = [], []
-    if "secret_file" in server_help:
-        path = os.path.join(tmp, "job.secret")
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        os.write(fd, os.urandom(32))
-        os.close(fd)
-        secret_flags = ["--secret_file=" + path]
-        if "secret_file" in worker_help:
-            worker_secret = ["--secret_file=" + path]
-    has_limits = "control_join_deadline_ms" in server_help
-    join_ms, partial_ms = 10000, 5000  # the defaults
-    limit_flags = []
-    if has_limits:
-        join_ms, partial_ms = JOIN_DEADLINE_MS, PARTIAL_TIMEOUT_MS
-        limit_flags = ["--control_max_connections=%d" % MAX_CONNECTIONS,
-                       "--control_join_deadline_ms=%d" % join_ms,
-                       "--control_partial_timeout_ms=%d" % partial_ms,
-                       "--control_max_untrusted_frame=%d" % UNTRUSTED_FRAME]
+    # The job secret and the short limits are always passed: a build that
+    # lost either flag fails here, loudly.
+    path = make_secret(os.path.join(tmp, "job.secret"))
+    secret_flags = worker_secret = ["--secret_file=" + path]
+    join_ms, partial_ms = JOIN_DEADLINE_MS, PARTIAL_TIMEOUT_MS
+    limit_flags = ["--control_max_connections=%d" % MAX_CONNECTIONS,
+                   "--control_join_deadline_ms=%d" % join_ms,
+                   "--control_partial_timeout_ms=%d" % partial_ms,
+                   "--control_max_untrusted_frame=%d" % UNTRUSTED_FRAME]
+    has_limits = True
     print("limits: %s; secret: %s" % (
         " ".join(limit_flags) or "server defaults",
         "yes" if secret_flags else "no"))

@@ -23,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dblp_testlib import check, finish, free_port  # noqa: E402
+from dblp_testlib import check, finish, free_port, make_secret  # noqa: E402
 
 MIN_ROWS = 3
 CSV_HEADER = ("iteration,rank,send_latency_us,bcast_latency_us,passes,"
@@ -155,21 +155,10 @@ def main():
     procs = Procs(tmp)
     wcore = "1" if (os.cpu_count() or 1) > 1 else "0"
     try:
-        # An app takes the job secret once it knows --secret_file; before,
-        # the flag would be refused.
-        secret_path = os.path.join(tmp, "job.secret")
-        fd = os.open(secret_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        os.write(fd, os.urandom(32))
-        os.close(fd)
+        secret_path = make_secret(os.path.join(tmp, "job.secret"))
 
         def secret(binary, dpdk=True):
-            helptext = subprocess.run(
-                [binary] + (["--"] if dpdk else []) + ["--help"],
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                timeout=30).stdout
-            if "secret_file" in helptext:
-                return ["--secret_file=" + secret_path]
-            return []
+            return ["--secret_file=" + secret_path]
 
         quiet = ["--stats_period=0", "--idle_sleep_us=100",
                  "--round_timeout_ms=10000"]

@@ -1,6 +1,7 @@
 // Authenticated jobs (lib/dblp/job_auth.h): the secret file, the mutual
 // handshake, the WELCOME's MAC and what a worker checks in a WELCOME.
 #include <gtest/gtest.h>
+#include <openssl/evp.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -72,13 +73,26 @@ TEST(JobAuth, AServerRefusesAProofMadeWithAnotherSecret) {
   liar.Start(&j);
   ChallengeMsg ch;
   ASSERT_EQ(server.OnJoin(1, j, &ch), "");
-  // The liar cannot check the server's proof; it answers anyway.
+  // The liar cannot check the server's proof; it answers anyway, with the
+  // real formula under its own secret. The same formula under the job's
+  // secret is accepted: the refusal is about the secret alone.
+  const std::vector<uint8_t> join_bytes = EncodeControl(j);
+  AuthBytes digest{};
+  unsigned int len = 0;
+  ASSERT_EQ(EVP_Digest(join_bytes.data(), join_bytes.size(), digest.data(),
+                       &len, EVP_sha256(), nullptr),
+            1);
   ProofMsg forged;
-  forged.proof = Secret(2).Mac("dblp/4 worker", {ch.nonce, j.nonce});
+  forged.proof = Secret(2).Mac("dblp/4 worker", {ch.nonce, j.nonce, digest});
   JoinMsg admitted;
   const std::string e = server.OnProof(1, forged, &admitted);
   EXPECT_NE(e.find("authentication failed"), std::string::npos) << e;
   EXPECT_FALSE(server.Authenticated(1));
+  ServerHandshake fresh(Secret(1));
+  ASSERT_EQ(fresh.OnJoin(2, j, &ch), "");
+  ProofMsg genuine;
+  genuine.proof = Secret(1).Mac("dblp/4 worker", {ch.nonce, j.nonce, digest});
+  EXPECT_EQ(fresh.OnProof(2, genuine, &admitted), "");
 }
 
 TEST(JobAuth, OutOfOrderStepsAreRefused) {
@@ -216,6 +230,11 @@ TEST(ValidateWelcome, RefusesEveryLie) {
       {"zero chunk payload", [](WelcomeMsg& w) { w.chunk_payload = 0; }},
       {"chunk past the MTU", [](WelcomeMsg& w) { w.chunk_payload = 1480; }},
       {"odd chunk payload", [](WelcomeMsg& w) { w.chunk_payload = 1001; }},
+      {"chunk payload that wraps a 32-bit sum",
+       [](WelcomeMsg& w) {
+         w.chunk_payload = 0xFFFFFFF0u;
+         w.num_chunks = 1;
+       }},
       {"rank past the workers", [](WelcomeMsg& w) { w.rank = 3; }},
       {"no workers", [](WelcomeMsg& w) { w.num_workers = 0; }},
       {"chunk count", [](WelcomeMsg& w) { w.num_chunks += 1; }},

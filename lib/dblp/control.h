@@ -218,8 +218,8 @@ struct ErrorMsg {
 // Alternative index + 1 == ControlType value (static_assert'ed in the .cc).
 using ControlMessage =
     std::variant<JoinMsg, WelcomeMsg, RoundBeginMsg, ProbeMsg, BitmapMsg,
-                 StopMsg, ByeMsg, ErrorMsg, AcceptedMsg, ChallengeMsg,
-                 ProofMsg, TagMsg>;
+                 StopMsg, ByeMsg, ErrorMsg, AcceptedMsg, ChallengeMsg, ProofMsg,
+                 TagMsg>;
 
 enum class ControlError : uint8_t {
   kNone,

@@ -409,13 +409,30 @@ AuthBytes TagMac(const AuthBytes& key, uint64_t seq,
 void ControlSidecar::Append(Conn& c, const ControlMessage& m) {
   const size_t start = c.out.size();
   EncodeControl(m, c.out);  // leaves out unchanged if it throws
+  if (c.keys) {
+    try {
+      const std::span<const uint8_t> frame(c.out.data() + start,
+                                           c.out.size() - start);
+      const TagMsg tag{c.send_seq, TagMac(c.keys->send, c.send_seq, frame)};
+      EncodeControl(tag, c.out);
+    } catch (...) {
+      c.out.resize(start);  // never a message without its TAG
+      throw;
+    }
+    ++c.send_seq;
+  }
   messages_out_.fetch_add(1, std::memory_order_relaxed);
-  if (!c.keys) return;
-  const std::span<const uint8_t> frame(c.out.data() + start,
-                                       c.out.size() - start);
-  TagMsg tag{c.send_seq, TagMac(c.keys->send, c.send_seq, frame)};
-  ++c.send_seq;
-  EncodeControl(tag, c.out);
+}
+
+// False also if libcrypto fails: the message is not delivered.
+bool ControlSidecar::TagMatches(Conn& c, const TagMsg& tag) {
+  try {
+    return AuthEqual(
+        tag.mac, TagMac(c.keys->recv, c.recv_seq, EncodeControl(*c.untagged)));
+  } catch (const std::exception& e) {
+    Log(std::string("control sidecar: ") + e.what());
+    return false;
+  }
 }
 
 // An authenticated channel delivers a message only with its TAG, in
@@ -432,9 +449,7 @@ bool ControlSidecar::CheckTag(Conn& c, ControlMessage& m, bool* deliver) {
     why = std::string(ControlTypeName(*c.untagged)) + " without its TAG";
   } else if (!c.untagged) {
     why = "TAG without a message";
-  } else if (tag->seq != c.recv_seq ||
-             !AuthEqual(tag->mac, TagMac(c.keys->recv, c.recv_seq,
-                                         EncodeControl(*c.untagged)))) {
+  } else if (tag->seq != c.recv_seq || !TagMatches(c, *tag)) {
     why = std::string(ControlTypeName(*c.untagged)) +
           " failed authentication (TAG " + std::to_string(tag->seq) +
           ", expected " + std::to_string(c.recv_seq) +

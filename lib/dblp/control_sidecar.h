@@ -219,6 +219,7 @@ class ControlSidecar {
   // Throws std::invalid_argument for a message ValidateControl refuses.
   void Append(Conn& c, const ControlMessage& m);
   bool CheckTag(Conn& c, ControlMessage& m, bool* deliver);
+  bool TagMatches(Conn& c, const TagMsg& tag);
   // Queues ERROR{code, text} (best effort) and closes with reason `text`.
   void CloseWithError(Conn& c, uint16_t code, const std::string& text);
   // Frees the decoder's buffer (a fresh one replaces it); the bytes are

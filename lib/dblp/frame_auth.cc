@@ -88,6 +88,28 @@ FrameAuth::FrameAuth(const FrameKey& key) : key_(key) {
 
 FrameAuth::~FrameAuth() { Release(); }
 
+FrameAuth::FrameAuth(FrameAuth&& other) noexcept
+    : key_(other.key_),
+      failures_(other.failures_),
+      mac_ctx_(other.mac_ctx_),
+      cipher_ctx_(other.cipher_ctx_) {
+  other.mac_ctx_ = other.cipher_ctx_ = nullptr;
+  other.key_.mode = FrameAuthMode::kNone;
+}
+
+FrameAuth& FrameAuth::operator=(FrameAuth&& other) noexcept {
+  if (this != &other) {
+    Release();
+    key_ = other.key_;
+    failures_ = other.failures_;
+    mac_ctx_ = other.mac_ctx_;
+    cipher_ctx_ = other.cipher_ctx_;
+    other.mac_ctx_ = other.cipher_ctx_ = nullptr;
+    other.key_.mode = FrameAuthMode::kNone;
+  }
+  return *this;
+}
+
 FrameAuth& FrameAuth::operator=(const FrameAuth& other) {
   if (this != &other) {
     FrameAuth fresh(other.key_);
@@ -106,37 +128,48 @@ void FrameAuth::Release() {
   mac_ctx_ = cipher_ctx_ = nullptr;
 }
 
-void FrameAuth::Seal(const uint8_t* frame, size_t len, uint8_t* tag) {
+bool FrameAuth::Compute(const uint8_t* frame, size_t len,
+                        uint8_t* tag) noexcept {
   if (key_.mode == FrameAuthMode::kHeader) {
     // Re-keying resets SipHash's state; no allocation per frame.
     EVP_MAC_CTX* ctx = MacCtx(mac_ctx_);
     size_t out = 0;
-    if (EVP_MAC_init(ctx, key_.key.data(), key_.key.size(), nullptr) != 1 ||
-        EVP_MAC_update(ctx, frame, kDataHeaderBytes) != 1 ||
-        EVP_MAC_final(ctx, tag, &out, kFrameTagBytes) != 1) {
-      Fail("SipHash");
-    }
-  } else if (key_.mode == FrameAuthMode::kFull) {
+    return EVP_MAC_init(ctx, key_.key.data(), key_.key.size(), nullptr) == 1 &&
+           EVP_MAC_update(ctx, frame, kDataHeaderBytes) == 1 &&
+           EVP_MAC_final(ctx, tag, &out, kFrameTagBytes) == 1;
+  }
+  if (key_.mode == FrameAuthMode::kFull) {
     EVP_CIPHER_CTX* ctx = CipherCtx(cipher_ctx_);
     uint8_t nonce[12];
     NonceOf(frame, nonce);
     int n = 0;
     // All of the frame is additional data: authenticated, not encrypted.
-    if (EVP_EncryptInit_ex(ctx, nullptr, nullptr, nullptr, nonce) != 1 ||
-        EVP_EncryptUpdate(ctx, nullptr, &n, frame, static_cast<int>(len)) !=
-            1 ||
-        EVP_EncryptFinal_ex(ctx, tag, &n) != 1 ||
-        EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_GET_TAG, kFrameTagBytes, tag) !=
-            1) {
-      Fail("AES-GMAC");
-    }
+    return EVP_EncryptInit_ex(ctx, nullptr, nullptr, nullptr, nonce) == 1 &&
+           EVP_EncryptUpdate(ctx, nullptr, &n, frame, static_cast<int>(len)) ==
+               1 &&
+           EVP_EncryptFinal_ex(ctx, tag, &n) == 1 &&
+           EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_GET_TAG, kFrameTagBytes,
+                               tag) == 1;
+  }
+  return true;
+}
+
+void FrameAuth::Seal(const uint8_t* frame, size_t len, uint8_t* tag) noexcept {
+  if (key_.mode == FrameAuthMode::kNone) return;
+  if (!Compute(frame, len, tag)) {
+    ++failures_;
+    std::memset(tag, 0, kFrameTagBytes);
   }
 }
 
-bool FrameAuth::Verify(const uint8_t* frame, size_t len, const uint8_t* tag) {
+bool FrameAuth::Verify(const uint8_t* frame, size_t len,
+                       const uint8_t* tag) noexcept {
   if (key_.mode == FrameAuthMode::kNone) return true;
   uint8_t want[kFrameTagBytes];
-  Seal(frame, len, want);
+  if (!Compute(frame, len, want)) {
+    ++failures_;
+    return false;
+  }
   return CRYPTO_memcmp(want, tag, kFrameTagBytes) == 0;
 }
 

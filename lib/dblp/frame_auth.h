@@ -12,8 +12,8 @@
 // Modes (WELCOME announces the job's, dblp-server --frame_auth):
 //   header: SipHash-2-4 (128-bit) over the 20-byte header. It binds the
 //           session, sender, round, seq and length to the key; it does not
-//           cover the payload, so an on-path attacker who can rewrite a
-//           frame in flight can still change its floats.
+//           cover the payload, so whoever can see a frame can send its
+//           header and tag again with other floats (docs/SECURITY.md).
 //   full:   AES-128-GMAC over header + payload, its 96-bit nonce taken from
 //           the header (type, sender, round, seq). A (sender, round, seq)
 //           is sealed with one content per job (a retransmission repeats
@@ -58,21 +58,30 @@ class FrameAuth {
   ~FrameAuth();
   FrameAuth(const FrameAuth& other) : FrameAuth(other.key_) {}
   FrameAuth& operator=(const FrameAuth& other);
+  // Moves take the contexts: no allocation (what a datapath lcore may do).
+  FrameAuth(FrameAuth&& other) noexcept;
+  FrameAuth& operator=(FrameAuth&& other) noexcept;
 
   FrameAuthMode mode() const { return key_.mode; }
   uint32_t tag_bytes() const { return FrameTagBytes(key_.mode); }
   bool enabled() const { return key_.mode != FrameAuthMode::kNone; }
 
   // `frame` is a DBLP header followed by `len` - header bytes of payload;
-  // writes tag_bytes() bytes at `tag`. Nothing in kNone mode.
-  void Seal(const uint8_t* frame, size_t len, uint8_t* tag);
-  // Constant-time compare of the expected tag with `tag`.
-  bool Verify(const uint8_t* frame, size_t len, const uint8_t* tag);
+  // writes tag_bytes() bytes at `tag`. Nothing in kNone mode. Never throws
+  // (it runs on datapath lcores): if libcrypto fails the tag is zeros,
+  // which no receiver accepts, and failures() counts it.
+  void Seal(const uint8_t* frame, size_t len, uint8_t* tag) noexcept;
+  // Constant-time compare of the expected tag with `tag`; false if
+  // libcrypto fails.
+  bool Verify(const uint8_t* frame, size_t len, const uint8_t* tag) noexcept;
+  uint64_t failures() const { return failures_; }
 
  private:
   void Release();
+  bool Compute(const uint8_t* frame, size_t len, uint8_t* tag) noexcept;
 
   FrameKey key_;
+  uint64_t failures_ = 0;       // owner thread only
   void* mac_ctx_ = nullptr;     // EVP_MAC_CTX (header mode)
   void* cipher_ctx_ = nullptr;  // EVP_CIPHER_CTX (full mode)
 };

@@ -58,7 +58,9 @@ std::optional<JobSecret> JobSecret::Load(const std::string& path,
     if (error) *error = "job secret " + path + ": " + why;
     return std::nullopt;
   };
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  // Symlinks are followed (Kubernetes mounts secrets as links); fstat
+  // checks the file itself.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     return fail(std::string(std::strerror(errno)) +
                 " (create one with: head -c 32 /dev/urandom > " + path +
@@ -101,6 +103,8 @@ std::optional<JobSecret> JobSecret::Load(const std::string& path,
   s.key_ = std::move(key);
   return s;
 }
+
+JobSecret::~JobSecret() { OPENSSL_cleanse(key_.data(), key_.size()); }
 
 JobSecret JobSecret::FromBytes(std::span<const uint8_t> key) {
   JobSecret s;
@@ -247,8 +251,10 @@ std::string ValidateWelcome(const WelcomeMsg& wm, const JoinMsg& join) {
   } catch (const std::exception& e) {
     return e.what();
   }
+  // room >= tag for every MTU ChunkPayloadForMtu accepts; no sum that
+  // could wrap.
   if (wm.chunk_payload == 0 || wm.chunk_payload % 4 != 0 ||
-      wm.chunk_payload + tag > room) {
+      wm.chunk_payload > room - tag) {
     return "chunk payload " + std::to_string(wm.chunk_payload) +
            " B does not fit a " + std::to_string(wm.mtu) +
            "-byte MTU frame (a positive multiple of 4 up to " +

@@ -49,6 +49,11 @@ class JobSecret {
  public:
   // No key: an insecure job.
   JobSecret() = default;
+  JobSecret(const JobSecret&) = default;
+  JobSecret(JobSecret&&) = default;
+  JobSecret& operator=(const JobSecret&) = default;
+  JobSecret& operator=(JobSecret&&) = default;
+  ~JobSecret();  // wipes the key
   // Reads the secret from `path` (its raw bytes). Refuses, with an error
   // naming the fix, a file that is missing, not a regular file, readable
   // or writable by group or others, shorter than kMinSecretBytes or longer

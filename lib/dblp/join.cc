@@ -21,6 +21,10 @@ std::string JoinDesk::Admit(ConnId c, const JoinMsg& j) {
            ": lower --floats or raise the server's limit";
   }
   if (RankOf(c) >= 0) return "JOIN sent twice";
+  if (policy_.require_data_port && j.data_udp_port == 0) {
+    return "JOIN names no data UDP port, which this server pins: run a "
+           "kernel-UDP worker of the same DBLP build";
+  }
   if (j.worker_name.empty()) {
     return "empty worker name: give every worker a unique --name";
   }

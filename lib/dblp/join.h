@@ -23,6 +23,9 @@ struct JoinPolicy {
   uint32_t mtu = 1500;  // every worker's must match
   // A larger gradient is refused (the server holds a few copies of it).
   uint64_t max_gradient_bytes = uint64_t{1} << 30;
+  // The kernel-UDP server pins each worker's socket: its JOIN must name
+  // its data port (the DPDK server assigns base + 1 + rank).
+  bool require_data_port = false;
 };
 
 class JoinDesk {

@@ -270,8 +270,9 @@ class PushServer {
   // sides are made with the last JOIN, so the sidecar can hand them PROBEs as
   // soon as `joined_` is set.
   std::mutex join_mu_;
-  Admission admission_{JoinPolicy{o_.workers, o_.mtu, o_.max_gradient_bytes},
-                       o_.secret, "udp-server"};
+  Admission admission_{
+      JoinPolicy{o_.workers, o_.mtu, o_.max_gradient_bytes, true}, o_.secret,
+      "udp-server"};
   JoinDesk& desk_ = admission_.desk();
   uint64_t unpinned_ = 0;        // datapath: frames from an unpinned address
   std::vector<Departure> gone_;  // by worker rank, sized at the WELCOME
