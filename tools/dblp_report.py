@@ -232,9 +232,12 @@ def chunks_from_stdout(text: str) -> Optional[int]:
     return int(m.group(1)) if m else None
 
 
-def chunks_from_summaries(run: Dict[str, Any]) -> Optional[int]:
+def chunks_from_summaries(run: Dict[str, Any],
+                          keys=("chunks", "num_chunks", "chunks_per_round")
+                          ) -> Optional[int]:
     """N from summary.json info/counters ('chunks' or 'num_chunks'), if the
-    apps write it."""
+    apps write it; with keys=("chunk_bytes",) the chunk payload they used
+    (an authenticated job's frames carry a tag: less than the MTU gives)."""
     summaries = [run.get("server_summary")] + \
         [w.get("summary") for w in run.get("workers", [])]
     for s in summaries:
@@ -242,7 +245,7 @@ def chunks_from_summaries(run: Dict[str, Any]) -> Optional[int]:
             continue
         for section in ("info", "counters"):
             sec = s.get(section) or {}
-            for key in ("chunks", "num_chunks", "chunks_per_round"):
+            for key in keys:
                 if key in sec:
                     try:
                         return int(sec[key])
@@ -498,11 +501,14 @@ def build_report(out_dir: str, policies: Sequence[str], *, floats: int,
                  status: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Loads <out_dir>/<policy>/... for every policy and analyses it."""
     computed_n = num_chunks(floats, mtu)
+    chunk_bytes = chunk_payload_bytes(mtu)
     results: Dict[str, Any] = {}
     n_used: Dict[str, Any] = {}
     for pol in policies:
         pdir = os.path.join(out_dir, pol)
         run = load_policy_run(pdir)
+        chunk_bytes = chunks_from_summaries(run, ("chunk_bytes",)) or \
+            chunk_bytes
         if not any(w["rows"] for w in run["workers"]):
             results[pol] = None
             continue
@@ -518,7 +524,7 @@ def build_report(out_dir: str, policies: Sequence[str], *, floats: int,
         "params": dict(params or {}),
         "floats": floats,
         "mtu": mtu,
-        "chunk_bytes": chunk_payload_bytes(mtu),
+        "chunk_bytes": chunk_bytes,
         "n_computed": computed_n,
         "n_used": n_used,
         "burst_loss": burst_loss,
