@@ -1,7 +1,7 @@
-// Flags both apps share, defined once per executable (each app includes
-// this from its single translation unit), and their translation into the
-// engines' option structs. Every bad value ends with a message naming the
-// flag and an accepted value.
+// Flags both DPDK apps share (job_flags.h: those of every app), defined
+// once per executable (each app includes this from its single translation
+// unit), and their translation into the engines' option structs. Every bad
+// value ends with a message naming the flag and an accepted value.
 #pragma once
 
 #include <gflags/gflags.h>
@@ -14,20 +14,13 @@
 #include <vector>
 
 #include "app_options.h"
-#include "dblp/job_auth.h"
-#include "dblp/loss_model.h"
-#include "dblp/send_order.h"
-#include "dblp/synthetic_gradient.h"
 #include "eal_app.h"
+#include "job_flags.h"
 
-DEFINE_uint32(mtu, 1500,
-              "IP MTU of the data frames (576..9216; jumbo "
-              "needs a device that supports it)");
 DEFINE_string(checksum, "auto",
               "auto (device offload when offered, else "
               "software; on net_memif, shared memory, UDP checksum 0) | sw | "
               "none (UDP checksum 0)");
-DEFINE_uint32(burst, 32, "frames per TX burst");
 DEFINE_bool(prefetch, true,
             "software prefetch on the hot paths (off only "
             "to measure what it buys)");
@@ -41,9 +34,6 @@ DEFINE_double(link_gbps, 0,
 DEFINE_uint32(rxd, 1024, "RX descriptors per queue");
 DEFINE_uint32(txd, 1024, "TX descriptors per queue");
 DEFINE_uint32(mbufs, 0, "mbufs in the pool (0 = sized from the ports)");
-DEFINE_uint32(idle_sleep_us, 20,
-              "idle back-off: longest sleep of an idle "
-              "poll loop in us (0 = pure busy polling)");
 DEFINE_uint32(idle_spin, 512, "idle back-off: empty polls before sleeping");
 DEFINE_bool(realtime, false,
             "run the datapath lcore under SCHED_FIFO (needs "
@@ -51,85 +41,11 @@ DEFINE_bool(realtime, false,
             "a datapath with work preempts one without; keep the idle "
             "back-off on (--idle_sleep_us > 0)");
 DEFINE_double(stats_period, 1.0, "seconds between stats lines (0 = none)");
-DEFINE_string(out_dir, "",
-              "write iterations.jsonl/.csv and summary.json "
-              "here");
-DEFINE_string(loss, "none",
-              "software loss on the data frames this app receives, outside "
-              "bursts: none | bernoulli:P | ge:P_GB,P_BG,LOSS_GOOD,LOSS_BAD");
-DEFINE_string(burst_iters, "",
-              "iterations with a one-iteration microburst, "
-              "e.g. 279,651");
-DEFINE_uint32(burst_random, 0,
-              "place this many bursts at random iterations "
-              "in --burst_range (same --burst_seed on every app)");
-DEFINE_string(burst_range, "10,1000",
-              "FIRST,LAST iterations for "
-              "--burst_random");
-DEFINE_uint64(burst_seed, 7, "seed of --burst_random");
-DEFINE_string(burst_window_ms, "",
-              "START,END ms after the first iteration: "
-              "a time-window burst");
-DEFINE_double(burst_loss, 0.7, "loss rate inside a burst");
-DEFINE_uint64(seed, 1,
-              "job seed, the same on every app: loss injector, "
-              "send order and, for dblp-worker --gradient=train, the model's "
-              "initial weights, the data shards and the batch order");
-DEFINE_string(send_order, "permuted",
-              "sequential | rotating | permuted | "
-              "blocked (shuffled blocks of 32 chunks: faster for large "
-              "gradients)");
-DEFINE_uint32(round_timeout_ms, 30000,
-              "fail with a clear error when a round "
-              "makes no progress for this long");
-DEFINE_string(secret_file, "",
-              "the job secret: a file of 16..4096 bytes, "
-              "mode 0600, the same for every app of the job (make one with "
-              "head -c 32 /dev/urandom > FILE && chmod 600 FILE). JOIN is "
-              "then mutually authenticated and data frames are tagged");
-DEFINE_bool(insecure, false,
-            "run without a job secret: anyone who reaches "
-            "the control port can join and anyone who reaches the data port "
-            "can move the mean (a closed lab network only)");
-DEFINE_string(dump_dir, "", "test hook: dump what arrived (means, bitmaps)");
-DEFINE_uint32(dump_iterations, 0, "test hook: iterations to dump");
 
 namespace dblp {
 
-[[noreturn]] inline void FlagError(const std::string& msg) {
-  std::fprintf(stderr, "error: %s\n", msg.c_str());
-  std::exit(2);
-}
-
 // Parses the app's flags (everything after "--") before the EAL starts, so
 // `-- --help` and flag errors need no hugepages and no port.
-// The job secret from --secret_file, or none with --insecure (said on
-// stderr); anything else ends the app naming the fix. Read before the EAL
-// starts, so a bad secret costs no hugepages.
-inline dblp::JobSecret JobSecretFromFlags(const char* app) {
-  if (!FLAGS_secret_file.empty() && FLAGS_insecure) {
-    FlagError("--secret_file and --insecure: choose one");
-  }
-  if (FLAGS_insecure) {
-    std::fprintf(stderr,
-                 "%s: WARNING: --insecure: no job secret; joins and data "
-                 "frames are not authenticated\n",
-                 app);
-    return dblp::JobSecret();
-  }
-  if (FLAGS_secret_file.empty()) {
-    FlagError(
-        "no job secret: give every app of the job --secret_file=FILE "
-        "(head -c 32 /dev/urandom > FILE && chmod 600 FILE), or --insecure "
-        "on a closed lab network");
-  }
-  std::string err;
-  std::optional<dblp::JobSecret> s =
-      dblp::JobSecret::Load(FLAGS_secret_file, &err);
-  if (!s) FlagError("--secret_file: " + err);
-  return *std::move(s);
-}
-
 inline void ParseAppFlagsOrDie(int argc, char** argv, const char* usage) {
   gflags::SetUsageMessage(usage);
   std::vector<char*> app = AppArguments(argc, argv);
@@ -142,20 +58,7 @@ inline void ParseAppFlagsOrDie(int argc, char** argv, const char* usage) {
   }
 }
 
-inline std::pair<uint64_t, uint64_t> ParsePair(const std::string& text,
-                                               const char* flag) {
-  const auto v = ParseIterationList(text);
-  if (v.size() != 2 || v[0] > v[1]) {
-    FlagError(std::string("--") + flag + "=" + text +
-              ": expected FIRST,LAST with FIRST <= LAST, e.g. 10,1000");
-  }
-  return {v[0], v[1]};
-}
-
 inline PortOptions PortOptionsFromFlags();
-inline LossSpec LossFromFlags();
-inline BurstSchedule BurstsFromFlags();
-inline SendOrderKind SendOrderFromFlags();
 
 // Everything DatapathOptions holds, from the shared flags.
 inline DatapathOptions DatapathOptionsFromFlags() {
@@ -199,58 +102,10 @@ inline PortOptions PortOptionsFromFlags() {
       FLAGS_checksum != "none") {
     FlagError("--checksum=" + FLAGS_checksum + ": use auto, sw or none");
   }
-  if (FLAGS_mtu < kMinMtu || FLAGS_mtu > kMaxMtu) {
-    FlagError("--mtu=" + std::to_string(FLAGS_mtu) + " is outside " +
-              std::to_string(kMinMtu) + ".." + std::to_string(kMaxMtu) +
-              ": use 1500, or up to 9000 for jumbo frames");
-  }
-  if (FLAGS_round_timeout_ms == 0) {
-    FlagError("--round_timeout_ms must be > 0 (a stuck round must end)");
-  }
-  if (FLAGS_burst == 0 || FLAGS_burst > 64) {
-    FlagError("--burst must be in 1..64");
-  }
+  MtuFromFlags();
+  RoundTimeoutFromFlags();
+  BurstFromFlags(64);
   return p;
-}
-
-inline LossSpec LossFromFlags() {
-  try {
-    return ParseLossSpec(FLAGS_loss);
-  } catch (const std::invalid_argument& e) {
-    FlagError(std::string("--loss: ") + e.what());
-  }
-}
-
-inline BurstSchedule BurstsFromFlags() {
-  try {
-    BurstSchedule b;
-    if (FLAGS_burst_random > 0) {
-      const auto [first, last] = ParsePair(FLAGS_burst_range, "burst_range");
-      b = RandomBurstIterations(FLAGS_burst_random, first, last,
-                                FLAGS_burst_seed, FLAGS_burst_loss);
-      if (!FLAGS_burst_iters.empty()) {
-        FlagError("use either --burst_iters or --burst_random, not both");
-      }
-    } else {
-      b = ParseBurstIterations(FLAGS_burst_iters, FLAGS_burst_loss);
-    }
-    if (!FLAGS_burst_window_ms.empty()) {
-      const auto [a, z] = ParsePair(FLAGS_burst_window_ms, "burst_window_ms");
-      b.window_start_ns = a * 1000000;
-      b.window_end_ns = z * 1000000;
-    }
-    return b;
-  } catch (const std::invalid_argument& e) {
-    FlagError(std::string("burst flags: ") + e.what());
-  }
-}
-
-inline SendOrderKind SendOrderFromFlags() {
-  try {
-    return ParseSendOrder(FLAGS_send_order);
-  } catch (const std::invalid_argument& e) {
-    FlagError(std::string("--send_order: ") + e.what());
-  }
 }
 
 }  // namespace dblp

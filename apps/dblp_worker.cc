@@ -9,6 +9,7 @@
 
 #include "common_flags.h"
 #include "dblp/gradient_source.h"
+#include "dblp/shm_source.h"
 #include "eal_app.h"
 #include "worker_engine.h"
 #ifdef DBLP_WITH_TRAINING
@@ -28,7 +29,15 @@ DEFINE_uint32(iterations, 100, "training iterations");
 DEFINE_string(gradient, "synthetic",
               "synthetic | integer (exact test "
               "values) | train (a Fashion-MNIST model, libtorch; the job "
-              "seed is --seed, the same on every worker)");
+              "seed is --seed, the same on every worker) | shm (a PyTorch "
+              "trainer posts each gradient over --shm: python/dblp, "
+              "docs/PYTORCH.md)");
+DEFINE_string(shm, "",
+              "shm: the trainer's shared-memory object (e.g. /dblp-w0); "
+              "dblp.Worker creates it and starts this process");
+DEFINE_uint32(shm_idle_timeout_ms, 0,
+              "shm: fail when the trainer, still alive, posts "
+              "nothing for this long (0: wait while it lives)");
 DEFINE_uint64(floats, 262144,
               "gradient size in float32 values (e.g. "
               "25557032 for ResNet-50)");
@@ -44,8 +53,21 @@ DEFINE_string(bcast_fill, "zero",
 // --gradient=train. Defined in every build so that a build without
 // libtorch answers --gradient=train with the fix, not "unknown flag".
 DEFINE_string(model, "mlp",
-              "train: mlp (235k params) | cnn (81k) | resnet "
-              "(152k)");
+              "train: mlp (235k params) | cnn (81k) | resnet (152k) | "
+              "PATH.pt, a TorchScript module: forward(x) maps a float batch "
+              "[N,1,28,28] (or --data's inputs) to logits [N,C]; loss is "
+              "cross-entropy unless it defines loss(logits, target) -> "
+              "Tensor; DBLP moves every requires_grad parameter in "
+              "named_parameters() order (docs/PYTORCH.md; "
+              "tools/make-torchscript-example.py writes one)");
+DEFINE_string(data, "fashion-mnist",
+              "train: fashion-mnist (from --data_dir) | PATH.pt, a "
+              "TorchScript data hook: batch(step: int, rank: int, world: "
+              "int, batch_size: int) -> (inputs, targets) for this worker's "
+              "training step; optional eval_batch(index: int, batch_size: "
+              "int) -> (inputs, targets), empty when done (no test accuracy "
+              "without it), and steps_per_epoch(world: int, batch_size: int) "
+              "-> int (the log period; without it one row at the end)");
 DEFINE_string(data_dir, "/usr/share/datasets/fashion-mnist",
               "train: "
               "directory of the Fashion-MNIST *-ubyte.gz files (Debian "
@@ -97,15 +119,27 @@ int main(int argc, char** argv) {
   o.secret = dblp::JobSecretFromFlags("dblp-worker");
 
   static const char* const kTrainFlags[] = {
-      "model",         "data_dir",         "batch",         "lr",
-      "train_threads", "eval_every_epoch", "train_log_dir", "max_eval",
-      "max_train"};
+      "model",    "data",          "data_dir",         "batch",
+      "lr",       "train_threads", "eval_every_epoch", "train_log_dir",
+      "max_eval", "max_train"};
   const bool train = FLAGS_gradient == "train";
   for (const char* flag : kTrainFlags) {
     if (!train && !gflags::GetCommandLineFlagInfoOrDie(flag).is_default) {
       dblp::FlagError(std::string("--") + flag +
                       " only applies to --gradient=train");
     }
+  }
+  const bool shm = FLAGS_gradient == "shm";
+  if (shm != !FLAGS_shm.empty()) {
+    dblp::FlagError(shm ? "--gradient=shm needs --shm=NAME (the trainer's "
+                          "object, e.g. /dblp-w0)"
+                        : "--shm only applies to --gradient=shm");
+  }
+  if (shm && (!gflags::GetCommandLineFlagInfoOrDie("floats").is_default ||
+              !gflags::GetCommandLineFlagInfoOrDie("iterations").is_default)) {
+    dblp::FlagError(
+        "--gradient=shm: the trainer sets the gradient size and the number "
+        "of steps; drop --floats and --iterations");
   }
   if (train && !gflags::GetCommandLineFlagInfoOrDie("floats").is_default) {
     dblp::FlagError(
@@ -122,10 +156,13 @@ int main(int argc, char** argv) {
       source = dblp::MakeSyntheticSource(FLAGS_floats, FLAGS_seed, trace);
     } else if (FLAGS_gradient == "integer") {
       source = dblp::MakeIntegerSource(FLAGS_floats);
+    } else if (shm) {
+      source = dblp::OpenShmSource(FLAGS_shm, FLAGS_shm_idle_timeout_ms);
     } else if (train) {
 #ifdef DBLP_WITH_TRAINING
       dblp::training::TrainingOptions t;
       t.model = FLAGS_model;
+      t.data = FLAGS_data;
       t.data_dir = FLAGS_data_dir;
       t.batch = FLAGS_batch;
       t.lr = FLAGS_lr;
@@ -148,7 +185,7 @@ int main(int argc, char** argv) {
 #endif
     } else {
       dblp::FlagError("--gradient=" + FLAGS_gradient +
-                      ": use synthetic, integer or train");
+                      ": use synthetic, integer, train or shm");
     }
   } catch (const std::invalid_argument& e) {
     dblp::FlagError(e.what());

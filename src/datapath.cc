@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <csignal>
 #include <cstdio>
-#include <fstream>
 
 #include "eal_app.h"
 
@@ -21,11 +20,6 @@ const std::atomic<bool>& InstallQuitHandlers() {
   std::signal(SIGINT, OnQuitSignal);
   std::signal(SIGTERM, OnQuitSignal);
   return g_quit;
-}
-
-void DumpBinary(const std::string& path, const void* data, size_t n) {
-  std::ofstream f(path, std::ios::binary);
-  f.write(static_cast<const char*>(data), static_cast<std::streamsize>(n));
 }
 
 void SetControlPriorities(SidecarThread& sidecar, const char* app,

@@ -30,20 +30,19 @@
 #include "dblp/control_sidecar.h"
 #include "dblp/loss_model.h"
 #include "dblp/round_events.h"
+#include "dblp/rx_loss.h"
 #include "dblp/sender_round.h"
 #include "dblp/token_bucket.h"
 #include "dblp/wire.h"
 #include "eal_app.h"
 #include "frame_builder.h"
+#include "run_report.h"  // DumpBinary
 
 namespace dblp {
 
 // SIGINT/SIGTERM set this flag; the poll loops end at their next idle
 // moment and the apps still write their reports.
 const std::atomic<bool>& InstallQuitHandlers();
-
-// Test hook: writes `n` bytes to `path` (dumps of means and bitmaps).
-void DumpBinary(const std::string& path, const void* data, size_t n);
 
 // What a long run must give back: mbufs in use in `pool` and the process's
 // resident memory. Sampled at iterations 1, 2, 4, 8, ... (cheap: a /proc
@@ -219,43 +218,6 @@ class RoundPacer {
   std::atomic<uint64_t>* shared_;  // every lcore of the job: relaxed
   uint64_t last_progress_ = 0;
   uint64_t last_published_ = 0;
-};
-
-// The software loss injector, on the receiving side of a direction: a frame
-// it drops has crossed the link, so the sender paid for it as on a lossy
-// wire, and it is discarded before the protocol sees it. A burst follows the
-// frame's own iteration (round / 2), so a frame of the next iteration that
-// arrives early is judged by that iteration's schedule.
-class RxLossInjector {
- public:
-  RxLossInjector(const LossSpec& base, const BurstSchedule& bursts,
-                 uint64_t seed)
-      : injector_(base, bursts, seed), has_window_(bursts.HasWindow()) {}
-
-  // `dblp` is the UDP payload of a validated frame. A frame too short to
-  // carry a round is never dropped here: the protocol counts it malformed.
-  bool ShouldDrop(const uint8_t* dblp, uint16_t len, uint64_t now_ns) {
-    if (len < kDataHeaderBytes) return false;
-    uint32_t round_be;
-    std::memcpy(&round_be, dblp + offsetof(DataHeaderWire, round_be), 4);
-    const uint64_t it = rte_be_to_cpu_32(round_be) / 2;
-    if (it != iteration_) {
-      iteration_ = it;
-      injector_.SetIteration(it);
-    }
-    if (has_window_) injector_.SetTimeNs(now_ns - start_ns_);
-    return injector_.ShouldDrop();
-  }
-  void StartClock(uint64_t now_ns) { start_ns_ = now_ns; }
-  bool InBurst(uint64_t iteration) const {
-    return injector_.bursts().Contains(iteration);
-  }
-
- private:
-  LossInjector injector_;
-  bool has_window_;
-  uint64_t iteration_ = 0;
-  uint64_t start_ns_ = 0;
 };
 
 // The RX step both apps share: validates a received frame's L2-L4 headers

@@ -100,6 +100,7 @@ bool WorkerLcore::HandleEvents(uint64_t now_ns) {
         have_go_ = true;
         go_round_ = rb->round;
         go_p_ = rb->p;
+        go_critical_ = rb->critical;
       } else {
         bcast_.Announce(*rb, now_ns);
       }
@@ -183,6 +184,7 @@ bool WorkerLcore::AwaitPushRound(uint64_t it, std::string* failure) {
 bool WorkerLcore::Exchange(uint64_t it, std::span<const uint32_t> order,
                            std::string* failure) {
   times_.announced_p = go_p_;
+  times_.critical = go_critical_;
   times_.push_begin_ns = NowNs();
   for (uint16_t q = 0; q < setup_.queues; ++q) {
     shards_.Filter(order, q, shard_order_);

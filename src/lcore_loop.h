@@ -84,6 +84,7 @@ struct WorkerIterationTimes {
   uint64_t push_done_ns = 0;   // STOP's arrival (or the complete BITMAP)
   uint64_t bcast_done_ns = 0;  // our STOP for the broadcast went out
   double announced_p = 0;      // the push round's p, from ROUND_BEGIN
+  bool critical = false;       // ...and the policy's phase
 };
 
 // dblp-worker's lcore: pushes its gradient (one SendSide per server shard,
@@ -139,6 +140,7 @@ class WorkerLcore {
   bool have_go_ = false;
   uint32_t go_round_ = 0;  // the latest push ROUND_BEGIN
   double go_p_ = 0;
+  bool go_critical_ = false;
   WorkerIterationTimes times_;
 };
 

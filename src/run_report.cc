@@ -237,4 +237,9 @@ std::string FormatRunSummary(const RunReport& r) {
   return o.str();
 }
 
+void DumpBinary(const std::string& path, const void* data, size_t n) {
+  std::ofstream f(path, std::ios::binary);
+  f.write(static_cast<const char*>(data), static_cast<std::streamsize>(n));
+}
+
 }  // namespace dblp

@@ -79,6 +79,9 @@ class RowStream {
 bool WriteRunSummary(const std::string& dir, const RunReport& report,
                      std::string* error);
 
+// Test hook: writes `n` bytes to `path` (dumps of means and bitmaps).
+void DumpBinary(const std::string& path, const void* data, size_t n);
+
 // One-paragraph human summary (latency percentiles, bursts, counters).
 std::string FormatRunSummary(const RunReport& report);
 

@@ -143,8 +143,8 @@ std::string ServerControl::worker_error(uint32_t w) {
 }
 
 void ServerControl::Announce(const RoundBeginRequest& r) {
-  const RoundBeginMsg rb{r.round, r.round / 2,   r.direction,
-                         r.p,     r.deadline_ns, r.min_fraction};
+  const RoundBeginMsg rb{r.round,       r.round / 2,    r.direction, r.p,
+                         r.deadline_ns, r.min_fraction, r.critical};
   std::string why;
   if (ValidateControl(rb, &why) != ControlError::kNone) {
     // A policy value the wire cannot carry: a bug, not a hang.
@@ -164,9 +164,34 @@ void ServerControl::StageAccepted(uint32_t w, AcceptedMsg m) {
   accepted_[w] = std::move(m);
 }
 
+void ServerControl::Fail(const std::string& why) {
+  if (thread_ == nullptr) return;
+  job_error_ = why;
+  outbox().Post(FinishRequest{false});
+  for (int i = 0; i < 200 && !job_error_sent_.load(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  Stop();
+}
+
+// Sidecar thread.
+void ServerControl::SendJobError() {
+  const ErrorMsg m{2, "the job failed: " + job_error_.substr(0, 900)};
+  for (uint32_t w = 0; w < admission_.desk().members().size(); ++w) {
+    if (!alive_[w].load()) continue;
+    sidecar_.Send(admission_.desk().members()[w].conn, m);
+    sidecar_.Close(admission_.desk().members()[w].conn, "job failed");
+  }
+  job_error_sent_.store(true);
+}
+
 void ServerControl::SendRequests() {
   ControlRequest r;
   while (requests_.Pop(&r)) {
+    if (std::holds_alternative<FinishRequest>(r)) {
+      SendJobError();
+      continue;
+    }
     if (const auto* rb = std::get_if<RoundBeginRequest>(&r)) {
       Announce(*rb);
       continue;

@@ -81,6 +81,10 @@ class ServerControl {
     critical_.store(critical, std::memory_order_relaxed);
   }
   void Stop() { thread_.reset(); }
+  // The job failed: every live worker gets an ERROR naming `why` (so its
+  // trainer learns which worker ended the job, not just "closed"), then
+  // the channel stops. Bounded: at most about a second.
+  void Fail(const std::string& why);
   // Coordinator (lcore 0), once per closed push with --push_feedback: the
   // ACCEPTED for worker w, sent when its AcceptedRequest is drained (after
   // everything posted before it, before everything posted after).
@@ -108,6 +112,7 @@ class ServerControl {
   void OnClose(ConnId c, const std::string& reason);
   void SendRequests();
   void Announce(const RoundBeginRequest& r);
+  void SendJobError();
 
   ServerJoinConfig cfg_;
   TypedRing<DatapathEvent> events_{"dblp_s_ev", 4096};  // sidecar -> dp
@@ -115,6 +120,9 @@ class ServerControl {
   TypedRing<ControlRequest> requests_{"dblp_s_req", 4096, true};
   ControlSidecar sidecar_;
   std::unique_ptr<SidecarThread> thread_;
+  // Fail() writes it before posting the FinishRequest the sidecar answers.
+  std::string job_error_;
+  std::atomic<bool> job_error_sent_{false};
 
   // Join state: the sidecar writes it under mu_ until joined_; read-only
   // for everyone after (its counters: any thread).

@@ -39,7 +39,7 @@ RoundTolerance BroadcastTolerance(const ServerOptions& o,
 RoundBeginRequest Announcement(Direction d, uint32_t round,
                                const RoundTolerance& t) {
   return RoundBeginRequest{d, round, t.p, t.deadline_ns,
-                           t.deadline_ns ? t.min_fraction : 0};
+                           t.deadline_ns ? t.min_fraction : 0, t.critical};
 }
 
 // What a remote lcore runs: its ServerLcore until the job ends.
@@ -313,8 +313,9 @@ int RunServer(const ServerOptions& o) {
   rte_eal_mp_wait_lcore();
   std::vector<std::pair<std::string, uint64_t>> resource_counters;
   resources.AddTo(iterations_done, &resource_counters);
-  control.Stop();
   const std::string failure = job.failure();
+  if (!failure.empty()) control.Fail(failure);
+  control.Stop();
 
   AddServerCounters(lcs, control, links, nb_ports, &report);
   report.counters.insert(report.counters.end(), resource_counters.begin(),

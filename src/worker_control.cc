@@ -104,7 +104,8 @@ void WorkerControl::OnMessage(const ControlMessage& m) {
     return gone(why);
   }
   if (const auto* e = std::get_if<ErrorMsg>(&m)) {
-    return gone("server refused: " + e->text);
+    return gone((welcomed_.load() ? "server: " : "server refused: ") +
+                e->text);
   }
   if (std::holds_alternative<ByeMsg>(m)) return gone("server said BYE");
   if (const auto* a = std::get_if<AcceptedMsg>(&m)) {
@@ -117,7 +118,8 @@ void WorkerControl::OnMessage(const ControlMessage& m) {
     // The datapath applies it: it owns the receiver's round, so a late
     // ROUND_BEGIN can never plant its p in a newer round.
     events_.Push(RoundBeginEvent{rb->direction, rb->round, rb->p,
-                                 rb->deadline_ns, rb->min_fraction});
+                                 rb->deadline_ns, rb->min_fraction,
+                                 rb->critical});
     return;
   }
   if (!attached_.load(std::memory_order_acquire)) return;

@@ -230,6 +230,7 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
   }
   try {
     source->Bind(wel.rank, wel.num_workers);
+    source->OnJobStart(wel.resync_every);
   } catch (const std::exception& e) {
     control.Finish(false, e.what());
     Die(std::string("the gradient source cannot start as rank ") +
@@ -320,13 +321,16 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
   report.burst_iterations = o.dp.bursts.iterations;
   std::string failure;
   loss.StartClock(NowNs());
-  const uint64_t iterations = model.iterations(o.iterations);
+  // A trainer-fed source ends the job itself (Prepare says when).
+  const uint64_t iterations =
+      source->Unbounded() ? UINT64_MAX : model.iterations(o.iterations);
   ResourceTrack resources(pool);
   for (uint64_t it = 0; it < iterations && failure.empty(); ++it) {
     resources.Sample(it);
     control.set_iteration(it);
-    failure = model.Prepare(it);
-    if (!failure.empty()) break;
+    bool more = true;
+    failure = model.Prepare(it, &more);
+    if (!failure.empty() || !more) break;
     if (!lcore.AwaitPushRound(it, &failure)) break;
     order.Fill(PushRound(it), layout.num_chunks(), order_buf);
     if (hostile && it > 0) {
@@ -336,16 +340,6 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
                   order_buf.begin() +
                       std::min<size_t>(order_buf.size(), o.hostile_per_round));
     if (!lcore.Exchange(it, order_buf, &failure)) break;
-
-    Bitmap arrived;
-    bcast.receiver().SnapshotBitmap(arrived);
-    failure = model.Absorb(it, control, arrived, o.dp.round_timeout_ms);
-    if (!failure.empty()) break;
-    if (!o.dp.dump_dir.empty() && it < o.dp.dump_iterations) {
-      model.Dump(o.dp.dump_dir + "/w" + std::to_string(wel.rank) + "_it" +
-                     std::to_string(it),
-                 it, arrived);
-    }
 
     const WorkerIterationTimes& t = lcore.times();
     IterationRecord r;
@@ -373,9 +367,21 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
     }
     r.delivered_fraction = bcast.receiver().delivered_fraction();
     r.p = t.announced_p;
+    r.critical = t.critical;
     r.burst = loss.InBurst(it);
     r.resync = model.IsResync(it);
     r.control_rtt_us = rtt_n ? rtt_sum / rtt_n : 0;
+    // The trainer reads the row with the mean, so it goes first.
+    source->Observe(r);
+    Bitmap arrived;
+    bcast.receiver().SnapshotBitmap(arrived);
+    failure = model.Absorb(it, control, arrived, o.dp.round_timeout_ms);
+    if (!failure.empty()) break;
+    if (!o.dp.dump_dir.empty() && it < o.dp.dump_iterations) {
+      model.Dump(o.dp.dump_dir + "/w" + std::to_string(wel.rank) + "_it" +
+                     std::to_string(it),
+                 it, arrived);
+    }
     report.rows.push_back(r);
     rows.Append(r);  // on disk before the next iteration: kill -9 keeps it
   }
@@ -410,6 +416,7 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
   }
   if (!failure.empty()) {
     std::fprintf(stderr, "dblp-worker %u: %s\n", wel.rank, failure.c_str());
+    source->Fail(failure);
   }
   rte_eth_dev_stop(0);
   rte_eth_dev_close(0);

@@ -1,5 +1,6 @@
 #include "worker_model.h"
 
+#include <algorithm>
 #include <chrono>
 #include <exception>
 #include <thread>
@@ -14,15 +15,29 @@ WorkerModel::WorkerModel(GradientSource& source, const WelcomeMsg& wel,
     : source_(source),
       layout_(layout),
       bcast_fill_(bcast_fill),
-      resync_(wel.resync_every),
-      grad_(source.floats()),
-      avg_(source.floats()),
-      prev_avg_(source.floats(), 0.0f) {
+      resync_(wel.resync_every) {
+  const uint64_t n = source.floats();
+  grad_ = source.SharedGradient();
+  avg_ = source.SharedMean();
+  if (grad_.size() != n) {
+    own_grad_.assign(n, 0.0f);
+    grad_ = own_grad_;
+  }
+  if (avg_.size() != n) {
+    own_avg_.assign(n, 0.0f);
+    avg_ = own_avg_;
+  }
+  if (bcast_fill == FillMode::kPrevious) prev_avg_.assign(n, 0.0f);
   if (wel.push_feedback) feedback_ = std::make_unique<PushFeedback>(layout);
 }
 
-std::string WorkerModel::Prepare(uint64_t it) {
+std::string WorkerModel::Prepare(uint64_t it, bool* more) {
+  *more = true;
   try {
+    if (!source_.AwaitIteration(it, resync_.IsResync(it))) {
+      *more = false;
+      return "";
+    }
     if (resync_.IsResync(it)) {
       source_.ExportModel(grad_);
     } else {
@@ -50,7 +65,10 @@ std::string WorkerModel::Absorb(uint64_t it, WorkerControl& control,
     return "applying the mean of iteration " + std::to_string(it) + ": " +
            e.what();
   }
-  prev_avg_ = avg_;
+  // A copy of the whole mean: only where the next fill needs it.
+  if (bcast_fill_ == FillMode::kPrevious) {
+    std::copy(avg_.begin(), avg_.end(), prev_avg_.begin());
+  }
   return "";
 }
 

@@ -34,11 +34,15 @@ class WorkerModel {
     return resync_.ProtocolIterations(steps);
   }
   bool IsResync(uint64_t it) const { return resync_.IsResync(it); }
+  // The source's shared buffers when it has them (a trainer's shm: no
+  // copy), else our own.
   std::span<float> grad() { return grad_; }  // what the push sends
   std::span<float> avg() { return avg_; }    // where the broadcast lands
 
-  // Before the push of iteration `it`. Returns why it failed, or "".
-  std::string Prepare(uint64_t it);
+  // Before the push of iteration `it`: waits for the source's input (a
+  // trainer may end the job here: *more = false), then fills grad().
+  // Returns why it failed, or "".
+  std::string Prepare(uint64_t it, bool* more);
   // After the broadcast of iteration `it`, `arrived` being its chunks:
   // settles push feedback (waiting up to timeout_ms for ACCEPTED), then
   // steps the optimizer or loads the average. Returns why it failed, or "".
@@ -57,7 +61,9 @@ class WorkerModel {
   FillMode bcast_fill_;
   ResyncSchedule resync_;
   std::unique_ptr<PushFeedback> feedback_;  // null without push feedback
-  std::vector<float> grad_, avg_, prev_avg_;
+  std::vector<float> own_grad_, own_avg_;
+  std::span<float> grad_, avg_;
+  std::vector<float> prev_avg_;  // only for --bcast_fill=prev
 };
 
 }  // namespace dblp

@@ -141,7 +141,8 @@ std::vector<ControlMessage> Samples() {
                             .direction = Direction::kBroadcast,
                             .p = 0.408,
                             .deadline_ns = 1'700'000'000'123'456'789ull,
-                            .min_fraction = std::nextafter(1.0, 0.0)});
+                            .min_fraction = std::nextafter(1.0, 0.0),
+                            .critical = true});
   v.push_back(ProbeMsg{.round = 7, .direction = Direction::kPush, .pass = 14});
   v.push_back(BitmapMsg{.round = 9,
                         .direction = Direction::kBroadcast,
@@ -266,13 +267,15 @@ TEST(ControlCodec, GoldenStringAndDoubleLayout) {
                                               .direction = Direction::kPush,
                                               .p = 0.5,
                                               .deadline_ns = 3,
-                                              .min_fraction = 0.25});
+                                              .min_fraction = 0.25,
+                                              .critical = true});
   const std::vector<uint8_t> rb_want = {
-      0,    0,    0, 34, 3,              // L, ROUND_BEGIN
+      0,    0,    0, 35, 3,              // L, ROUND_BEGIN
       0,    0,    0, 1,  0, 0, 0, 2, 0,  // round, iter, dir
       0x3F, 0xE0, 0, 0,  0, 0, 0, 0,     // p = 0.5
       0,    0,    0, 0,  0, 0, 0, 3,     // deadline
-      0x3F, 0xD0, 0, 0,  0, 0, 0, 0};    // 0.25
+      0x3F, 0xD0, 0, 0,  0, 0, 0, 0,     // 0.25
+      1};                                // critical (v5)
   EXPECT_EQ(rb, rb_want);
 }
 
@@ -411,7 +414,8 @@ TEST(ControlDecoder, EveryErrorReachedByCraftedFrame) {
     return Frame(1, b);
   };
   auto round_begin = [](double p, double minf) {
-    return Frame(3, Bytes().U32(1).U32(2).U8(0).F64(p).U64(3).F64(minf));
+    return Frame(3,
+                 Bytes().U32(1).U32(2).U8(0).F64(p).U64(3).F64(minf).U8(0));
   };
   const double nan = std::numeric_limits<double>::quiet_NaN();
   const double inf = std::numeric_limits<double>::infinity();
@@ -481,6 +485,10 @@ TEST(ControlDecoder, EveryErrorReachedByCraftedFrame) {
                  "min_fraction");
   ExpectRejected(round_begin(0.1, 1.0000001), ControlError::kBadValue,
                  "min_fraction");
+  // v5's phase flag is a strict boolean.
+  ExpectRejected(
+      Frame(3, Bytes().U32(1).U32(2).U8(0).F64(0.1).U64(3).F64(0.5).U8(2)),
+      ControlError::kBadValue, "critical");
   ExpectRejected(layer_frame(2, -1), ControlError::kBadValue,
                  "layers[0].shape[0]");
 

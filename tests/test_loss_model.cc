@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "dblp/loss_model.h"
+#include "dblp/rx_loss.h"
+#include "dblp/wire.h"
 
 namespace dblp {
 namespace {
@@ -337,6 +339,32 @@ TEST(BurstSchedule, RandomIterationsUniform) {
   for (size_t v = 0; v < 10; ++v) {
     ExpectBinomial(hist[v], kSeeds, 0.2, "value " + std::to_string(v));
   }
+}
+
+// The receive side's injector judges each frame by its own iteration
+// (round / 2): a burst hits both rounds of its iteration and no other, and
+// a frame too short to carry a round is left to the protocol.
+TEST(RxLossInjector, BurstFollowsTheFramesIteration) {
+  const BurstSchedule bursts = ParseBurstIterations("3", 1.0);
+  RxLossInjector loss(ParseLossSpec("none"), bursts, 1);
+  auto frame = [](uint32_t round) {
+    std::vector<uint8_t> f(kDataHeaderBytes + 4, 0);
+    EncodeDataHeader(DataHeader{FrameType::kPush, 1, 0, 4, round, 0}, f.data());
+    return f;
+  };
+  for (uint32_t round : {4u, 5u, 8u}) {
+    const auto f = frame(round);
+    EXPECT_FALSE(loss.ShouldDrop(f.data(), f.size(), 0)) << round;
+  }
+  for (uint32_t round : {6u, 7u}) {
+    const auto f = frame(round);
+    EXPECT_TRUE(loss.ShouldDrop(f.data(), f.size(), 0)) << round;
+  }
+  const auto f = frame(6);
+  EXPECT_FALSE(loss.ShouldDrop(f.data(), kDataHeaderBytes - 1, 0));
+  EXPECT_TRUE(loss.InBurst(3));
+  EXPECT_FALSE(loss.InBurst(2));
+  EXPECT_EQ(loss.dropped(), 2u);
 }
 
 }  // namespace

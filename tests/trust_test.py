@@ -42,7 +42,7 @@ def eal(prefix, *vdevs, lcore="0"):
 ITERS = 300
 
 JOIN, WELCOME, ERROR, CHALLENGE, PROOF, BYE, TAG = 1, 2, 8, 10, 11, 7, 12
-VERSION = 4
+VERSION = 5
 
 
 def frame(mtype, body):

@@ -12,7 +12,8 @@ nn::Conv2d Conv3x3(int64_t in, int64_t out, int64_t stride, bool bias) {
       nn::Conv2dOptions(in, out, 3).stride(stride).padding(1).bias(bias));
 }
 
-// The data loader hands [B, 28, 28]; convolutions want a channel axis.
+// The loader hands [B, 1, 28, 28]; a bare [B, 28, 28] gets its channel
+// axis here, so callers may pass either.
 torch::Tensor AsImages(const torch::Tensor& x) {
   return x.dim() == 3 ? x.unsqueeze(1) : x;
 }
@@ -51,8 +52,8 @@ ResidualBlockImpl::ResidualBlockImpl(int64_t in, int64_t out, int64_t stride)
       bn2(register_module("bn2", nn::BatchNorm2d(out))) {
   if (stride != 1 || in != out) {
     proj = register_module(
-        "proj", nn::Conv2d(nn::Conv2dOptions(in, out, 1).stride(stride)
-                               .bias(false)));
+        "proj",
+        nn::Conv2d(nn::Conv2dOptions(in, out, 1).stride(stride).bias(false)));
     proj_bn = register_module("proj_bn", nn::BatchNorm2d(out));
   }
 }
@@ -85,31 +86,45 @@ const std::vector<std::string>& ModelNames() {
   return names;
 }
 
+torch::Tensor CrossEntropy(const torch::Tensor& logits,
+                           const torch::Tensor& target) {
+  const bool index = !target.is_floating_point() && !target.is_complex();
+  return torch::nn::functional::cross_entropy(
+      logits, index ? target.to(torch::kInt64) : target);
+}
+
+namespace {
+
+// The built-ins behind the Model interface. `m` is a module holder (a
+// shared pointer), so the lambdas keep the module alive.
+template <typename Holder>
+Model Wrap(const std::string& name, Holder m) {
+  Model model;
+  model.name = name;
+  for (const auto& item : m->named_parameters(true)) {
+    if (!item.value().requires_grad()) continue;
+    model.names.push_back(item.key());
+    model.params.push_back(item.value());
+  }
+  model.forward = [m](const torch::Tensor& x) mutable { return m->forward(x); };
+  model.loss = CrossEntropy;
+  model.set_training = [m](bool on) mutable { m->train(on); };
+  return model;
+}
+
+}  // namespace
+
 Model MakeModel(const std::string& name, uint64_t seed) {
   // The initialisers draw from torch's default CPU generator: seeding it
   // right before construction makes the weights a function of the seed
   // alone, identical in every worker process.
   torch::manual_seed(seed);
-  if (name == "mlp") {
-    Mlp m;
-    return {name, m.ptr(), [m](const torch::Tensor& x) mutable {
-              return m->forward(x);
-            }};
-  }
-  if (name == "cnn") {
-    Cnn m;
-    return {name, m.ptr(), [m](const torch::Tensor& x) mutable {
-              return m->forward(x);
-            }};
-  }
-  if (name == "resnet") {
-    ResNet m;
-    return {name, m.ptr(), [m](const torch::Tensor& x) mutable {
-              return m->forward(x);
-            }};
-  }
+  if (name == "mlp") return Wrap(name, Mlp());
+  if (name == "cnn") return Wrap(name, Cnn());
+  if (name == "resnet") return Wrap(name, ResNet());
   throw std::invalid_argument("--model=" + name +
-                              ": use mlp, cnn or resnet");
+                              ": use mlp, cnn, resnet or a TorchScript "
+                              "file PATH.pt");
 }
 
 }  // namespace dblp::training

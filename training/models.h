@@ -6,6 +6,8 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -55,12 +57,25 @@ struct ResNetImpl : torch::nn::Module {
 };
 TORCH_MODULE(ResNet);
 
-// A model behind one interface: forward and its parameters in a fixed order.
+// A model behind one interface, built in (MakeModel) or a TorchScript file
+// (LoadTorchScriptModel, training/torchscript.h): the training source sees
+// only this.
 struct Model {
-  std::string name;
-  std::shared_ptr<torch::nn::Module> module;
-  std::function<torch::Tensor(const torch::Tensor&)> forward;
+  std::string name;  // "mlp", ... or the TorchScript file's path
+  // Parameters with requires_grad, in named_parameters() order: the order
+  // DBLP flattens the gradient in and the JOIN's layer list.
+  std::vector<std::string> names;
+  std::vector<torch::Tensor> params;
+  std::function<torch::Tensor(const torch::Tensor&)> forward;  // logits
+  // A batch's scalar loss from its logits and targets.
+  std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)> loss;
+  std::function<void(bool)> set_training;  // train (true) or eval mode
 };
+
+// The built-in models' loss, and a TorchScript model's without loss().
+// Integer targets of any width are class indices.
+torch::Tensor CrossEntropy(const torch::Tensor& logits,
+                           const torch::Tensor& target);
 
 // "mlp", "cnn" or "resnet", initialised deterministically from `seed`
 // (torch's default initialisers drawn from a generator seeded here).

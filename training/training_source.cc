@@ -14,17 +14,19 @@
 #include <utility>
 
 #include "training/models.h"
+#include "training/torchscript.h"
 
 namespace dblp::training {
 namespace {
 
 constexpr uint32_t kEvalBatch = 1000;
 
+// [N, 1, 28, 28]: the input every model takes (TorchScript's contract).
 torch::Tensor ImagesTensor(const Dataset& d) {
   // clone(): the tensor owns its memory, so the vectors can be released.
   return torch::from_blob(
              const_cast<float*>(d.images.data()),
-             {static_cast<int64_t>(d.count), kImageSide, kImageSide},
+             {static_cast<int64_t>(d.count), 1, kImageSide, kImageSide},
              torch::kFloat32)
       .clone();
 }
@@ -52,11 +54,29 @@ std::string FormatDouble(double v, int precision) {
 }  // namespace
 
 void ValidateTrainingOptions(const TrainingOptions& o) {
-  bool known = false;
+  bool known = IsTorchScriptPath(o.model);
   for (const std::string& n : ModelNames()) known = known || n == o.model;
   if (!known) {
     throw std::invalid_argument("--model=" + o.model +
-                                ": use mlp, cnn or resnet");
+                                ": use mlp, cnn, resnet or a TorchScript "
+                                "file PATH.pt");
+  }
+  if (o.data != kFashionMnistData) {
+    if (!IsTorchScriptPath(o.data)) {
+      throw std::invalid_argument("--data=" + o.data + ": use " +
+                                  kFashionMnistData +
+                                  " or a TorchScript data hook PATH.pt");
+    }
+    // The hook is the whole dataset: these would be silently ignored.
+    if (o.max_train != 0) {
+      throw std::invalid_argument(
+          "--max_train only applies to --data=fashion-mnist; a data hook "
+          "chooses its own training set");
+    }
+    if (o.data_dir != kDefaultFashionMnistDir) {
+      throw std::invalid_argument(
+          "--data_dir only applies to --data=fashion-mnist");
+    }
   }
   if (o.batch < 1 || o.batch > 4096) {
     throw std::invalid_argument("--batch=" + std::to_string(o.batch) +
@@ -90,6 +110,8 @@ struct TrainingSource::Impl {
   std::vector<std::string> names;
   uint64_t floats = 0;
   std::unique_ptr<torch::optim::SGD> optimizer;
+  std::unique_ptr<DataHook> hook;     // --data=PATH.pt; Fashion-MNIST if null
+  int64_t min_classes = kNumClasses;  // logits columns the targets need
 
   // Training set as read, until Bind takes this worker's shard.
   RawSplit raw_train;
@@ -100,7 +122,10 @@ struct TrainingSource::Impl {
   uint32_t rank = 0, num_workers = 1;
   torch::Tensor shard_images, shard_labels;
   uint32_t shard = 0;
-  uint32_t per_epoch = 0;  // full batches per epoch (the tail is dropped)
+  // Full batches per epoch (the tail is dropped); a data hook's
+  // steps_per_epoch, 0 when it has none (one epoch: the whole job).
+  uint32_t per_epoch = 0;
+  uint64_t steps = 0;  // batches taken: the hook's `step`
 
   uint32_t epoch = 0;       // epoch in progress, 0-based
   uint32_t cursor = 0;      // batches taken in this epoch
@@ -120,35 +145,44 @@ struct TrainingSource::Impl {
   std::ofstream csv;
 
   void NewEpoch() {
+    cursor = 0;
+    if (hook) return;  // the hook orders its own batches
     const std::vector<uint32_t> p =
         SeededPermutation(shard, EpochSeed(o.seed, rank, epoch));
     order =
         torch::tensor(std::vector<int64_t>(p.begin(), p.end()), torch::kInt64);
-    cursor = 0;
+  }
+
+  // The next training minibatch: inputs and targets.
+  Batch NextBatch() {
+    if (per_epoch != 0 && cursor == per_epoch) {
+      ++epoch;
+      NewEpoch();
+    }
+    ++cursor;
+    const auto step = static_cast<int64_t>(steps++);
+    if (hook) return hook->Train(step, rank, num_workers, o.batch);
+    const torch::Tensor idx = order.slice(0, int64_t{cursor - 1} * o.batch,
+                                          int64_t{cursor} * o.batch);
+    return {shard_images.index_select(0, idx),
+            shard_labels.index_select(0, idx)};
   }
 
   // Forward and backward on iteration `it`'s minibatch; leaves the
   // gradients in the parameters' .grad().
   void ForwardBackward(uint64_t /*it*/) {
     if (!bound) throw std::logic_error("training source used before Bind");
-    if (cursor == per_epoch) {
-      ++epoch;
-      NewEpoch();
-    }
-    const torch::Tensor idx = order.slice(0, int64_t{cursor} * o.batch,
-                                          int64_t{cursor + 1} * o.batch);
-    ++cursor;
-    model.module->train();
+    const Batch b = NextBatch();
+    model.set_training(true);
     optimizer->zero_grad();
-    const torch::Tensor logits =
-        model.forward(shard_images.index_select(0, idx));
-    const torch::Tensor loss = torch::nn::functional::cross_entropy(
-        logits, shard_labels.index_select(0, idx));
+    const torch::Tensor logits = model.forward(b.first);
+    CheckLogits(model, b.first, logits, min_classes);
+    const torch::Tensor loss = model.loss(logits, b.second);
     loss.backward();
     batch_loss = loss.item<double>();
     loss_sum += batch_loss;
     ++loss_n;
-    epoch_done = cursor == per_epoch;
+    epoch_done = per_epoch != 0 && cursor == per_epoch;
   }
 
   void AfterStep(uint64_t it) {
@@ -165,7 +199,8 @@ struct TrainingSource::Impl {
   void Finish() {
     if (logged_at == applied && logged_eval) return;
     // A partial epoch at the end is reported as the epoch in progress.
-    Log(completed + (cursor < per_epoch && cursor > 0 ? 1 : 0), true);
+    const bool partial = cursor > 0 && (per_epoch == 0 || cursor < per_epoch);
+    Log(completed + (partial ? 1 : 0), true);
   }
 
   void Log(uint32_t epoch_number, bool evaluate) {
@@ -199,19 +234,85 @@ struct TrainingSource::Impl {
     }
   }
 
-  double Evaluate() {
-    torch::NoGradGuard no_grad;
-    model.module->eval();
-    const int64_t n = test_images.size(0);
-    int64_t correct = 0;
-    for (int64_t b = 0; b < n; b += kEvalBatch) {
-      const int64_t e = std::min<int64_t>(n, b + kEvalBatch);
-      const torch::Tensor pred =
-          model.forward(test_images.slice(0, b, e)).argmax(1);
-      correct += pred.eq(test_labels.slice(0, b, e)).sum().item<int64_t>();
+  // Fashion-MNIST: this worker's shard of the training set.
+  void TakeShard() {
+    const std::vector<uint32_t> indices = ShardIndices(
+        raw_train.images.count, rank, num_workers, o.seed, train_total);
+    if (indices.size() < o.batch) {
+      throw std::runtime_error(
+          "worker " + std::to_string(rank) + "'s shard holds " +
+          std::to_string(indices.size()) + " images, fewer than --batch=" +
+          std::to_string(o.batch) + ": use fewer workers or a smaller batch");
     }
-    model.module->train();
-    accuracy = static_cast<double>(correct) / static_cast<double>(n);
+    const Dataset d = Normalize(raw_train, indices);
+    raw_train = RawSplit{};  // the shard is all this worker needs now
+    shard_images = ImagesTensor(d);
+    shard_labels = LabelsTensor(d);
+    shard = d.count;
+    per_epoch = shard / o.batch;
+  }
+
+  // Reads everything now, and runs the model once on the data: a bad
+  // dataset, hook or model must stop the worker before it joins, not in
+  // the middle of the job.
+  void LoadData() {
+    if (o.data != kFashionMnistData) {
+      hook = std::make_unique<DataHook>(o.data);
+      min_classes = 1;  // the hook's targets say how many there are
+      // Rank 0 of 1 until Bind: the first batch any worker could see.
+      const Batch probe = hook->Train(0, 0, 1, o.batch);
+      ProbeModel(model, probe.first, probe.second, min_classes,
+                 "--data=" + o.data);
+      return;
+    }
+    raw_train = LoadRawSplit(o.data_dir, Split::kTrain);
+    train_total = raw_train.images.count;
+    if (o.max_train != 0) train_total = std::min(train_total, o.max_train);
+    RawSplit test = LoadRawSplit(o.data_dir, Split::kTest);
+    std::vector<uint32_t> first(std::min(o.max_eval, test.images.count));
+    for (uint32_t i = 0; i < first.size(); ++i) first[i] = i;
+    const Dataset t = Normalize(test, first);
+    test_images = ImagesTensor(t);
+    test_labels = LabelsTensor(t);
+    const int64_t k = std::min<int64_t>(2, test_images.size(0));
+    ProbeModel(model, test_images.slice(0, 0, k), test_labels.slice(0, 0, k),
+               min_classes, "Fashion-MNIST");
+  }
+
+  double Evaluate() {
+    if (hook && !hook->has_eval()) {
+      return accuracy = std::numeric_limits<double>::quiet_NaN();
+    }
+    torch::NoGradGuard no_grad;
+    model.set_training(false);
+    int64_t n = 0, correct = 0;
+    // Up to max_eval test inputs, in batches of kEvalBatch (a hook's last
+    // ones may be shorter, and it may end earlier with an empty batch).
+    for (int64_t index = 0; n < o.max_eval; ++index) {
+      const int64_t want = std::min<int64_t>(kEvalBatch, o.max_eval - n);
+      Batch b;
+      if (hook) {
+        b = hook->Eval(index, want);
+        if (b.first.dim() == 0 || b.first.size(0) == 0) break;
+      } else {
+        if (n >= test_images.size(0)) break;
+        const int64_t e = std::min<int64_t>(test_images.size(0), n + want);
+        b = {test_images.slice(0, n, e), test_labels.slice(0, n, e)};
+      }
+      const int64_t rows = std::min<int64_t>(b.first.size(0), want);
+      const torch::Tensor pred = model.forward(b.first).argmax(1);
+      // Class-probability targets [N, C] count their most likely class.
+      const torch::Tensor y =
+          b.second.dim() == 2 ? b.second.argmax(1) : b.second;
+      correct += pred.slice(0, 0, rows)
+                     .eq(y.slice(0, 0, rows).to(torch::kInt64))
+                     .sum()
+                     .item<int64_t>();
+      n += rows;
+    }
+    model.set_training(true);
+    accuracy = n == 0 ? std::numeric_limits<double>::quiet_NaN()
+                      : static_cast<double>(correct) / static_cast<double>(n);
     return accuracy;
   }
 };
@@ -222,26 +323,20 @@ TrainingSource::TrainingSource(const TrainingOptions& o)
   Impl& s = *impl_;
   s.o = o;
   torch::set_num_threads(static_cast<int>(o.threads));
-  s.model = MakeModel(o.model, o.seed);
-  for (const auto& item : s.model.module->named_parameters(true)) {
-    s.names.push_back(item.key());
-    s.params.push_back(item.value());
-    s.floats += static_cast<uint64_t>(item.value().numel());
+  // Seeds the built-ins' initialisers; a TorchScript model brings its
+  // weights, and a data hook drawing random numbers gets the same
+  // generator state in every worker.
+  s.model = IsTorchScriptPath(o.model) ? LoadTorchScriptModel(o.model)
+                                       : MakeModel(o.model, o.seed);
+  torch::manual_seed(o.seed);
+  s.names = s.model.names;
+  s.params = s.model.params;
+  for (const torch::Tensor& p : s.params) {
+    s.floats += static_cast<uint64_t>(p.numel());
   }
   s.optimizer = std::make_unique<torch::optim::SGD>(
       s.params, torch::optim::SGDOptions(o.lr).momentum(o.momentum));
-
-  // Read everything now: a bad dataset must stop the worker before it
-  // joins, not in the middle of the job.
-  s.raw_train = LoadRawSplit(o.data_dir, Split::kTrain);
-  s.train_total = s.raw_train.images.count;
-  if (o.max_train != 0) s.train_total = std::min(s.train_total, o.max_train);
-  RawSplit test = LoadRawSplit(o.data_dir, Split::kTest);
-  std::vector<uint32_t> first(std::min(o.max_eval, test.images.count));
-  for (uint32_t i = 0; i < first.size(); ++i) first[i] = i;
-  const Dataset t = Normalize(test, first);
-  s.test_images = ImagesTensor(t);
-  s.test_labels = LabelsTensor(t);
+  s.LoadData();
 
   if (!o.log_dir.empty()) {
     std::error_code ec;
@@ -275,22 +370,14 @@ void TrainingSource::Bind(uint32_t rank, uint32_t num_workers) {
     throw std::invalid_argument("rank " + std::to_string(rank) + " of " +
                                 std::to_string(num_workers) + " workers");
   }
-  const std::vector<uint32_t> indices = ShardIndices(
-      s.raw_train.images.count, rank, num_workers, s.o.seed, s.train_total);
-  if (indices.size() < s.o.batch) {
-    throw std::runtime_error(
-        "worker " + std::to_string(rank) + "'s shard holds " +
-        std::to_string(indices.size()) + " images, fewer than --batch=" +
-        std::to_string(s.o.batch) + ": use fewer workers or a smaller batch");
-  }
-  const Dataset d = Normalize(s.raw_train, indices);
-  s.raw_train = RawSplit{};  // the shard is all this worker needs now
-  s.shard_images = ImagesTensor(d);
-  s.shard_labels = LabelsTensor(d);
-  s.shard = d.count;
-  s.per_epoch = s.shard / s.o.batch;
   s.rank = rank;
   s.num_workers = num_workers;
+  if (s.hook) {
+    s.per_epoch = static_cast<uint32_t>(std::min<int64_t>(
+        s.hook->StepsPerEpoch(num_workers, s.o.batch), UINT32_MAX));
+  } else {
+    s.TakeShard();
+  }
   s.bound = true;
   s.NewEpoch();
   if (!s.o.log_dir.empty()) {
@@ -393,7 +480,9 @@ std::string TrainingSource::Describe() const {
                   " params, batch " + std::to_string(s.o.batch) + ", lr " +
                   FormatDouble(s.o.lr, 4) + ", momentum " +
                   FormatDouble(s.o.momentum, 2);
-  if (s.bound) {
+  if (s.hook) {
+    d += ", data " + s.o.data;
+  } else if (s.bound) {
     d += ", shard " + std::to_string(s.shard) + "/" +
          std::to_string(s.train_total) + " images";
   }

@@ -20,8 +20,13 @@
 
 namespace dblp::training {
 
+inline constexpr char kFashionMnistData[] = "fashion-mnist";
+
 struct TrainingOptions {
-  std::string model = "mlp";  // mlp | cnn | resnet
+  // mlp | cnn | resnet | a TorchScript file (contract: docs/PYTORCH.md)
+  std::string model = "mlp";
+  // kFashionMnistData (from data_dir) | a TorchScript data hook file
+  std::string data = kFashionMnistData;
   std::string data_dir = kDefaultFashionMnistDir;
   uint32_t batch = 64;
   double lr = 0.05;

@@ -277,6 +277,7 @@ class Writer {
     F64(m.p);
     U64(m.deadline_ns);
     F64(m.min_fraction);
+    U8(m.critical ? 1 : 0);
   }
   void Body(const ProbeMsg& m) {
     U32(m.round);
@@ -484,7 +485,7 @@ class Reader {
     return U32(m.round, "round") && U32(m.iteration, "iteration") &&
            Dir(m.direction, "direction") && F64(m.p, "p") &&
            U64(m.deadline_ns, "deadline_ns") &&
-           F64(m.min_fraction, "min_fraction");
+           F64(m.min_fraction, "min_fraction") && Flag(m.critical, "critical");
   }
   bool Body(ProbeMsg& m) {
     return U32(m.round, "round") && Dir(m.direction, "direction") &&

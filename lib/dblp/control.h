@@ -32,7 +32,7 @@ namespace dblp {
 //    its data source; CHALLENGE, PROOF and TAG are new; WELCOME carries the
 //    worker's pinned IPv4, the frame authentication mode, the job nonce and
 //    a MAC over itself.
-inline constexpr uint16_t kControlVersion = 4;
+inline constexpr uint16_t kControlVersion = 5;
 inline constexpr uint32_t kMaxControlFrame = 1u << 20;  // default decoder limit
 inline constexpr size_t kControlFrameHeader = 4;        // the u32 length
 
@@ -154,6 +154,9 @@ struct RoundBeginMsg {
   double p = 0;  // finite, in [0, 1)
   uint64_t deadline_ns = 0;
   double min_fraction = 0;  // finite, in [0, 1]
+  // The policy's phase (dblp: inside a critical learning regime), so a
+  // worker can report it with its rows (v5).
+  bool critical = false;
   bool operator==(const RoundBeginMsg&) const = default;
 };
 

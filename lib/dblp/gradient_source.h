@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "dblp/control.h"
+#include "dblp/latency_stats.h"
 #include "dblp/synthetic_gradient.h"
 
 namespace dblp {
@@ -37,6 +38,31 @@ class GradientSource {
     std::fill(out.begin(), out.end(), 0.0f);
   }
   virtual void ImportModel(std::span<const float> model) { (void)model; }
+
+  // --- Sources fed by another process (a PyTorch trainer: shm_source.h) ---
+  // The job's re-synchronisation period (WELCOME), after Bind: the trainer
+  // must know which iterations push its parameters instead.
+  virtual void OnJobStart(uint32_t resync_every) { (void)resync_every; }
+  // True: the job runs until AwaitIteration says it ends (--iterations is
+  // ignored), because only the trainer knows how many steps it takes.
+  virtual bool Unbounded() const { return false; }
+  // Blocks until protocol iteration `it`'s input is there (a gradient, or
+  // the parameters when `resync`). False: the trainer ended the job and
+  // no iteration follows. Throws when the trainer failed or went away.
+  virtual bool AwaitIteration(uint64_t it, bool resync) {
+    (void)it;
+    (void)resync;
+    return true;
+  }
+  // What iteration row.iteration delivered, before Apply/ImportModel hand
+  // the mean over (the trainer reads it with the mean).
+  virtual void Observe(const IterationRecord& row) { (void)row; }
+  // The job failed (`why` names the cause): tell whoever waits on us.
+  virtual void Fail(const std::string& why) { (void)why; }
+  // Buffers shared with the trainer: the push sends straight from, and the
+  // broadcast lands straight in, these (no copy). Empty: the engine's own.
+  virtual std::span<float> SharedGradient() { return {}; }
+  virtual std::span<float> SharedMean() { return {}; }
 };
 
 // Gradients whose averaged norm follows `trace` (see synthetic_gradient.h).

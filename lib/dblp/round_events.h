@@ -54,6 +54,7 @@ struct RoundBeginRequest {
   double p = 0;
   uint64_t deadline_ns = 0;  // from the ROUND_BEGIN's arrival; 0 = none
   double min_fraction = 0;
+  bool critical = false;  // the policy's phase, reported with the rows
 };
 // The job is over on this side: BYE (ok) or ERROR with the app's failure
 // text, then close.
@@ -81,6 +82,7 @@ struct RoundBeginEvent {
   double p = 0;
   uint64_t deadline_ns = 0;  // relative; 0 = none
   double min_fraction = 0;
+  bool critical = false;  // the policy's phase (v5), for the worker's rows
 };
 // The peer said BYE: it finished its iterations (server).
 struct PeerByeEvent {
@@ -99,7 +101,7 @@ static_assert(std::is_trivially_copyable_v<ControlRequest>,
               "requests are passed by value through rings");
 static_assert(std::is_trivially_copyable_v<DatapathEvent>,
               "events are passed by value through rings");
-static_assert(sizeof(ControlRequest) <= 40 && sizeof(DatapathEvent) <= 40,
+static_assert(sizeof(ControlRequest) <= 48 && sizeof(DatapathEvent) <= 48,
               "ring elements stay small");
 
 // The helper for std::visit over these variants.

@@ -1,7 +1,8 @@
 // The push direction of DBLP over kernel UDP sockets (UdpSocketPort) and the
 // real TCP control channel (ControlSidecar): the same rounds as the DPDK
 // apps (src/worker_engine.cc, src/server_engine.cc), without DPDK, for a
-// benchmark comparison and as a fallback.
+// benchmark comparison. It is udp_job.h's job without the broadcast, run
+// with a fixed p and a deterministic bench gradient.
 //
 // Each side runs a control sidecar thread and one datapath thread (the
 // caller's). The rounds are the shared sides' (dblp/send_side.h,
@@ -25,6 +26,7 @@
 #include "dblp/bitmap.h"
 #include "dblp/frame_auth.h"
 #include "dblp/job_auth.h"
+#include "udp/udp_job.h"
 
 namespace dblp {
 
@@ -41,21 +43,6 @@ struct UdpRoundRecord {
   uint32_t passes = 0;
   // Chunks the server had when it said STOP, over the round's chunk count.
   double delivered_fraction = 0;
-};
-
-// One push round as the server closed it (one worker's receiver).
-struct UdpServerRound {
-  uint64_t iteration = 0;
-  uint32_t rank = 0;
-  double delivered_fraction = 0;  // at Close, late frames included
-};
-
-// What the server's on_round callback sees after each Finalize. Valid only
-// during the call.
-struct UdpServerRoundView {
-  uint64_t iteration = 0;
-  std::span<const float> mean;
-  std::span<const Bitmap> arrived;  // per worker rank
 };
 
 struct UdpPushServerOptions {
@@ -85,16 +72,8 @@ struct UdpPushServerOptions {
   std::string out_dir;
 };
 
-struct UdpPushServerResult {
-  int exit_code = 0;
-  std::string error;
-  uint32_t chunks = 0;
-  std::vector<UdpServerRound> rounds;
-  // rx_frames, injected_drops, socket_drops, rx_truncated, rcvbuf_bytes,
-  // every receiver verdict by VerdictName (accepted, duplicate,
-  // stale_round, ...) and every decode error as decode_<DecodeStatusName>.
-  std::map<std::string, uint64_t> counters;
-};
+// The job server's result (udp_job.h): rounds, counters, the error.
+using UdpPushServerResult = UdpJobServerResult;
 
 struct UdpPushWorkerOptions {
   JobSecret secret;                       // the server's

@@ -1,0 +1,143 @@
+// Flags of both servers (dblp-server over DPDK, dblp-udp-server over
+// kernel UDP) with the same meaning: the job's size, the tolerance policy,
+// frame tags and limits. Include after job_flags.h (or common_flags.h)
+// from the app's single translation unit.
+#pragma once
+
+#include <gflags/gflags.h>
+
+#include <chrono>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "dblp/control_sidecar.h"
+#include "dblp/frame_auth.h"
+#include "dblp/job_auth.h"
+#include "dblp/tolerance.h"
+#include "job_flags.h"
+
+DEFINE_uint32(workers, 3, "number of workers in the job");
+DEFINE_string(policy, "dblp", "reliable | fixed | dblp | ltp");
+DEFINE_double(p_fixed, 0.008, "fixed (MLT) tolerance");
+DEFINE_double(p_low, 0.008, "dblp: tolerance inside a critical regime");
+DEFINE_double(p_high, 0.408, "dblp: tolerance outside critical regimes");
+DEFINE_uint32(clr_freq, 10,
+              "dblp: check the gradient norm every N "
+              "iterations; a detected regime lasts N iterations");
+DEFINE_double(clr_eta, 0.5,
+              "dblp: relative norm change that means a "
+              "critical regime");
+DEFINE_double(ltp_deadline_factor, 1.5,
+              "ltp: deadline = factor x median "
+              "round time");
+DEFINE_uint32(ltp_window, 16, "ltp: rounds in the median");
+DEFINE_double(ltp_min_fraction, 0.5,
+              "ltp: fraction needed before a "
+              "deadline may close a round");
+DEFINE_string(frame_auth, "header",
+              "tag on every data frame of an "
+              "authenticated job: header (SipHash over the DBLP header: who "
+              "cannot see the job's traffic cannot inject; who can, can "
+              "replace floats) | full (AES-GMAC over header and payload: no "
+              "one without the secret can; costs more, docs/BENCHMARKS.md) | "
+              "none. With --insecure: none");
+DEFINE_uint32(max_gradient_mb, 1024,
+              "refuse workers whose gradient is "
+              "larger (the server keeps about three copies in memory)");
+DEFINE_uint32(join_timeout_ms, 60000,
+              "give up waiting for workers after "
+              "this long");
+// Bounds on what anyone who can reach --listen can make the server hold
+// (dblp::ControlLimits).
+DEFINE_uint32(control_max_connections, 256,
+              "control connections open at once; more are closed at once "
+              "and counted (0 = no limit; else at least --workers)");
+DEFINE_uint32(control_join_deadline_ms, 10000,
+              "close a control connection that has not authenticated "
+              "within this long (0 = never: only on a trusted network)");
+DEFINE_uint32(control_max_untrusted_frame, 64 * 1024,
+              "largest control message (bytes) from a connection that has "
+              "not authenticated yet; raise it if a JOIN with very many "
+              "layers is refused as too large");
+DEFINE_uint32(control_partial_timeout_ms, 5000,
+              "close a control connection whose message stays incomplete "
+              "this long after its first byte (0 = never)");
+DEFINE_uint32(control_idle_timeout_ms, 0,
+              "close a control connection that sends nothing for this long "
+              "(0 = never: workers are quiet while their model computes)");
+
+namespace dblp {
+
+// The policy flags, validated: a bad value ends the app naming the flag.
+inline PolicyConfig PolicyFromFlags() {
+  PolicyConfig p;
+  try {
+    p.kind = ParsePolicyKind(FLAGS_policy);
+    p.p_fixed = FLAGS_p_fixed;
+    p.p_low = FLAGS_p_low;
+    p.p_high = FLAGS_p_high;
+    p.clr.freq = FLAGS_clr_freq;
+    p.clr.eta = FLAGS_clr_eta;
+    p.ltp_deadline_factor = FLAGS_ltp_deadline_factor;
+    p.ltp_window = FLAGS_ltp_window;
+    p.ltp_min_fraction = FLAGS_ltp_min_fraction;
+    ValidatePolicyConfig(p);
+  } catch (const std::invalid_argument& e) {
+    FlagError(e.what());
+  }
+  return p;
+}
+
+// --frame_auth for a job run with `secret`: an insecure job has no key, so
+// it tags nothing (said as an error if --frame_auth was asked for).
+inline FrameAuthMode FrameAuthFromFlags(const JobSecret& secret) {
+  FrameAuthMode mode = FrameAuthMode::kHeader;
+  if (!ParseFrameAuthMode(FLAGS_frame_auth, &mode)) {
+    FlagError("--frame_auth=" + FLAGS_frame_auth +
+              ": use header, full or none");
+  }
+  if (secret.insecure() && mode != FrameAuthMode::kNone) {
+    if (!gflags::GetCommandLineFlagInfoOrDie("frame_auth").is_default) {
+      FlagError("--frame_auth=" + FLAGS_frame_auth +
+                " needs a key: give --secret_file instead of --insecure");
+    }
+    mode = FrameAuthMode::kNone;
+  }
+  return mode;
+}
+
+inline uint64_t MaxGradientBytesFromFlags() {
+  if (FLAGS_max_gradient_mb == 0) FlagError("--max_gradient_mb must be >= 1");
+  return uint64_t{FLAGS_max_gradient_mb} << 20;
+}
+
+// The control port's limits (dblp::ControlLimits), checked against
+// --workers.
+inline ControlLimits ControlLimitsFromFlags() {
+  if (FLAGS_control_max_connections != 0 &&
+      FLAGS_control_max_connections < FLAGS_workers) {
+    FlagError("--control_max_connections=" +
+              std::to_string(FLAGS_control_max_connections) +
+              " leaves no room for --workers=" + std::to_string(FLAGS_workers) +
+              ": use at least --workers (or 0 for no limit)");
+  }
+  // The smallest JOIN (no layers, a short name) is about 100 bytes; below
+  // 1 KiB a worker could not even join.
+  if (FLAGS_control_max_untrusted_frame < 1024 ||
+      FLAGS_control_max_untrusted_frame > kMaxControlFrame) {
+    FlagError("--control_max_untrusted_frame=" +
+              std::to_string(FLAGS_control_max_untrusted_frame) +
+              ": use 1024.." + std::to_string(kMaxControlFrame));
+  }
+  ControlLimits l;
+  l.max_connections = FLAGS_control_max_connections;
+  l.join_deadline = std::chrono::milliseconds(FLAGS_control_join_deadline_ms);
+  l.max_untrusted_frame = FLAGS_control_max_untrusted_frame;
+  l.partial_message_timeout =
+      std::chrono::milliseconds(FLAGS_control_partial_timeout_ms);
+  l.idle_timeout = std::chrono::milliseconds(FLAGS_control_idle_timeout_ms);
+  return l;
+}
+
+}  // namespace dblp

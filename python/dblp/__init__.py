@@ -1,0 +1,392 @@
+"""dblp: PyTorch training over DBLP (bounded-loss, phase-aware gradient
+exchange with a parameter server).
+
+A training process gets a ``dblp.Worker``; the worker starts a poll-mode
+``dblp-worker`` (DPDK, its own lcore) or ``dblp-udp-worker`` (kernel UDP,
+``transport="udp"``) and hands it each gradient over POSIX shared memory:
+the push reads the frames straight from ``worker.gradient`` and the mean
+lands straight in ``worker.mean``; a futex per direction wakes the other
+side. See docs/PYTORCH.md.
+
+    w = dblp.Worker(server="127.0.0.1:9100", model=model,
+                    secret_file="job.secret", memif_socket="/run/dblp/w0.sock")
+    ddp.register_comm_hook(w, dblp.torch.comm_hook)   # DDP
+    info = w.allreduce_(flat_grad)                    # or by hand
+"""
+
+import atexit
+import itertools
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import weakref
+
+from . import _native
+from ._launch import LocalServer, find_app, worker_command  # noqa: F401
+
+__all__ = ["Worker", "DblpError", "LocalServer", "find_app"]
+
+_SLICE_MS = 100
+_names = itertools.count()
+
+
+class DblpError(RuntimeError):
+    """The DBLP job failed; the message names the cause (and the fix)."""
+
+
+def _torch():
+    import torch  # late: the package imports without torch for tooling
+
+    return torch
+
+
+def _layers_of(named_params):
+    return [(name[:55], int(p.numel())) for name, p in named_params]
+
+
+class Worker:
+    """One training process's DBLP worker.
+
+    server:       dblp-server's (or dblp-udp-server's) control address.
+    model:        an nn.Module (or DDP's): the gradient is its parameters with
+                  requires_grad, flattened in named_parameters() order; also
+                  used for the server's parameter re-synchronisation.
+    floats:       the gradient size when there is no model (no resync then).
+    transport:    "dpdk" (dblp-worker, poll-mode) or "udp" (dblp-udp-worker,
+                  kernel sockets: where DPDK cannot run).
+    memif_socket: dpdk: join a local memif cluster through this socket (the
+                  EAL options are built for you); or give `eal` yourself.
+    eal:          dpdk: EAL arguments (e.g. ["-l", "1", "-a", "0000:3b:00.0"]).
+    secret_file / insecure: the job secret (docs/SECURITY.md).
+    worker_flags: extra dblp-worker flags (e.g. ["--bcast_fill=prev"]).
+    out_dir:      the worker's rows (iterations.jsonl) and its log.
+    shm:          create the hand-off under this name and start no process:
+                  start `dblp-worker --gradient=shm --shm=NAME` yourself
+                  (e.g. as root, under systemd) once this constructor runs;
+                  it waits join_timeout seconds for the join.
+    """
+
+    def __init__(self, server="127.0.0.1:9100", *, model=None, floats=None,
+                 transport="dpdk", memif_socket=None, eal=None,
+                 secret_file=None, insecure=False, name=None, worker_flags=(),
+                 out_dir=None, shm=None, join_timeout=60.0,
+                 answer_timeout=300.0, lcore=None):
+        torch = _torch()
+        if transport not in ("dpdk", "udp"):
+            raise ValueError(f"transport={transport!r}: use 'dpdk' or 'udp'")
+        self._model = model
+        params = self._params()
+        if params is not None:
+            layers = _layers_of(params)
+            n = sum(f for _, f in layers)
+            if floats is not None and floats != n:
+                raise ValueError(f"floats={floats}, but the model has {n} "
+                                 "trainable floats: drop floats=")
+            floats = n
+        else:
+            layers = []
+        if not floats or floats <= 0:
+            raise ValueError("give model= (an nn.Module) or floats=N")
+        if not insecure and not secret_file and shm is None:
+            raise ValueError("give secret_file= (the job secret, 0600) or "
+                             "insecure=True (docs/SECURITY.md)")
+        self.name = name or f"trainer-{os.getpid()}"
+        self.transport = transport
+        self.answer_timeout = answer_timeout
+        self.history = []      # one info dict per exchange
+        self._proc = None
+        self._log_path = None
+        self._closed = False
+        self._iteration = 0    # protocol iteration (resyncs included)
+        self._bucket_offset = 0
+        self._pending = []
+        shm_name = shm or f"/dblp-{os.getpid()}-{next(_names)}"
+        self._ch = _native.Channel(shm_name, floats, layers)
+        self._owner = True
+        try:
+            self.gradient = torch.frombuffer(self._ch.gradient(),
+                                             dtype=torch.float32)
+            self.mean = torch.frombuffer(self._ch.mean(), dtype=torch.float32)
+            if shm is None:
+                self._spawn(server, transport, memif_socket, eal, secret_file,
+                            insecure, list(worker_flags), out_dir, lcore)
+            self._await_join(join_timeout)
+        except BaseException:
+            self._teardown()
+            raise
+        # A script that never calls close() still ends the job cleanly
+        # (BYE): otherwise the server would count it as lost.
+        ref = weakref.ref(self)
+        atexit.register(lambda: ref() is not None and ref()._close_quietly())
+
+    # ---- set-up --------------------------------------------------------
+    def _params(self):
+        if self._model is None:
+            return None
+        module = getattr(self._model, "module", self._model)  # DDP wraps
+        return [(n, p) for n, p in module.named_parameters()
+                if p.requires_grad]
+
+    def _spawn(self, server, transport, memif_socket, eal, secret_file,
+               insecure, worker_flags, out_dir, lcore):
+        cmd = worker_command(
+            transport, server=server, shm=self._ch.name, name=self.name,
+            memif_socket=memif_socket, eal=eal, secret_file=secret_file,
+            insecure=insecure, out_dir=out_dir, extra=worker_flags,
+            lcore=lcore)
+        log_dir = out_dir or tempfile.mkdtemp(prefix="dblp-worker-")
+        os.makedirs(log_dir, exist_ok=True)
+        self._log_path = os.path.join(log_dir, f"{self.name}.log")
+        self.command = cmd
+        with open(self._log_path, "wb") as log:
+            self._proc = subprocess.Popen(cmd, stdout=log,
+                                          stderr=subprocess.STDOUT,
+                                          stdin=subprocess.DEVNULL)
+
+    def _log_tail(self, lines=8):
+        if not self._log_path or not os.path.exists(self._log_path):
+            return ""
+        with open(self._log_path, "rb") as f:
+            tail = f.read().decode(errors="replace").strip().splitlines()
+        return "\n  ".join(tail[-lines:])
+
+    def _worker_gone(self):
+        """Why the dblp-worker cannot answer any more, or None."""
+        if self._proc is not None:
+            rc = self._proc.poll()
+            if rc is None:
+                return None
+            return (f"dblp-worker ({self.name}) exited with code {rc}; its "
+                    f"log ({self._log_path}) ends:\n  {self._log_tail()}")
+        pid = self._ch.worker_pid
+        if pid and not _native.process_alive(pid):
+            return f"dblp-worker (pid {pid}) is gone"
+        return None
+
+    def _failure(self):
+        if self._ch.state == _native.STATE_FAILED:
+            return f"dblp-worker ({self.name}) failed: {self._ch.error}"
+        return self._worker_gone()
+
+    def _await_join(self, timeout):
+        deadline = time.monotonic() + timeout
+        while self._ch.state == _native.STATE_STARTING:
+            self._ch.wait_state(_native.STATE_STARTING, _SLICE_MS)
+            why = self._worker_gone()
+            if why and self._ch.state == _native.STATE_STARTING:
+                raise DblpError(why)
+            if time.monotonic() > deadline:
+                raise DblpError(
+                    f"dblp-worker ({self.name}) did not join within "
+                    f"{timeout:.0f} s (is the server up and expecting this "
+                    f"many workers?); log:\n  {self._log_tail()}")
+        if self._ch.state != _native.STATE_JOINED:
+            raise DblpError(self._failure() or "dblp-worker ended at join")
+        self.rank = self._ch.rank
+        self.num_workers = self._ch.num_workers
+        self.resync_every = self._ch.resync_every
+
+    # ---- the exchange --------------------------------------------------
+    def _is_resync(self, it):
+        k = self.resync_every
+        return k != 0 and (it + 1) % (k + 1) == 0
+
+    def _post_and_wait(self, kind):
+        if self._closed:
+            raise DblpError("this dblp.Worker is closed")
+        it = self._iteration
+        seen = self._ch.answers
+        self._ch.post(kind, it)
+        deadline = time.monotonic() + self.answer_timeout
+        while not self._ch.wait_answer(seen, _SLICE_MS):
+            why = self._worker_gone()
+            if why:
+                raise DblpError(why)
+            if time.monotonic() > deadline:
+                raise DblpError(
+                    f"no mean for iteration {it} in {self.answer_timeout:.0f}"
+                    " s (another worker stalled? raise answer_timeout=)")
+        woke = _native.monotonic_ns()
+        why = self._failure() if self._ch.state != _native.STATE_JOINED \
+            else None
+        if why:
+            raise DblpError(why)
+        info = self._ch.info()
+        if info["iteration"] != it:
+            raise DblpError(f"dblp-worker answered iteration "
+                            f"{info['iteration']} for {it}")
+        info["rank"] = self.rank
+        info["trainer_wake_ns"] = woke
+        # Both wake-ups: trainer -> worker, and worker -> trainer.
+        info["handoff_us"] = ((info["worker_wake_ns"] -
+                               info["trainer_post_ns"]) +
+                              (woke - info["worker_post_ns"])) / 1e3
+        self._iteration += 1
+        self.history.append(info)
+        return info
+
+    def _resync(self):
+        """The server's parameter re-synchronisation: push the parameters,
+        load the average. The gradient already in place is kept aside."""
+        torch = _torch()
+        params = self._params()
+        if params is None:
+            raise DblpError(
+                f"the server re-synchronises parameters every "
+                f"{self.resync_every} steps, and this Worker has no model: "
+                "give dblp.Worker(model=...), or run the server with "
+                "--resync_every=0")
+        saved = self.gradient.clone()
+        with torch.no_grad():
+            # Copies, never views: a parameter must not alias the mean,
+            # which the next exchange overwrites.
+            off = 0
+            for _, p in params:
+                n = p.numel()
+                self.gradient[off:off + n].copy_(p.reshape(-1))
+                off += n
+            self._post_and_wait(_native.POST_MODEL)
+            off = 0
+            for _, p in params:
+                n = p.numel()
+                p.copy_(self.mean[off:off + n].view_as(p))
+                off += n
+            self.gradient.copy_(saved)
+
+    def exchange(self):
+        """Push what is in `self.gradient`, return `self.mean` (a view:
+        valid until the next exchange) and the iteration's info dict
+        (delivered_fraction, p, critical, send_latency_us, handoff_us, ...).
+        No copy on either side: write the gradient into self.gradient."""
+        if self._is_resync(self._iteration):
+            self._resync()
+        info = self._post_and_wait(_native.POST_GRADIENT)
+        return self.mean, info
+
+    def allreduce_(self, tensor):
+        """Replace `tensor` (float32, CPU, as many elements as the
+        gradient) by the DBLP mean of every worker's; returns the info.
+        One copy each way unless `tensor` is self.gradient."""
+        torch = _torch()
+        flat = self._check(tensor)
+        if flat.data_ptr() != self.gradient.data_ptr():
+            self.gradient.copy_(flat)
+        _, info = self.exchange()
+        with torch.no_grad():
+            flat.copy_(self.mean)
+        return info
+
+    def _check(self, tensor):
+        torch = _torch()
+        if tensor.device.type != "cpu" or tensor.dtype != torch.float32:
+            raise TypeError("dblp moves float32 CPU tensors (got "
+                            f"{tensor.dtype} on {tensor.device}); see "
+                            "docs/PYTORCH.md for GPUs")
+        if tensor.numel() != self.gradient.numel():
+            raise ValueError(f"tensor of {tensor.numel()} floats; this job "
+                             f"moves {self.gradient.numel()}")
+        if not tensor.is_contiguous():
+            raise ValueError("give a contiguous tensor")
+        return tensor.view(-1)
+
+    # ---- DDP buckets (dblp.torch.comm_hook) ----------------------------
+    def push_bucket(self, flat, is_last):
+        """Stage one DDP bucket at the next offset; the last bucket of the
+        step runs the exchange. Returns a Future completed with the
+        bucket's slice of the mean."""
+        torch = _torch()
+        n = flat.numel()
+        off = self._bucket_offset
+        if off + n > self.gradient.numel():
+            raise DblpError(f"the buckets hold more than the gradient's "
+                            f"{self.gradient.numel()} floats: give "
+                            "dblp.Worker the same model as DDP")
+        t0 = time.perf_counter()
+        self.gradient[off:off + n].copy_(flat.view(-1))
+        self._copy_s = getattr(self, "_copy_s", 0.0) + time.perf_counter() - t0
+        fut = torch.futures.Future()
+        self._pending.append((fut, off, n))
+        self._bucket_offset += n
+        if not is_last:
+            return fut
+        pending, self._pending, self._bucket_offset = self._pending, [], 0
+        try:
+            if off + n != self.gradient.numel():
+                raise DblpError(f"DDP's buckets hold {off + n} floats, the "
+                                f"gradient {self.gradient.numel()}: give "
+                                "dblp.Worker the same model as DDP")
+            _, info = self.exchange()
+            info["copy_in_us"] = self._copy_s * 1e6
+            self._copy_s = 0.0
+        except Exception as e:
+            for f, _, _ in pending:
+                f.set_exception(e)
+            raise
+        for f, o, k in pending:
+            f.set_result(self.mean[o:o + k])
+        return fut
+
+    # ---- the end ---------------------------------------------------------
+    def close(self, timeout=30.0):
+        """End the job for this worker (BYE) and wait for its dblp-worker.
+        Raises DblpError if it failed."""
+        if self._closed:
+            return
+        why = None
+        if self._ch.state == _native.STATE_JOINED:
+            self._ch.post(_native.POST_END, self._iteration)
+            deadline = time.monotonic() + timeout
+            while self._ch.state == _native.STATE_JOINED and \
+                    time.monotonic() < deadline and not self._worker_gone():
+                self._ch.wait_state(_native.STATE_JOINED, _SLICE_MS)
+            if self._ch.state == _native.STATE_FAILED:
+                why = self._failure()
+        if self._proc is not None:
+            try:
+                rc = self._proc.wait(timeout=timeout)
+                if rc != 0 and why is None:
+                    why = self._worker_gone()
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+                why = why or f"dblp-worker ({self.name}) did not exit"
+        self._teardown()
+        if why:
+            raise DblpError(why)
+
+    def _close_quietly(self):
+        try:
+            self.close()
+        except DblpError as e:
+            print(f"dblp: {e}", file=sys.stderr)
+
+    def _teardown(self):
+        self._closed = True
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        if self._owner and self._ch is not None:
+            self._ch.unlink()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.close()
+        else:
+            self._teardown()
+        return False
+
+    def __del__(self):
+        try:
+            if not self._closed:
+                self._teardown()
+        except Exception:
+            pass
