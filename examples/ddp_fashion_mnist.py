@@ -188,6 +188,8 @@ def summarize(args, results, wall_s):
          "model": args.model, "seed": args.seed,
          "iteration_ms_mean": 1e3 * sum(per_it) / max(1, len(per_it)),
          "iteration_ms_p50": 1e3 * median(per_it),
+         "iteration_ms_p99": 1e3 * sorted(per_it)[int(0.99 * (len(per_it) - 1))],
+         "iteration_ms_max": 1e3 * max(per_it),
          "loss_first": sum(mean_loss[:k]) / k,
          "loss_last": sum(mean_loss[-k:]) / k,
          "test_accuracy": r0.get("test_accuracy"), "wall_s": wall_s}

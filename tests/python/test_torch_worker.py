@@ -76,7 +76,15 @@ def exact_trainer(rank, kw, q, n, iterations, zero_copy):
         got = []
         for it in range(iterations):
             g = contribution(n, it, w.rank)
-            if zero_copy:
+            if zero_copy == "buckets":
+                # The comm hook's path: three buckets of a step, each
+                # future completing with its slice of the mean.
+                cuts = [0, n // 5, n // 2, n]
+                futs = [w.push_bucket(g[a:b].clone(), b == n)
+                        for a, b in zip(cuts, cuts[1:])]
+                mean = torch.cat([f.wait() for f in futs])
+                got.append((mean.clone(), w.history[-1]))
+            elif zero_copy:
                 w.gradient.copy_(g)
                 mean, info = w.exchange()
                 got.append((mean.clone(), info))
@@ -90,7 +98,8 @@ def exact_trainer(rank, kw, q, n, iterations, zero_copy):
 
 
 @pytest.mark.parametrize("transport,zero_copy",
-                         [("dpdk", False), ("dpdk", True), ("udp", False)])
+                         [("dpdk", False), ("dpdk", True), ("dpdk", "buckets"),
+                          ("udp", False)])
 def test_exact_mean_three_trainers(transport, zero_copy):
     if transport == "udp":
         skip_without("dblp-udp-worker")
