@@ -17,10 +17,9 @@
 
 #include "dblp/chunking.h"
 #include "dblp/gradient_source.h"
-#include "dblp/loss_fill.h"
-#include "dblp/shm_source.h"
 #include "job_flags.h"
 #include "udp/udp_job.h"
+#include "worker_flags.h"
 
 DEFINE_string(server, "127.0.0.1:9100",
               "dblp-udp-server's control address (ip:port)");
@@ -29,61 +28,25 @@ DEFINE_string(data, "0.0.0.0:0",
               "the server pins the address our control connection comes "
               "from)");
 DEFINE_string(name, "", "worker name shown by the server (default: pid)");
-DEFINE_uint32(iterations, 100, "training iterations");
 DEFINE_string(gradient, "synthetic",
               "synthetic | integer (exact test values) | shm (a PyTorch "
               "trainer posts each gradient over --shm: python/dblp, "
               "docs/PYTORCH.md)");
-DEFINE_string(shm, "",
-              "shm: the trainer's shared-memory object (e.g. /dblp-w0); "
-              "dblp.Worker creates it and starts this process");
-DEFINE_uint32(shm_idle_timeout_ms, 0,
-              "shm: fail when the trainer, still alive, posts nothing for "
-              "this long (0: wait while it lives)");
 DEFINE_uint64(floats, 262144, "gradient size in float32 values");
-DEFINE_string(norm_jumps, "",
-              "synthetic: iterations where the gradient norm jumps (phase "
-              "changes for the CLR detector)");
-DEFINE_uint32(jump_length, 10, "synthetic: iterations a norm jump lasts");
 DEFINE_string(bcast_fill, "zero",
               "fill of chunks missing from the broadcast: zero | prev");
-DEFINE_uint32(join_timeout_ms, 30000, "give up joining after this long");
 DEFINE_int32(cpu, -1, "pin the datapath thread to this CPU (-1: none)");
 
 namespace {
 
 // --gradient and its flags; a bad combination exits 2 naming the fix.
 std::unique_ptr<dblp::GradientSource> SourceFromFlags() {
-  const bool shm = FLAGS_gradient == "shm";
-  if (shm != !FLAGS_shm.empty()) {
-    dblp::FlagError(shm ? "--gradient=shm needs --shm=NAME (the trainer's "
-                          "object, e.g. /dblp-w0)"
-                        : "--shm only applies to --gradient=shm");
+  std::unique_ptr<dblp::GradientSource> source = dblp::WorkerSourceFromFlags();
+  if (!source) {
+    dblp::FlagError("--gradient=" + FLAGS_gradient +
+                    ": use synthetic, integer or shm");
   }
-  if (shm && (!gflags::GetCommandLineFlagInfoOrDie("floats").is_default ||
-              !gflags::GetCommandLineFlagInfoOrDie("iterations").is_default)) {
-    dblp::FlagError(
-        "--gradient=shm: the trainer sets the gradient size and the number "
-        "of steps; drop --floats and --iterations");
-  }
-  if (!shm && FLAGS_floats == 0) dblp::FlagError("--floats must be >= 1");
-  if (FLAGS_gradient == "synthetic") {
-    dblp::NormTrace trace;
-    try {
-      trace.jumps = dblp::ParseIterationList(FLAGS_norm_jumps);
-    } catch (const std::invalid_argument& e) {
-      dblp::FlagError(std::string("--norm_jumps: ") + e.what());
-    }
-    trace.jump_length = FLAGS_jump_length;
-    return dblp::MakeSyntheticSource(FLAGS_floats, FLAGS_seed, trace);
-  }
-  if (FLAGS_gradient == "integer") return dblp::MakeIntegerSource(FLAGS_floats);
-  if (shm) {
-    // Throws naming the fix (no such object, a trainer of another build).
-    return dblp::OpenShmSource(FLAGS_shm, FLAGS_shm_idle_timeout_ms);
-  }
-  dblp::FlagError("--gradient=" + FLAGS_gradient +
-                  ": use synthetic, integer or shm");
+  return source;
 }
 
 dblp::UdpJobWorkerOptions OptionsFromFlags() {
@@ -97,11 +60,7 @@ dblp::UdpJobWorkerOptions OptionsFromFlags() {
   o.iterations = FLAGS_iterations;
   o.seed = FLAGS_seed;
   o.send_order = dblp::SendOrderFromFlags();
-  try {
-    o.bcast_fill = dblp::ParseFillMode(FLAGS_bcast_fill);
-  } catch (const std::invalid_argument& e) {
-    dblp::FlagError(std::string("--bcast_fill: ") + e.what());
-  }
+  o.bcast_fill = dblp::BcastFillFromFlags();
   dblp::LossFromFlags();  // exits naming the flag when the spec is bad
   o.loss = FLAGS_loss;
   o.bursts = dblp::BurstsFromFlags();

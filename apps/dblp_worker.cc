@@ -9,9 +9,9 @@
 
 #include "common_flags.h"
 #include "dblp/gradient_source.h"
-#include "dblp/shm_source.h"
 #include "eal_app.h"
 #include "worker_engine.h"
+#include "worker_flags.h"
 #ifdef DBLP_WITH_TRAINING
 #include "training/training_source.h"
 #endif
@@ -25,26 +25,15 @@ DEFINE_string(local_ip, "",
 DEFINE_string(eth_peer, "",
               "MAC to send data frames to (default: the "
               "server's, from WELCOME)");
-DEFINE_uint32(iterations, 100, "training iterations");
 DEFINE_string(gradient, "synthetic",
               "synthetic | integer (exact test "
               "values) | train (a Fashion-MNIST model, libtorch; the job "
               "seed is --seed, the same on every worker) | shm (a PyTorch "
               "trainer posts each gradient over --shm: python/dblp, "
               "docs/PYTORCH.md)");
-DEFINE_string(shm, "",
-              "shm: the trainer's shared-memory object (e.g. /dblp-w0); "
-              "dblp.Worker creates it and starts this process");
-DEFINE_uint32(shm_idle_timeout_ms, 0,
-              "shm: fail when the trainer, still alive, posts "
-              "nothing for this long (0: wait while it lives)");
 DEFINE_uint64(floats, 262144,
               "gradient size in float32 values (e.g. "
               "25557032 for ResNet-50)");
-DEFINE_string(norm_jumps, "",
-              "synthetic: iterations where the gradient "
-              "norm jumps (phase changes for the CLR detector)");
-DEFINE_uint32(jump_length, 10, "synthetic: iterations a norm jump lasts");
 DEFINE_string(bcast_fill, "zero",
               "fill of chunks missing from the "
               "broadcast: zero | prev (keep zero with a server running "
@@ -87,7 +76,6 @@ DEFINE_uint32(max_eval, 10000, "train: test images used for the accuracy");
 DEFINE_uint32(max_train, 0,
               "train: use only this many training images "
               "(before sharding; 0 = all 60000): short epochs for smoke runs");
-DEFINE_uint32(join_timeout_ms, 30000, "give up joining after this long");
 DEFINE_uint32(hostile_per_round, 0,
               "test hook: forged frames sent at the "
               "server each round (stale, foreign, future, badly tagged, from "
@@ -109,11 +97,7 @@ int main(int argc, char** argv) {
   o.eth_peer = FLAGS_eth_peer;
   o.iterations = FLAGS_iterations;
   o.dp = dblp::DatapathOptionsFromFlags();
-  try {
-    o.bcast_fill = dblp::ParseFillMode(FLAGS_bcast_fill);
-  } catch (const std::invalid_argument& e) {
-    dblp::FlagError(std::string("--bcast_fill: ") + e.what());
-  }
+  o.bcast_fill = dblp::BcastFillFromFlags();
   o.join_timeout_ms = FLAGS_join_timeout_ms;
   o.hostile_per_round = FLAGS_hostile_per_round;
   o.secret = dblp::JobSecretFromFlags("dblp-worker");
@@ -129,18 +113,6 @@ int main(int argc, char** argv) {
                       " only applies to --gradient=train");
     }
   }
-  const bool shm = FLAGS_gradient == "shm";
-  if (shm != !FLAGS_shm.empty()) {
-    dblp::FlagError(shm ? "--gradient=shm needs --shm=NAME (the trainer's "
-                          "object, e.g. /dblp-w0)"
-                        : "--shm only applies to --gradient=shm");
-  }
-  if (shm && (!gflags::GetCommandLineFlagInfoOrDie("floats").is_default ||
-              !gflags::GetCommandLineFlagInfoOrDie("iterations").is_default)) {
-    dblp::FlagError(
-        "--gradient=shm: the trainer sets the gradient size and the number "
-        "of steps; drop --floats and --iterations");
-  }
   if (train && !gflags::GetCommandLineFlagInfoOrDie("floats").is_default) {
     dblp::FlagError(
         "--floats: with --gradient=train the model sets the "
@@ -149,16 +121,8 @@ int main(int argc, char** argv) {
 
   std::unique_ptr<dblp::GradientSource> source;
   try {
-    if (FLAGS_gradient == "synthetic") {
-      dblp::NormTrace trace;
-      trace.jumps = dblp::ParseIterationList(FLAGS_norm_jumps);
-      trace.jump_length = FLAGS_jump_length;
-      source = dblp::MakeSyntheticSource(FLAGS_floats, FLAGS_seed, trace);
-    } else if (FLAGS_gradient == "integer") {
-      source = dblp::MakeIntegerSource(FLAGS_floats);
-    } else if (shm) {
-      source = dblp::OpenShmSource(FLAGS_shm, FLAGS_shm_idle_timeout_ms);
-    } else if (train) {
+    source = dblp::WorkerSourceFromFlags();  // synthetic, integer or shm
+    if (!source && train) {
 #ifdef DBLP_WITH_TRAINING
       dblp::training::TrainingOptions t;
       t.model = FLAGS_model;
@@ -183,7 +147,7 @@ int main(int argc, char** argv) {
           "then reconfigure and rebuild: meson setup --reconfigure build "
           "-Dtraining=enabled && ninja -C build");
 #endif
-    } else {
+    } else if (!source) {
       dblp::FlagError("--gradient=" + FLAGS_gradient +
                       ": use synthetic, integer, train or shm");
     }

@@ -9,8 +9,8 @@ requires_grad, in named_parameters() order. Contract: docs/PYTORCH.md.
   /usr/bin/python3 examples/torchscript_model.py /tmp/cnn.pt
   dblp-worker ... -- --gradient=train --model=/tmp/cnn.pt ...
 
-The same SmallCnn (and an example data hook) is written by
-tools/make-torchscript-example.py, which the tests use.
+tools/make-torchscript-example.py, which the tests use, imports this
+SmallCnn (and adds a label-smoothing variant and an example data hook).
 """
 
 import sys

@@ -9,6 +9,12 @@
 #include <variant>
 
 namespace dblp {
+namespace {
+// A worker with nothing sent may be waiting for its trainer.
+constexpr const char* kPauseHint =
+    " (a worker that sent nothing may be waiting for its trainer: a pause "
+    "between steps, e.g. an evaluation, needs a larger --round_timeout_ms)";
+}  // namespace
 
 // ---- JobSync ----------------------------------------------------------------
 
@@ -444,6 +450,7 @@ bool ServerLcore::RunUntil(Done done, bool broadcasting,
                        workers_[w]->push_stop.Received(PushRound(iteration_))) +
                    "/" + std::to_string(setup_.layout->num_chunks());
           }
+          why += kPauseHint;
         }
         job_.Fail(why);
         return false;

@@ -668,6 +668,25 @@ TEST(ControlSidecar, ConnectToClosedPortTimesOutWithClearError) {
   EXPECT_NE(err.find("refused"), std::string::npos) << err;
 }
 
+// dblp-udp-worker and dblp-udp-server: the fixes name their server and its
+// --control, not dblp-server's --listen.
+TEST(ControlSidecar, ErrorsNameTheCallersServerApp) {
+  const ServerApp udp{"dblp-udp-server", "--control"};
+  Node n;
+  ConnId id = 0;
+  std::string err;
+  EXPECT_FALSE(n.sc().Connect(Addr(ClosedPort()), 0, &id, &err, udp));
+  EXPECT_NE(err.find("dblp-udp-server"), std::string::npos) << err;
+  EXPECT_NE(err.find("--control"), std::string::npos) << err;
+  EXPECT_EQ(err.find("--listen"), std::string::npos) << err;
+  Node a, b;
+  ASSERT_TRUE(a.sc().Listen("127.0.0.1:0", &err, udp)) << err;
+  EXPECT_FALSE(b.sc().Listen(Addr(a.sc().bound_port()), &err, udp));
+  EXPECT_NE(err.find("another dblp-udp-server"), std::string::npos) << err;
+  EXPECT_NE(err.find("--control"), std::string::npos) << err;
+  EXPECT_EQ(err.find("--listen"), std::string::npos) << err;
+}
+
 TEST(ControlSidecar, ConnectRetriesUntilServerStarts) {
   const uint16_t port = ClosedPort();
   Node server;

@@ -99,6 +99,49 @@ TEST(ShmChannel, OpenRefusesAnObjectThatIsNotAHandOff) {
   EXPECT_THROW(ShmChannel::Open(k.name), std::runtime_error);
 }
 
+TEST(ShmChannel, OneWorkerPerTrainer) {
+  Named n("claim");
+  ShmChannel trainer = ShmChannel::Create(n.name, 16, {});
+  ShmChannel first = ShmChannel::Open(n.name);
+  try {
+    ShmChannel::Open(n.name);
+    FAIL() << "a second worker took over the trainer";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("already served"), std::string::npos);
+  }
+}
+
+// A worker may run with privileges the trainer lacks: nothing the trainer
+// writes into the header may move the worker's buffers.
+TEST(ShmChannel, AHostileHeaderCannotMoveTheBuffers) {
+  Named n("huge");
+  {
+    ShmChannel ch = ShmChannel::Create(n.name, 1024, {});
+    ch.header().floats = (uint64_t{1} << 62) + 1024;  // wraps floats * 4
+  }
+  EXPECT_THROW(ShmChannel::Open(n.name), std::runtime_error);
+  Named w("wrap");
+  {
+    const std::vector<ShmLayer> two = {Layer("a", 512), Layer("b", 512)};
+    ShmChannel ch = ShmChannel::Create(w.name, 1024, two);
+    auto* table = const_cast<ShmLayer*>(ch.layers().data());
+    table[0].floats = UINT64_MAX;  // + 1025 wraps to 1024
+    table[1].floats = 1025;
+  }
+  EXPECT_THROW(ShmChannel::Open(w.name), std::runtime_error);
+  Named m("moved");
+  ShmChannel trainer = ShmChannel::Create(m.name, 1024, {});
+  ShmChannel worker = ShmChannel::Open(m.name);
+  float* const mean = worker.mean().data();
+  trainer.header().mean_offset += uint64_t{1} << 40;
+  trainer.header().floats = uint64_t{1} << 40;
+  trainer.header().num_layers = kShmMaxLayers;
+  EXPECT_EQ(worker.mean().data(), mean);
+  EXPECT_EQ(worker.mean().size(), 1024u);
+  EXPECT_EQ(worker.floats(), 1024u);
+  EXPECT_EQ(worker.layers().size(), 1u);
+}
+
 TEST(ShmChannel, WaitChangeTimesOutAndSeesAChange) {
   std::atomic<uint32_t> word{5};
   EXPECT_FALSE(ShmChannel::WaitChange(word, 5, 20));
@@ -169,8 +212,8 @@ TEST(ShmSource, FailureReachesAWaitingTrainer) {
   src->OnJobStart(0);
   const uint32_t answers = trainer.header().to_trainer.load();
   std::thread t([&] { src->Fail("the server is gone: test"); });
-  EXPECT_TRUE(ShmChannel::WaitChange(trainer.header().to_trainer, answers,
-                                     5000));
+  EXPECT_TRUE(
+      ShmChannel::WaitChange(trainer.header().to_trainer, answers, 5000));
   t.join();
   EXPECT_EQ(trainer.header().worker_state.load(),
             static_cast<uint32_t>(ShmWorkerState::kFailed));

@@ -8,7 +8,8 @@ and data"). Run with a python3 that has torch (Debian: python3-torch):
   /usr/bin/python3 tools/make-torchscript-example.py \\
       --model /tmp/cnn.pt --data /tmp/blobs.pt
 
---model: a small CNN (about 4k parameters). Its adaptive pooling takes any
+--model: a small CNN (about 4k parameters; SmallCnn of
+    examples/torchscript_model.py). Its adaptive pooling takes any
     image side from 8 up, so it trains on Fashion-MNIST (--data=fashion-mnist,
     [N,1,28,28]) and on the example hook's [N,1,16,16] images alike.
     --label_smoothing adds a loss(logits, target) method.
@@ -18,6 +19,7 @@ and data"). Run with a python3 that has torch (Debian: python3-torch):
 """
 
 import argparse
+import os
 import sys
 from typing import Tuple
 
@@ -25,21 +27,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-
-class SmallCnn(nn.Module):
-    """forward(x): [N, 1, H, W] float -> logits [N, classes]."""
-
-    def __init__(self, classes: int = 10):
-        super().__init__()
-        self.conv1 = nn.Conv2d(1, 8, 3, padding=1)
-        self.conv2 = nn.Conv2d(8, 16, 3, padding=1)
-        self.pool = nn.AdaptiveAvgPool2d(4)
-        self.fc = nn.Linear(16 * 4 * 4, classes)
-
-    def forward(self, x: Tensor) -> Tensor:
-        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
-        x = F.relu(self.conv2(x))
-        return self.fc(self.pool(x).flatten(1))
+# The model is the user-style example's (examples/torchscript_model.py).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "..", "examples"))
+from torchscript_model import SmallCnn  # noqa: E402
 
 
 class SmallCnnSmoothed(SmallCnn):

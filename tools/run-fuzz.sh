@@ -41,11 +41,13 @@ if ! command -v clang++ >/dev/null ||
   tools/install-deps.sh  # clang and libclang-rt-14-dev are in its list
 fi
 if [ ! -f "$BUILD/build.ninja" ]; then
-  # No DPDK, training or googletest: the fuzzers need lib/ only, and every
-  # object is built with ASan, UBSan and libFuzzer's coverage hooks.
+  # No DPDK, training, googletest or Python package: the fuzzers need lib/
+  # only, and every object is built with ASan, UBSan and libFuzzer's
+  # coverage hooks.
   CC=clang CXX=clang++ meson setup "$BUILD" --buildtype=debugoptimized \
     -Dfuzz=enabled -Db_sanitize=address,undefined -Db_lundef=false \
-    -Ddpdk=disabled -Dtraining=disabled -Dtests=disabled >/dev/null
+    -Ddpdk=disabled -Dtraining=disabled -Dtests=disabled \
+    -Dpython=disabled >/dev/null
 fi
 ninja -C "$BUILD" -j2 "${TARGETS[@]/#/tests/fuzz/fuzz_}" >/dev/null
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# ASan + UBSan build (gcc) of everything but training, and its native test
+# ASan + UBSan build (gcc) of everything but training and the Python
+# package, and its native test
 # suites (docs/RELIABILITY.md, "Sanitizers"): unit, dpdk (in-process EAL,
 # --no-huge), netns (veth, needs root) and cluster (the DPDK apps over memif,
 # the bench). Exit code 0 only if every test passes with no sanitizer report.
@@ -7,7 +8,9 @@
 #   tools/run-sanitizers.sh [meson test args...]   e.g. --suite unit
 #
 # Not run: training (libtorch under ASan is slow and reports inside
-# libtorch itself), tools (pure python) and the soak test (see below).
+# libtorch itself), python (an ASan-built python/dblp/_native cannot load
+# into an uninstrumented python3), tools (pure python) and the soak test
+# (see below).
 # Build dir: build-asan (ASAN_BUILD_DIR to change).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +24,13 @@ if [ ! -f "$BUILD/build.ninja" ]; then
   # b_lundef=false as meson asks for sanitized builds.
   meson setup "$BUILD" --buildtype=plain \
     -Db_sanitize=address,undefined -Db_lundef=false -Dtraining=disabled \
+    -Dpython=disabled \
     -Dcpp_args="-O1 -g1 -fno-sanitize-recover=undefined" >/dev/null
+elif ! meson introspect "$BUILD" --buildoptions |
+     grep -q '"name": "python", "value": "disabled"'; then
+  # A build dir set up before the python option (or with it on): turn it
+  # off; --reconfigure also learns options added since.
+  meson setup --reconfigure "$BUILD" -Dpython=disabled >/dev/null
 fi
 ninja -C "$BUILD" -j2
 

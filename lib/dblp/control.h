@@ -32,6 +32,8 @@ namespace dblp {
 //    its data source; CHALLENGE, PROOF and TAG are new; WELCOME carries the
 //    worker's pinned IPv4, the frame authentication mode, the job nonce and
 //    a MAC over itself.
+// 5: ROUND_BEGIN carries `critical`, the policy's phase (workers report it
+//    in their rows and to a PyTorch trainer).
 inline constexpr uint16_t kControlVersion = 5;
 inline constexpr uint32_t kMaxControlFrame = 1u << 20;  // default decoder limit
 inline constexpr size_t kControlFrameHeader = 4;        // the u32 length

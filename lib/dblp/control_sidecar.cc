@@ -203,7 +203,8 @@ ControlSidecar::~ControlSidecar() {
   }
 }
 
-bool ControlSidecar::Listen(const std::string& addr, std::string* error) {
+bool ControlSidecar::Listen(const std::string& addr, std::string* error,
+                            const ServerApp& app) {
   if (listen_fd_ >= 0) {
     if (error) {
       *error = "cannot listen on " + addr + ": already listening on port " +
@@ -231,13 +232,13 @@ bool ControlSidecar::Listen(const std::string& addr, std::string* error) {
     const int err = errno;
     switch (err) {
       case EADDRINUSE:
-        return fail(
-            "address already in use (is another dblp-server running? "
-            "stop it or choose another --listen port)");
+        return fail("address already in use (is another " + app.name +
+                    " running? stop it or choose another " + app.listen_flag +
+                    " port)");
       case EADDRNOTAVAIL:
         return fail(
-            "not an address of this host (use 0.0.0.0 or a local IP in "
-            "--listen)");
+            "not an address of this host (use 0.0.0.0 or a local IP in " +
+            app.listen_flag + ")");
       case EACCES:
         return fail(
             "permission denied (ports below 1024 need root; use a "
@@ -265,7 +266,8 @@ bool ControlSidecar::Listen(const std::string& addr, std::string* error) {
 }
 
 bool ControlSidecar::Connect(const std::string& addr, uint32_t timeout_ms,
-                             ConnId* id, std::string* error) {
+                             ConnId* id, std::string* error,
+                             const ServerApp& app) {
   sockaddr_in sa{};
   if (!ParseAddr(addr, /*listen=*/false, &sa, error)) return false;
   const auto start = Clock::now();
@@ -334,9 +336,10 @@ bool ControlSidecar::Connect(const std::string& addr, uint32_t timeout_ms,
         Clock::now() - start);
     *error = "cannot connect to " + addr + " (" + std::to_string(attempts) +
              " attempts in " + std::to_string(waited.count()) +
-             " ms): " + last +
-             "; is dblp-server running and listening there? check --server "
-             "(and the server's --listen)";
+             " ms): " + last + "; is " + app.name +
+             " running and listening there? check --server (and the "
+             "server's " +
+             app.listen_flag + ")";
   }
   return false;
 }
@@ -846,7 +849,7 @@ void ControlSidecar::RefuseConnection(int fd, const std::string& peer) {
   }
   std::string line = "control sidecar: refused a connection from " + peer +
                      ": " + limit +
-                     "; raise max_connections (dblp-server: "
+                     "; raise max_connections (the server's "
                      "--control_max_connections) if these peers are "
                      "legitimate";
   if (refusals_not_logged_ > 0) {

@@ -63,6 +63,14 @@ inline constexpr uint16_t kErrorCodeProtocol = 400;
 // timeout); the text names the limit.
 inline constexpr uint16_t kErrorCodeLimit = 429;
 
+// The server app whose control port a sidecar listens on or connects to,
+// named in Listen's and Connect's fixes: dblp-server --listen by default,
+// dblp-udp-server --control.
+struct ServerApp {
+  std::string name = "dblp-server";
+  std::string listen_flag = "--listen";
+};
+
 // What peers may make a ControlSidecar hold. A duration of 0 switches that
 // limit off. The defaults are safe for a job of up to a few hundred workers
 // on a host anyone may reach; an owner passes its own from flags.
@@ -134,14 +142,16 @@ class ControlSidecar {
 
   // "ip:port" with an IPv4 literal, "localhost", or "*" / "0.0.0.0" / empty
   // ip for all interfaces; port 0 = ephemeral (bound_port() tells).
-  // Returns false and sets *error (naming the fix) on failure.
-  bool Listen(const std::string& addr, std::string* error);
+  // Returns false and sets *error (naming the fix, for `app`) on failure.
+  bool Listen(const std::string& addr, std::string* error,
+              const ServerApp& app = {});
   uint16_t bound_port() const { return bound_port_; }
   // Blocking connect with retries until `timeout_ms` (the server may still
   // be starting); timeout_ms 0 = one attempt. Sets *id on success; returns
-  // false with *error naming the address and the likely fix otherwise.
+  // false with *error naming the address and the likely fix (start `app`)
+  // otherwise.
   bool Connect(const std::string& addr, uint32_t timeout_ms, ConnId* id,
-               std::string* error);
+               std::string* error, const ServerApp& app = {});
 
   // Queues a message and writes as much as the socket takes now; the rest
   // goes out as the socket drains. Never blocks. Returns false (with *error

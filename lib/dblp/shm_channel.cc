@@ -71,21 +71,33 @@ ShmChannel::ShmChannel(std::string name, void* base, size_t bytes)
       bytes_(bytes),
       header_(static_cast<ShmHeader*>(base)) {}
 
-ShmChannel::ShmChannel(ShmChannel&& o) noexcept
-    : name_(std::move(o.name_)),
-      base_(std::exchange(o.base_, nullptr)),
-      bytes_(std::exchange(o.bytes_, 0)),
-      header_(std::exchange(o.header_, nullptr)) {}
+ShmChannel::ShmChannel(ShmChannel&& o) noexcept { *this = std::move(o); }
 
 ShmChannel& ShmChannel::operator=(ShmChannel&& o) noexcept {
   if (this != &o) {
     if (base_ != nullptr) munmap(base_, bytes_);
     name_ = std::move(o.name_);
+    unlinked_ = std::exchange(o.unlinked_, false);
     base_ = std::exchange(o.base_, nullptr);
     bytes_ = std::exchange(o.bytes_, 0);
     header_ = std::exchange(o.header_, nullptr);
+    floats_ = std::exchange(o.floats_, 0);
+    num_layers_ = std::exchange(o.num_layers_, 0);
+    gradient_ = std::exchange(o.gradient_, nullptr);
+    mean_ = std::exchange(o.mean_, nullptr);
+    layers_ = std::exchange(o.layers_, nullptr);
   }
   return *this;
+}
+
+void ShmChannel::SetLayout(uint64_t floats, uint32_t num_layers) {
+  char* base = static_cast<char*>(base_);
+  floats_ = floats;
+  num_layers_ = num_layers;
+  layers_ = reinterpret_cast<const ShmLayer*>(base + LayersOffset());
+  gradient_ = reinterpret_cast<float*>(base + GradientOffset());
+  mean_ = reinterpret_cast<float*>(base + GradientOffset() +
+                                   RoundUp(floats * sizeof(float)));
 }
 
 ShmChannel::~ShmChannel() {
@@ -95,19 +107,20 @@ ShmChannel::~ShmChannel() {
 ShmChannel ShmChannel::Create(const std::string& name, uint64_t floats,
                               std::span<const ShmLayer> layers) {
   CheckName(name);
-  if (floats == 0 || floats > (uint64_t{1} << 32)) {
+  if (floats == 0 || floats > kShmMaxFloats) {
     throw std::runtime_error("shared-memory gradient of " +
                              std::to_string(floats) +
                              " floats: give 1 to 2^32 floats");
   }
   if (layers.size() > kShmMaxLayers) {
-    throw std::runtime_error(std::to_string(layers.size()) +
-                             " layers: at most " +
-                             std::to_string(kShmMaxLayers) +
-                             " (merge small ones)");
+    throw std::runtime_error(
+        std::to_string(layers.size()) + " layers: at most " +
+        std::to_string(kShmMaxLayers) + " (merge small ones)");
   }
   uint64_t sum = 0;
-  for (const ShmLayer& l : layers) sum += l.floats;
+  for (const ShmLayer& l : layers) {
+    sum += std::min<uint64_t>(l.floats, kShmMaxFloats + 1);  // cannot wrap
+  }
   if (!layers.empty() && sum != floats) {
     throw std::runtime_error("the layers hold " + std::to_string(sum) +
                              " floats, the gradient " + std::to_string(floats));
@@ -135,6 +148,8 @@ ShmChannel ShmChannel::Create(const std::string& name, uint64_t floats,
     throw std::runtime_error(Errno("mapping " + name));
   }
   ShmChannel ch(name, base, bytes);
+  ch.SetLayout(floats,
+               layers.empty() ? 1 : static_cast<uint32_t>(layers.size()));
   // The object is fresh (zero-filled): construct the atomics in place.
   ShmHeader* h = new (base) ShmHeader{};
   h->magic = kShmMagic;
@@ -145,8 +160,8 @@ ShmChannel ShmChannel::Create(const std::string& name, uint64_t floats,
   h->gradient_offset = GradientOffset();
   h->mean_offset = GradientOffset() + RoundUp(floats * sizeof(float));
   h->trainer_pid = getpid();
-  auto* table = reinterpret_cast<ShmLayer*>(static_cast<char*>(base) +
-                                            h->layers_offset);
+  auto* table =
+      reinterpret_cast<ShmLayer*>(static_cast<char*>(base) + h->layers_offset);
   if (layers.empty()) {
     ShmLayer one{};
     std::strncpy(one.name, "gradient", sizeof(one.name) - 1);
@@ -168,9 +183,10 @@ ShmChannel ShmChannel::Open(const std::string& name) {
   const int fd = shm_open(name.c_str(), O_RDWR, 0);
   if (fd < 0) {
     throw std::runtime_error(Errno("shm_open(" + name + ")") +
-                             " (the trainer creates it: start dblp-worker "
-                             "--gradient=shm from dblp.Worker, or give the "
-                             "name the trainer printed)");
+                             " (the trainer creates it: let dblp.Worker "
+                             "start this worker, or start the trainer first "
+                             "with dblp.Worker(shm=NAME) and give the same "
+                             "NAME here)");
   }
   struct stat st {};
   if (fstat(fd, &st) != 0 ||
@@ -183,7 +199,7 @@ ShmChannel ShmChannel::Open(const std::string& name) {
   close(fd);
   if (base == MAP_FAILED) throw std::runtime_error(Errno("mapping " + name));
   ShmChannel ch(name, base, bytes);
-  const ShmHeader& h = ch.header();
+  ShmHeader& h = ch.header();
   // A trainer and a worker of different builds, or a stray object: never
   // trust an offset that is not the one this build computes.
   if (h.magic != kShmMagic || h.version != kShmVersion) {
@@ -192,42 +208,49 @@ ShmChannel ShmChannel::Open(const std::string& name) {
                              "the trainer's package and dblp-worker from the "
                              "same build)");
   }
-  if (h.floats == 0 || h.region_bytes != bytes ||
-      bytes != ShmRegionBytes(h.floats) || h.num_layers == 0 ||
-      h.num_layers > kShmMaxLayers || h.layers_offset != LayersOffset() ||
+  // Read once: the trainer can change the header at any time after.
+  const uint64_t floats = h.floats;
+  const uint32_t num_layers = h.num_layers;
+  if (floats == 0 || floats > kShmMaxFloats ||
+      bytes != ShmRegionBytes(floats) || h.region_bytes != bytes ||
+      num_layers == 0 || num_layers > kShmMaxLayers ||
+      h.layers_offset != LayersOffset() ||
       h.gradient_offset != GradientOffset() ||
-      h.mean_offset != GradientOffset() + RoundUp(h.floats * sizeof(float))) {
+      h.mean_offset != GradientOffset() + RoundUp(floats * sizeof(float))) {
     throw std::runtime_error(name + ": inconsistent header (corrupt object)");
   }
+  ch.SetLayout(floats, num_layers);
   uint64_t sum = 0;
-  for (const ShmLayer& l : ch.layers()) sum += l.floats;
-  if (sum != h.floats) {
+  for (const ShmLayer& l : ch.layers()) {
+    sum += std::min<uint64_t>(l.floats, kShmMaxFloats + 1);  // cannot wrap
+  }
+  if (sum != floats) {
     throw std::runtime_error(name + ": the layer table does not add up");
   }
-  ch.header().worker_pid = getpid();
+  // One worker per trainer: a second one would take over the answers.
+  int32_t unclaimed = 0;
+  if (!std::atomic_ref<int32_t>(h.worker_pid)
+           .compare_exchange_strong(unclaimed, getpid())) {
+    throw std::runtime_error(name + " is already served by dblp-worker pid " +
+                             std::to_string(unclaimed) +
+                             " (one worker per trainer: give this one the "
+                             "name of another trainer's object)");
+  }
   return ch;
 }
 
 std::span<const ShmLayer> ShmChannel::layers() const {
-  return {reinterpret_cast<const ShmLayer*>(static_cast<char*>(base_) +
-                                            header_->layers_offset),
-          header_->num_layers};
+  return {layers_, num_layers_};
 }
 
-std::span<float> ShmChannel::gradient() const {
-  return {reinterpret_cast<float*>(static_cast<char*>(base_) +
-                                   header_->gradient_offset),
-          header_->floats};
-}
+std::span<float> ShmChannel::gradient() const { return {gradient_, floats_}; }
 
-std::span<float> ShmChannel::mean() const {
-  return {reinterpret_cast<float*>(static_cast<char*>(base_) +
-                                   header_->mean_offset),
-          header_->floats};
-}
+std::span<float> ShmChannel::mean() const { return {mean_, floats_}; }
 
 void ShmChannel::Unlink() {
-  if (!name_.empty()) shm_unlink(name_.c_str());
+  // Once: a later object of the same name is not ours to remove.
+  if (!name_.empty() && !unlinked_) shm_unlink(name_.c_str());
+  unlinked_ = true;
 }
 
 void ShmChannel::PostToWorker(ShmPost kind, uint64_t iteration) {

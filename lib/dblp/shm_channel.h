@@ -48,7 +48,7 @@ enum class ShmWorkerState : uint32_t {
 
 // Written by the worker before it answers; read by the trainer after.
 struct ShmIterationInfo {
-  uint64_t iteration;  // protocol iteration
+  uint64_t iteration;         // protocol iteration
   double delivered_fraction;  // of the broadcast (the mean) this worker got
   double p;                   // loss tolerance of the push round
   double send_latency_us;     // push round: first frame -> STOP/complete
@@ -108,7 +108,10 @@ class ShmChannel {
   // std::runtime_error naming the fix.
   static ShmChannel Create(const std::string& name, uint64_t floats,
                            std::span<const ShmLayer> layers);
-  // Worker side: maps an existing object and checks its header. Throws
+  // Worker side: maps an existing object, checks its header and claims it
+  // (one worker per trainer). The trainer may be hostile to a worker with
+  // more privileges: every size and offset is checked once here and kept
+  // in this process, never read back from the shared header. Throws
   // std::runtime_error naming the fix.
   static ShmChannel Open(const std::string& name);
 
@@ -118,7 +121,10 @@ class ShmChannel {
   ShmChannel& operator=(const ShmChannel&) = delete;
   ~ShmChannel();
 
+  // The shared header: the futex words, posts, answers and info. Its
+  // sizes and offsets are the other side's to change; use the accessors.
   ShmHeader& header() const { return *header_; }
+  uint64_t floats() const { return floats_; }
   std::span<const ShmLayer> layers() const;
   std::span<float> gradient() const;
   std::span<float> mean() const;
@@ -143,18 +149,30 @@ class ShmChannel {
 
  private:
   ShmChannel(std::string name, void* base, size_t bytes);
+  // Fixes the layout from `floats` (the only input; the offsets follow).
+  void SetLayout(uint64_t floats, uint32_t num_layers);
   std::string name_;
+  bool unlinked_ = false;
   void* base_ = nullptr;
   size_t bytes_ = 0;
   ShmHeader* header_ = nullptr;
+  // Validated once, private to this process (a peer cannot move them).
+  uint64_t floats_ = 0;
+  uint32_t num_layers_ = 0;
+  float* gradient_ = nullptr;
+  float* mean_ = nullptr;
+  const ShmLayer* layers_ = nullptr;
 };
 
 // Is process `pid` alive (not a zombie)? The waiting side checks between
 // slices.
 bool ProcessAlive(pid_t pid);
 
-// The object's size for `floats` (header, layer table, two page-aligned
-// float arrays).
+// The largest gradient a hand-off carries (16 GiB of floats).
+inline constexpr uint64_t kShmMaxFloats = uint64_t{1} << 32;
+
+// The object's size for `floats` <= kShmMaxFloats (header, layer table,
+// two page-aligned float arrays).
 size_t ShmRegionBytes(uint64_t floats);
 
 }  // namespace dblp

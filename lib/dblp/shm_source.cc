@@ -18,24 +18,25 @@ class ShmSource final : public GradientSource {
       : ch_(std::move(ch)), idle_timeout_ms_(idle_timeout_ms) {
     seen_posts_ = ch_.header().to_worker.load(std::memory_order_acquire);
   }
+  // Only a worker that joined speaks for the job: one that failed before
+  // (a bad flag, no server) leaves the state to whoever can say why.
   ~ShmSource() override {
-    if (!failed_) ch_.SetWorkerState(ShmWorkerState::kDone);
+    if (joined_ && !failed_) ch_.SetWorkerState(ShmWorkerState::kDone);
   }
 
   std::vector<LayerInfo> Layers() const override {
     std::vector<LayerInfo> out;
     for (const ShmLayer& l : ch_.layers()) {
-      out.push_back(LayerInfo{
-          std::string(l.name, strnlen(l.name, sizeof(l.name))),
-          {static_cast<int64_t>(l.floats)}});
+      out.push_back(
+          LayerInfo{std::string(l.name, strnlen(l.name, sizeof(l.name))),
+                    {static_cast<int64_t>(l.floats)}});
     }
     return out;
   }
-  uint64_t floats() const override { return ch_.header().floats; }
+  uint64_t floats() const override { return ch_.floats(); }
   std::string Describe() const override {
     return "trainer pid " + std::to_string(ch_.header().trainer_pid) +
-           " over " + ch_.name() + " (" + std::to_string(floats()) +
-           " floats)";
+           " over " + ch_.name() + " (" + std::to_string(floats()) + " floats)";
   }
 
   void Bind(uint32_t rank, uint32_t num_workers) override {
@@ -44,6 +45,8 @@ class ShmSource final : public GradientSource {
   }
   void OnJobStart(uint32_t resync_every) override {
     ch_.header().resync_every = resync_every;
+    resync_every_ = resync_every;
+    joined_ = true;
     ch_.SetWorkerState(ShmWorkerState::kJoined);
   }
   bool Unbounded() const override { return true; }
@@ -72,15 +75,23 @@ class ShmSource final : public GradientSource {
     const auto kind = static_cast<ShmPost>(h.post_kind);
     if (kind == ShmPost::kEnd) return false;
     const ShmPost want = resync ? ShmPost::kModel : ShmPost::kGradient;
-    if (kind != want || h.post_iteration != it) {
-      throw std::runtime_error(
-          "the trainer posted " + KindName(kind) + " for iteration " +
-          std::to_string(h.post_iteration) + " where iteration " +
-          std::to_string(it) + " needs " + KindName(want) +
-          " (the server re-synchronises every " +
-          std::to_string(h.resync_every) +
-          " steps: give dblp.Worker the model, or run the server with "
-          "--resync_every=0)");
+    const uint64_t posted = h.post_iteration;
+    if (kind != want || posted != it) {
+      std::string why = "the trainer posted " + KindName(kind) +
+                        " for iteration " + std::to_string(posted) +
+                        " where iteration " + std::to_string(it) + " needs " +
+                        KindName(want);
+      if (kind == ShmPost::kGradient && want == ShmPost::kModel) {
+        why += " (the server re-synchronises every " +
+               std::to_string(resync_every_) +
+               " steps: give dblp.Worker the model, or run the server with "
+               "--resync_every=0)";
+      } else {
+        why +=
+            " (a trainer out of step: one dblp.Worker per process, "
+            "every exchange waited for)";
+      }
+      throw std::runtime_error(why);
     }
     return true;
   }
@@ -142,6 +153,8 @@ class ShmSource final : public GradientSource {
   ShmChannel ch_;
   uint32_t idle_timeout_ms_;
   uint32_t seen_posts_ = 0;
+  uint32_t resync_every_ = 0;
+  bool joined_ = false;
   bool failed_ = false;
 };
 

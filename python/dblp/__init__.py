@@ -17,6 +17,7 @@ side. See docs/PYTORCH.md.
 import atexit
 import itertools
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -96,6 +97,9 @@ class Worker:
         self.transport = transport
         self.answer_timeout = answer_timeout
         self.history = []      # one info dict per exchange
+        self._pid = os.getpid()  # a fork()ed child must not end our job
+        self._broken = None    # why exchanges can no longer be trusted
+        self._tmp_log_dir = None
         self._proc = None
         self._log_path = None
         self._closed = False
@@ -110,9 +114,20 @@ class Worker:
                                              dtype=torch.float32)
             self.mean = torch.frombuffer(self._ch.mean(), dtype=torch.float32)
             if shm is None:
+                flags = [f"--join_timeout_ms={int(join_timeout * 1000)}"]
                 self._spawn(server, transport, memif_socket, eal, secret_file,
-                            insecure, list(worker_flags), out_dir, lcore)
+                            insecure, flags + list(worker_flags), out_dir,
+                            lcore)
             self._await_join(join_timeout)
+            # Both ends hold their mappings now: the name can go, so no
+            # crash of either leaves an object in /dev/shm.
+            self._ch.unlink()
+            if self.resync_every and self._model is None:
+                raise DblpError(
+                    f"the server re-synchronises parameters every "
+                    f"{self.resync_every} steps, and this Worker has no "
+                    "model: give dblp.Worker(model=...), or run the server "
+                    "with --resync_every=0")
         except BaseException:
             self._teardown()
             raise
@@ -136,7 +151,10 @@ class Worker:
             memif_socket=memif_socket, eal=eal, secret_file=secret_file,
             insecure=insecure, out_dir=out_dir, extra=worker_flags,
             lcore=lcore)
-        log_dir = out_dir or tempfile.mkdtemp(prefix="dblp-worker-")
+        log_dir = out_dir
+        if not log_dir:
+            log_dir = self._tmp_log_dir = tempfile.mkdtemp(
+                prefix="dblp-worker-")
         os.makedirs(log_dir, exist_ok=True)
         self._log_path = os.path.join(log_dir, f"{self.name}.log")
         self.command = cmd
@@ -196,6 +214,18 @@ class Worker:
     def _post_and_wait(self, kind):
         if self._closed:
             raise DblpError("this dblp.Worker is closed")
+        if self._broken:
+            raise DblpError("this dblp.Worker is out of step after an earlier"
+                            f" failure ({self._broken}); start a new one")
+        try:
+            return self._post_and_wait_once(kind)
+        except BaseException as e:
+            # An answer may still be on its way (Ctrl-C, a timeout): a
+            # retry would take it for its own.
+            self._broken = str(e) or type(e).__name__
+            raise
+
+    def _post_and_wait_once(self, kind):
         it = self._iteration
         seen = self._ch.answers
         self._ch.post(kind, it)
@@ -300,9 +330,13 @@ class Worker:
         n = flat.numel()
         off = self._bucket_offset
         if off + n > self.gradient.numel():
-            raise DblpError(f"the buckets hold more than the gradient's "
-                            f"{self.gradient.numel()} floats: give "
-                            "dblp.Worker the same model as DDP")
+            pending, self._pending, self._bucket_offset = self._pending, [], 0
+            e = DblpError(f"the buckets hold more than the gradient's "
+                          f"{self.gradient.numel()} floats: give "
+                          "dblp.Worker the same model as DDP")
+            for f, _, _ in pending:
+                f.set_exception(e)
+            raise e
         t0 = time.perf_counter()
         self.gradient[off:off + n].copy_(flat.view(-1))
         self._copy_s = getattr(self, "_copy_s", 0.0) + time.perf_counter() - t0
@@ -313,6 +347,8 @@ class Worker:
             return fut
         pending, self._pending, self._bucket_offset = self._pending, [], 0
         try:
+            if self._closed or self._broken:
+                self._post_and_wait(_native.POST_GRADIENT)  # raises why
             if off + n != self.gradient.numel():
                 raise DblpError(f"DDP's buckets hold {off + n} floats, the "
                                 f"gradient {self.gradient.numel()}: give "
@@ -332,7 +368,7 @@ class Worker:
     def close(self, timeout=30.0):
         """End the job for this worker (BYE) and wait for its dblp-worker.
         Raises DblpError if it failed."""
-        if self._closed:
+        if self._closed or os.getpid() != self._pid:
             return
         why = None
         if self._ch.state == _native.STATE_JOINED:
@@ -363,6 +399,8 @@ class Worker:
             print(f"dblp: {e}", file=sys.stderr)
 
     def _teardown(self):
+        if os.getpid() != self._pid:
+            return  # a fork()ed child: the process and the object are not ours
         self._closed = True
         if self._proc is not None and self._proc.poll() is None:
             self._proc.terminate()
@@ -372,7 +410,10 @@ class Worker:
                 self._proc.kill()
                 self._proc.wait()
         if self._owner and self._ch is not None:
-            self._ch.unlink()
+            self._ch.unlink()  # idempotent: gone already once joined
+        if self._tmp_log_dir and self._proc is not None and \
+                self._proc.returncode == 0:
+            shutil.rmtree(self._tmp_log_dir, ignore_errors=True)
 
     def __enter__(self):
         return self

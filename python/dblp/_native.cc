@@ -6,6 +6,7 @@
 #include <pybind11/stl.h>
 
 #include <cstring>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -18,20 +19,33 @@ namespace {
 
 using dblp::ShmChannel;
 
-py::memoryview FloatView(std::span<float> s) {
-  return py::memoryview::from_buffer(s.data(), {s.size()}, {sizeof(float)},
-                                     /*readonly=*/false);
-}
+// One float array of a channel, exported through the buffer protocol. It
+// holds the channel: a tensor made from it (torch.frombuffer keeps the
+// exporter alive) can never outlive the mapping.
+struct Region {
+  std::shared_ptr<ShmChannel> channel;
+  bool mean;
+  std::span<float> span() const {
+    return mean ? channel->mean() : channel->gradient();
+  }
+};
 
-ShmChannel Create(const std::string& name, uint64_t floats,
-                  const std::vector<std::pair<std::string, uint64_t>>& named) {
+std::shared_ptr<ShmChannel> Create(
+    const std::string& name, uint64_t floats,
+    const std::vector<std::pair<std::string, uint64_t>>& named) {
   std::vector<dblp::ShmLayer> layers(named.size());
   for (size_t i = 0; i < named.size(); ++i) {
-    std::strncpy(layers[i].name, named[i].first.c_str(),
-                 sizeof(layers[i].name) - 1);
+    // Cut on a UTF-8 character boundary, not inside one.
+    std::string n = named[i].first.substr(0, sizeof(layers[i].name) - 1);
+    while (!n.empty() && n.size() < named[i].first.size() &&
+           (static_cast<unsigned char>(named[i].first[n.size()]) & 0xC0) ==
+               0x80) {
+      n.pop_back();
+    }
+    std::memcpy(layers[i].name, n.data(), n.size());
     layers[i].floats = named[i].second;
   }
-  return ShmChannel::Create(name, floats, layers);
+  return std::make_shared<ShmChannel>(ShmChannel::Create(name, floats, layers));
 }
 
 py::dict Info(const ShmChannel& ch) {
@@ -66,21 +80,34 @@ PYBIND11_MODULE(_native, m) {
   m.attr("POST_GRADIENT") = static_cast<int>(dblp::ShmPost::kGradient);
   m.attr("POST_MODEL") = static_cast<int>(dblp::ShmPost::kModel);
   m.attr("POST_END") = static_cast<int>(dblp::ShmPost::kEnd);
-  m.attr("STATE_STARTING") =
-      static_cast<int>(dblp::ShmWorkerState::kStarting);
+  m.attr("STATE_STARTING") = static_cast<int>(dblp::ShmWorkerState::kStarting);
   m.attr("STATE_JOINED") = static_cast<int>(dblp::ShmWorkerState::kJoined);
   m.attr("STATE_FAILED") = static_cast<int>(dblp::ShmWorkerState::kFailed);
   m.attr("STATE_DONE") = static_cast<int>(dblp::ShmWorkerState::kDone);
 
-  py::class_<ShmChannel>(m, "Channel")
+  py::class_<Region>(m, "Region", py::buffer_protocol())
+      .def_buffer([](const Region& r) {
+        const std::span<float> s = r.span();
+        return py::buffer_info(s.data(), sizeof(float),
+                               py::format_descriptor<float>::format(), 1,
+                               {s.size()}, {sizeof(float)});
+      });
+
+  py::class_<ShmChannel, std::shared_ptr<ShmChannel>>(m, "Channel")
       .def(py::init(&Create), py::arg("name"), py::arg("floats"),
            py::arg("layers") = std::vector<std::pair<std::string, uint64_t>>{},
            "Create /dev/shm/<name> for `floats` float32 values")
       .def_property_readonly("name", &ShmChannel::name)
       .def_property_readonly("floats",
-                             [](const ShmChannel& c) { return c.header().floats; })
-      .def("gradient", [](const ShmChannel& c) { return FloatView(c.gradient()); })
-      .def("mean", [](const ShmChannel& c) { return FloatView(c.mean()); })
+                             [](const ShmChannel& c) { return c.floats(); })
+      .def("gradient",
+           [](const std::shared_ptr<ShmChannel>& c) {
+             return Region{c, false};
+           })
+      .def("mean",
+           [](const std::shared_ptr<ShmChannel>& c) {
+             return Region{c, true};
+           })
       .def("unlink", &ShmChannel::Unlink)
       .def("post",
            [](ShmChannel& c, int kind, uint64_t iteration) {
@@ -104,15 +131,14 @@ PYBIND11_MODULE(_native, m) {
                                           slice_ms);
           },
           "True once the answer count differs from `seen` (within slice_ms)")
-      .def(
-          "wait_state",
-          [](const ShmChannel& c, uint32_t seen, uint32_t slice_ms) {
-            py::gil_scoped_release nogil;
-            return ShmChannel::WaitChange(c.header().worker_state, seen,
-                                          slice_ms);
-          })
-      .def_property_readonly("rank",
-                             [](const ShmChannel& c) { return c.header().rank; })
+      .def("wait_state",
+           [](const ShmChannel& c, uint32_t seen, uint32_t slice_ms) {
+             py::gil_scoped_release nogil;
+             return ShmChannel::WaitChange(c.header().worker_state, seen,
+                                           slice_ms);
+           })
+      .def_property_readonly(
+          "rank", [](const ShmChannel& c) { return c.header().rank; })
       .def_property_readonly(
           "num_workers",
           [](const ShmChannel& c) { return c.header().num_workers; })

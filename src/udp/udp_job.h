@@ -36,6 +36,10 @@
 
 namespace dblp {
 
+// dblp-udp-server and its control address flag, as the control sidecar
+// names them in the fixes of its errors.
+inline ServerApp UdpServerApp() { return {"dblp-udp-server", "--control"}; }
+
 // One push round as the server closed it (one worker's receiver).
 struct UdpServerRound {
   uint64_t iteration = 0;

@@ -190,7 +190,9 @@ std::string JobServer::OpenSockets(ControlSidecar& sidecar) {
   frame_key_ = DeriveFrameKey(o_.secret, job_nonce_, o_.frame_auth);
   chunk_payload_ = ChunkPayloadForMtu(o_.mtu, FrameTagBytes(o_.frame_auth));
   policy_text_ = policy_->Describe();
-  if (!sidecar.Listen(o_.control, &err)) return "control: " + err;
+  if (!sidecar.Listen(o_.control, &err, UdpServerApp())) {
+    return "control: " + err;
+  }
   if (!o_.quiet) {
     std::printf("udp-server: control %s port %u, data %s, %s\n",
                 o_.control.c_str(), sidecar.bound_port(),
@@ -569,7 +571,8 @@ std::string JobServer::FinishedEarly() const {
     if (bye_[w]) {
       return WorkerName(w) + " finished after " + std::to_string(it_) +
              " iterations while the others go on: run every worker with the "
-             "same --iterations";
+             "same --iterations (PyTorch: every trainer the same number of "
+             "steps before close())";
     }
   }
   return "";
@@ -695,7 +698,11 @@ std::string JobServer::NoProgress() const {
          std::to_string(push_[w]->receiver().received()) + "/" +
          std::to_string(layout_.num_chunks());
   }
-  return s;
+  // A worker with nothing sent may be waiting for its trainer.
+  return s +
+         " (a worker that sent nothing may be waiting for its trainer: a "
+         "pause between steps, e.g. an evaluation, needs a larger "
+         "--round_timeout_ms)";
 }
 
 // ERROR (with the cause) or a plain close to every worker, flushed before

@@ -161,9 +161,9 @@ std::string JobWorker::CheckOptions() {
 // of the handshake).
 std::string JobWorker::Join(ControlSidecar& sidecar) {
   std::string err;
-  if (!sidecar.Connect(o_.server, o_.join_timeout_ms, &conn_, &err)) {
-    return "cannot reach the server at " + o_.server + ": " + err +
-           " (start the server first and check its control address)";
+  if (!sidecar.Connect(o_.server, o_.join_timeout_ms, &conn_, &err,
+                       UdpServerApp())) {
+    return "cannot reach the server at " + o_.server + ": " + err;
   }
   JoinMsg join;
   join.worker_name = o_.name;

@@ -155,6 +155,7 @@ std::vector<ControlMessage> Populated() {
   rb.p = 0.408;
   rb.deadline_ns = 5000000;
   rb.min_fraction = 1.0;
+  rb.critical = true;  // inside a critical regime: the byte set
   out.emplace_back(rb);
   BitmapMsg bm;
   bm.round = 40;
