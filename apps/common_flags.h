@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "app_options.h"
+#include "dblp/version.h"
 #include "eal_app.h"
 #include "job_flags.h"
 
@@ -48,7 +49,17 @@ namespace dblp {
 // `-- --help` and flag errors need no hugepages and no port.
 inline void ParseAppFlagsOrDie(int argc, char** argv, const char* usage) {
   gflags::SetUsageMessage(usage);
+  gflags::SetVersionString(Version());
   std::vector<char*> app = AppArguments(argc, argv);
+  // testpmd's spelling (--cmdline-file) works too: '-' in a flag's name
+  // is read as '_' (values are left alone).
+  for (size_t k = 1; k < app.size(); ++k) {
+    char* a = app[k];
+    if (a[0] != '-' || a[1] != '-') continue;
+    for (char* c = a + 2; *c != '\0' && *c != '='; ++c) {
+      if (*c == '-') *c = '_';
+    }
+  }
   int app_argc = static_cast<int>(app.size());
   char** app_argv = app.data();
   gflags::ParseCommandLineFlags(&app_argc, &app_argv, true);

@@ -26,6 +26,8 @@
 #include <string>
 #include <vector>
 
+#include "dblp/log.h"
+#include "dblp/version.h"
 #include "dblp/chunking.h"
 #include "dblp/float_ops.h"
 #include "dblp/send_order.h"
@@ -57,7 +59,7 @@ constexpr uint32_t kPayloadOffset = dblp::kEthernetHeaderBytes +
                                     dblp::kDataHeaderBytes;
 
 [[noreturn]] void FlagError(const std::string& msg) {
-  std::fprintf(stderr, "error: %s\n", msg.c_str());
+  DBLP_LOG(Error, "error: %s", msg.c_str());
   std::exit(2);
 }
 
@@ -308,6 +310,7 @@ int main(int argc, char** argv) {
       "  dblp-floor --size_mb=25 --rounds=10 [--cpu=1] [--measure=copy] "
       "[--json | --out=floor.json]");
   PrecheckArgs(argc, argv);
+  gflags::SetVersionString(dblp::Version());
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   CheckFlags();
   PinOrDie(FLAGS_cpu);

@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "dblp/log.h"
+#include "dblp/version.h"
 #include "dblp/analytic.h"
 #include "dblp/latency_stats.h"
 #include "dblp/memory_cluster.h"
@@ -131,6 +133,7 @@ double PacketsOverN(const IterationOutcome& o, uint32_t n) {
 int main(int argc, char** argv) {
   gflags::SetUsageMessage(
       "in-memory DBLP job: fixed vs dblp under microbursts (modelled time)");
+  gflags::SetVersionString(dblp::Version());
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   try {
     PolicyConfig fixed;
@@ -213,7 +216,7 @@ int main(int argc, char** argv) {
                   burst_us[0][k] / burst_us[1][k]);
     }
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "dblp-inmem-demo: %s\n", e.what());
+    DBLP_LOG(Error, "dblp-inmem-demo: %s", e.what());
     return 2;
   }
   return 0;

@@ -21,6 +21,8 @@
 #include <string>
 #include <vector>
 
+#include "dblp/log.h"
+#include "dblp/version.h"
 #include "dblp/wire.h"
 #include "eal_app.h"
 #include "frame_builder.h"
@@ -184,9 +186,9 @@ int Run() {
   rte_eth_dev_stop(opts.port_id);
   rte_eth_dev_close(opts.port_id);
   if (timed_out) {
-    std::fprintf(stderr,
+    DBLP_LOG(Error,
                  "dblp-sendframes: the device refused frames for %.1f s. "
-                 "Try: check the link is up, raise --timeout_s\n",
+                 "Try: check the link is up, raise --timeout_s",
                  FLAGS_timeout_s);
     return 1;
   }
@@ -203,6 +205,7 @@ int main(int argc, char** argv) {
   gflags::SetUsageMessage(
       "[EAL options] -- --dst_mac=.. --dst_ip=.. --src_ip=.. [--count=N "
       "--payload_floats=N --checksum=auto|sw|none]");
+  gflags::SetVersionString(dblp::Version());
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   const int rc = dblp::Run();
   rte_eal_cleanup();

@@ -6,10 +6,13 @@
 #include <chrono>
 #include <cstdio>
 #include <exception>
+#include <memory>
 
+#include "dblp/log.h"
 #include "common_flags.h"
 #include "dblp/control_sidecar.h"
 #include "eal_app.h"
+#include "runtime_flags.h"
 #include "server_engine.h"
 #include "server_flags.h"
 
@@ -185,15 +188,20 @@ int main(int argc, char** argv) {
   o.control_limits = dblp::ControlLimitsFromFlags();
   o.secret = dblp::JobSecretFromFlags("dblp-server");
   o.frame_auth = dblp::FrameAuthFromFlags(o.secret);
+  // The prompt's command file is checked before the EAL starts.
+  const dblp::PromptOptions prompt = dblp::PromptOptionsFromFlags(
+      "dblp-server", &o.policy, &o.dp.stats_period_s);
   dblp::InitEalOrDie(argc, argv);
+  auto runtime_session = std::make_unique<dblp::RuntimeSession>(prompt);
   int rc = 1;
   try {
     rc = dblp::RunServer(o);
   } catch (const std::exception& e) {
     // Setup steps outside the datapath that throw (libcrypto, the random
     // number generator): a message and exit 1, never std::terminate.
-    std::fprintf(stderr, "error: %s\n", e.what());
+    DBLP_LOG(Error, "error: %s", e.what());
   }
+  runtime_session.reset();  // the prompt ends, capture stops
   rte_eal_cleanup();
   return rc;
 }

@@ -15,6 +15,8 @@
 #include <optional>
 #include <string>
 
+#include "dblp/log.h"
+#include "dblp/version.h"
 #include "dblp/chunking.h"
 #include "dblp/loss_model.h"
 #include "udp/udp_push.h"
@@ -71,7 +73,7 @@ DEFINE_string(out_dir, "",
 namespace {
 
 [[noreturn]] void FlagError(const std::string& msg) {
-  std::fprintf(stderr, "error: %s\n", msg.c_str());
+  DBLP_LOG(Error, "error: %s", msg.c_str());
   std::exit(2);
 }
 
@@ -156,15 +158,15 @@ int Finish(const dblp::UdpPushBenchOptions& o,
     f << dblp::FormatUdpBenchJson(o, r);
     f.flush();
     if (!f.good()) {
-      std::fprintf(stderr,
+      DBLP_LOG(Error,
                    "error: cannot write --out=%s: check the "
-                   "directory exists and is writable\n",
+                   "directory exists and is writable",
                    FLAGS_out.c_str());
       return r.exit_code ? r.exit_code : 1;
     }
   }
   if (r.exit_code != 0) {
-    std::fprintf(stderr, "dblp-udp-bench: %s\n", r.error.c_str());
+    DBLP_LOG(Error, "dblp-udp-bench: %s", r.error.c_str());
   }
   return r.exit_code;
 }
@@ -176,6 +178,7 @@ int main(int argc, char** argv) {
       "DBLP push rounds over kernel UDP sockets (no DPDK).\n"
       "  dblp-udp-bench --size_mb=25 --iterations=5 [--loss=bernoulli:0.01 "
       "--p=0.02] [--out=run.json]");
+  gflags::SetVersionString(dblp::Version());
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   if (argc > 1) {
     FlagError(std::string("unexpected argument ") + argv[1] +

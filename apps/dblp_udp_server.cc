@@ -12,6 +12,8 @@
 #include <exception>
 #include <string>
 
+#include "dblp/log.h"
+#include "dblp/version.h"
 #include "dblp/chunking.h"
 #include "dblp/ipv4_endpoint.h"
 #include "job_flags.h"
@@ -80,6 +82,7 @@ int main(int argc, char** argv) {
       "dblp-udp-server [options]\n"
       "  e.g. dblp-udp-server --secret_file=job.secret --workers=3 "
       "--control=127.0.0.1:9100 --policy=dblp");
+  gflags::SetVersionString(dblp::Version());
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   if (argc > 1) {
     dblp::FlagError(std::string("unexpected argument ") + argv[1] +
@@ -92,11 +95,11 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     // Setup steps that throw (libcrypto, the random number generator): a
     // message and exit 1, never std::terminate.
-    std::fprintf(stderr, "dblp-udp-server: %s\n", e.what());
+    DBLP_LOG(Error, "dblp-udp-server: %s", e.what());
     return 1;
   }
   if (r.exit_code != 0) {
-    std::fprintf(stderr, "dblp-udp-server: %s\n", r.error.c_str());
+    DBLP_LOG(Error, "dblp-udp-server: %s", r.error.c_str());
     return r.exit_code;
   }
   std::printf("dblp-udp-server: %u workers, %llu iterations of %u chunks\n",

@@ -15,6 +15,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "dblp/log.h"
+#include "dblp/version.h"
 #include "dblp/chunking.h"
 #include "dblp/gradient_source.h"
 #include "job_flags.h"
@@ -82,6 +84,7 @@ int main(int argc, char** argv) {
       "dblp-udp-worker [options]\n"
       "  e.g. dblp-udp-worker --secret_file=job.secret "
       "--server=127.0.0.1:9100 --iterations=100");
+  gflags::SetVersionString(dblp::Version());
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   if (argc > 1) {
     dblp::FlagError(std::string("unexpected argument ") + argv[1] +
@@ -94,11 +97,11 @@ int main(int argc, char** argv) {
     source = SourceFromFlags();
     r = dblp::RunUdpJobWorker(o, *source);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "dblp-udp-worker: %s\n", e.what());
+    DBLP_LOG(Error, "dblp-udp-worker: %s", e.what());
     return 1;
   }
   if (r.exit_code != 0) {
-    std::fprintf(stderr, "dblp-udp-worker %u: %s\n", r.rank, r.error.c_str());
+    DBLP_LOG(Error, "dblp-udp-worker %u: %s", r.rank, r.error.c_str());
     return r.exit_code;
   }
   std::printf("dblp-udp-worker %u: %zu iterations, %s\n", r.rank, r.rows.size(),

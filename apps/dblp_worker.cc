@@ -4,12 +4,15 @@
 
 #include <cstdio>
 #include <exception>
+#include <memory>
 #include <stdexcept>
 #include <string>
 
+#include "dblp/log.h"
 #include "common_flags.h"
 #include "dblp/gradient_source.h"
 #include "eal_app.h"
+#include "runtime_flags.h"
 #include "worker_engine.h"
 #include "worker_flags.h"
 #ifdef DBLP_WITH_TRAINING
@@ -154,18 +157,23 @@ int main(int argc, char** argv) {
   } catch (const std::invalid_argument& e) {
     dblp::FlagError(e.what());
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
+    DBLP_LOG(Error, "error: %s", e.what());
     return 1;
   }
+  // The prompt's command file is checked before the EAL starts.
+  const dblp::PromptOptions prompt = dblp::PromptOptionsFromFlags(
+      "dblp-worker", nullptr, &o.dp.stats_period_s);
   dblp::InitEalOrDie(argc, argv);
+  auto runtime_session = std::make_unique<dblp::RuntimeSession>(prompt);
   int rc = 1;
   try {
     rc = dblp::RunWorker(o, std::move(source));
   } catch (const std::exception& e) {
     // Setup steps outside the datapath that throw (libcrypto, the random
     // number generator): a message and exit 1, never std::terminate.
-    std::fprintf(stderr, "error: %s\n", e.what());
+    DBLP_LOG(Error, "error: %s", e.what());
   }
+  runtime_session.reset();  // the prompt ends, capture stops
   rte_eal_cleanup();
   return rc;
 }

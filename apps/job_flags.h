@@ -14,6 +14,7 @@
 #include <string>
 #include <utility>
 
+#include "dblp/log.h"
 #include "dblp/chunking.h"
 #include "dblp/job_auth.h"
 #include "dblp/loss_model.h"
@@ -73,7 +74,7 @@ DEFINE_uint32(dump_iterations, 0, "test hook: iterations to dump");
 namespace dblp {
 
 [[noreturn]] inline void FlagError(const std::string& msg) {
-  std::fprintf(stderr, "error: %s\n", msg.c_str());
+  DBLP_LOG(Error, "error: %s", msg.c_str());
   std::exit(2);
 }
 
@@ -85,9 +86,9 @@ inline dblp::JobSecret JobSecretFromFlags(const char* app) {
     FlagError("--secret_file and --insecure: choose one");
   }
   if (FLAGS_insecure) {
-    std::fprintf(stderr,
+    DBLP_LOG(Warning,
                  "%s: WARNING: --insecure: no job secret; joins and data "
-                 "frames are not authenticated\n",
+                 "frames are not authenticated",
                  app);
     return dblp::JobSecret();
   }

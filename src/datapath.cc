@@ -1,4 +1,5 @@
 #include "datapath.h"
+#include "dblp/log.h"
 
 #include <rte_errno.h>
 #include <rte_ethdev.h>
@@ -19,22 +20,23 @@ void OnQuitSignal(int) { g_quit.store(true); }
 const std::atomic<bool>& InstallQuitHandlers() {
   std::signal(SIGINT, OnQuitSignal);
   std::signal(SIGTERM, OnQuitSignal);
+  std::signal(SIGHUP, OnQuitSignal);  // a closed terminal: exit cleanly too
   return g_quit;
 }
 
 void SetControlPriorities(SidecarThread& sidecar, const char* app,
                           bool realtime_datapath) {
   if (realtime_datapath && !SetRealtime(pthread_self(), kDatapathRtPriority)) {
-    std::fprintf(stderr,
+    DBLP_LOG(Warning,
                  "%s: --realtime needs CAP_SYS_NICE (root); the "
-                 "datapath runs at normal priority\n",
+                 "datapath runs at normal priority",
                  app);
   }
   if (!SetRealtime(sidecar.native_handle(), kSidecarRtPriority)) {
-    std::fprintf(stderr,
+    DBLP_LOG(Warning,
                  "%s: control thread runs at normal priority (no "
                  "CAP_SYS_NICE): control latency may grow when cores are "
-                 "shared\n",
+                 "shared",
                  app);
   }
 }

@@ -1,20 +1,25 @@
 #include "eal_app.h"
 
+#include <pthread.h>
 #include <rte_cycles.h>
 #include <rte_debug.h>
 #include <rte_eal.h>
 #include <rte_errno.h>
+#include <rte_log.h>
 #include <rte_pause.h>
+#include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
-#include <pthread.h>
-#include <sched.h>
-
 #include <cstring>
 #include <string>
+
+#include "dblp/log.h"
+#include "dblp/version.h"
+#include "eal_cleanup.h"
 
 namespace dblp {
 
@@ -24,6 +29,13 @@ namespace {
 std::string EalFix(int err) {
   switch (err) {
     case EACCES:
+      // EAL's "Cannot get hugepage information" is EACCES too.
+      if (geteuid() == 0) {
+        return "no usable hugepages: reserve them and mount hugetlbfs "
+               "(deploy/hugepages.sh --pages 512, or `echo 512 > "
+               "/proc/sys/vm/nr_hugepages` and `mount -t hugetlbfs nodev "
+               "/dev/hugepages`), or run without them: --no-huge -m 512";
+      }
       return "run as root (or with CAP_SYS_ADMIN/CAP_IPC_LOCK), or check the "
              "permissions of /dev/hugepages and /var/run/dpdk";
     case ENOMEM:
@@ -45,6 +57,12 @@ std::string EalFix(int err) {
     case EPROTO:
       return "another DPDK process uses the same runtime directory: give each "
              "process its own --file-prefix=<name> (or --in-memory)";
+    case 0:
+      return "if the EAL says \"Cannot create lock on .../config. Is another "
+             "primary process running?\", another running DPDK process uses "
+             "this --file-prefix: give each process its own "
+             "--file-prefix=<name>; else --log-level=*:debug shows which EAL "
+             "step failed";
     default:
       return "try --no-huge -m 512 --no-pci --file-prefix=<unique name>, and "
              "--log-level=*:debug to see which EAL step failed";
@@ -72,19 +90,46 @@ bool SetRealtime(pthread_t thread, int priority) {
   return pthread_setschedparam(thread, SCHED_FIFO, &param) == 0;
 }
 
+namespace {
+
+int g_logtype = -1;  // DPDK's "dblp" log type, once the EAL runs
+
+// DBLP_LOG under the EAL: filtered by DPDK's level for "dblp"
+// (--log-level=dblp:debug), written to stderr like the apps' other
+// diagnostics; under systemd with the priority journald reads.
+void EalLogSink(LogLevel level, const char* message) {
+  // RTE_LOG_ERR is 4: syslog's number plus one.
+  if (g_logtype >= 0 && !rte_log_can_log(static_cast<uint32_t>(g_logtype),
+                                         static_cast<uint32_t>(level) + 1)) {
+    return;
+  }
+  const std::string line = FormatLogLine(level, message) + "\n";
+  std::fwrite(line.data(), 1, line.size(), stderr);
+  std::fflush(stderr);
+}
+
+}  // namespace
+
 int InitEalOrDie(int argc, char** argv) {
-  std::string line = "dblp: command line:";
+  std::string line = std::string("dblp ") + Version() + ": command line:";
   for (int i = 0; i < argc; ++i) {
     line += ' ';
     line += argv[i];
   }
-  std::fprintf(stderr, "%s\n", line.c_str());
-  std::fflush(stderr);
+  DBLP_LOG(Notice, "%s", line.c_str());
 
-  const int ret = rte_eal_init(argc, argv);
+  // Registered before the EAL parses its options, so every --log-level
+  // applies in command-line order (`*:warning` then `dblp:debug` leaves
+  // dblp at debug, as for DPDK's own types).
+  g_logtype = rte_log_register_type_and_pick_level("dblp", RTE_LOG_INFO);
+  if (g_logtype >= 0) SetLogSink(EalLogSink);
+  const int ret = EalInitWithFileCleanup(argc, argv);  // eal_cleanup.h
   if (ret < 0) {
     const int err = rte_errno;
-    Die(std::string("EAL initialisation failed: ") + rte_strerror(err),
+    // Some EAL failures set no rte_errno ("Success" would mislead).
+    Die(std::string("EAL initialisation failed") +
+            (err != 0 ? std::string(": ") + rte_strerror(err)
+                      : std::string(" (the EAL lines above say where)")),
         EalFix(err));
   }
   return ret;

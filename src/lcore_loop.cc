@@ -1,4 +1,5 @@
 #include "lcore_loop.h"
+#include "dblp/log.h"
 
 #include <rte_pause.h>
 
@@ -360,7 +361,7 @@ bool ServerLcore::LoseWorker(uint32_t w, const std::string& how) {
               "--on_worker_loss=continue to carry on without it");
     return false;
   }
-  std::fprintf(stderr, "dblp-server: continuing without worker %u (%s)\n", w,
+  DBLP_LOG(Warning, "dblp-server: continuing without worker %u (%s)", w,
                how.c_str());
   workers_[w]->alive.store(false);  // its frames are dropped from now on
   control_.MarkLost(w);

@@ -1,4 +1,5 @@
 #include "numa_placement.h"
+#include "dblp/log.h"
 
 #include <numa.h>
 #include <numaif.h>
@@ -23,10 +24,10 @@ void WarnLcoresOffNode(int node, const char* app) {
   RTE_LCORE_FOREACH(lcore) {
     const int on = static_cast<int>(rte_lcore_to_socket_id(lcore));
     if (on != node) {
-      std::fprintf(stderr,
+      DBLP_LOG(Warning,
                    "%s: lcore %u is on NUMA node %d, the port on node %d: "
                    "its frames cross the interconnect. Pick lcores of node "
-                   "%d with -l/--lcores (lscpu shows them)\n",
+                   "%d with -l/--lcores (lscpu shows them)",
                    app, lcore, on, node, node);
     }
   }
@@ -61,9 +62,9 @@ bool PlaceOnNode(const void* p, size_t bytes, int node, std::string* error) {
 void PlaceOnNodeOrWarn(std::span<const float> v, int node, const char* what) {
   std::string error;
   if (PlaceOnNode(v.data(), v.size_bytes(), node, &error)) return;
-  std::fprintf(stderr,
+  DBLP_LOG(Warning,
                "dblp: the %s stays where it was allocated, not on NUMA node "
-               "%d (%s): expect slower rounds\n",
+               "%d (%s): expect slower rounds",
                what, node, error.c_str());
 }
 

@@ -1,4 +1,5 @@
 #include "port.h"
+#include "dblp/log.h"
 
 #include <rte_cycles.h>
 #include <rte_errno.h>
@@ -265,7 +266,7 @@ PortCaps SetupPortOrDie(const PortOptions& opts, rte_mempool* pool) {
   if (opts.promiscuous) {
     ret = rte_eth_promiscuous_enable(port);
     if (ret != 0 && ret != -ENOTSUP) {
-      std::fprintf(stderr, "dblp: %s: promiscuous mode not enabled: %s\n",
+      DBLP_LOG(Warning, "dblp: %s: promiscuous mode not enabled: %s",
                    where.c_str(), rte_strerror(-ret));
     }
   }

@@ -195,6 +195,16 @@ bool WriteRunSummary(const std::string& dir, const RunReport& r,
   w.Key("info").BeginObject();
   for (const auto& [k, v] : r.info) w.Key(k).String(v);
   w.EndObject();
+  if (!r.xstats.empty()) {
+    // The ports' extended statistics at the end (DPDK apps).
+    w.Key("xstats").BeginObject();
+    for (const auto& [port, stats] : r.xstats) {
+      w.Key(port).BeginObject();
+      for (const auto& [k, v] : stats) w.Key(k).Uint(v);
+      w.EndObject();
+    }
+    w.EndObject();
+  }
   w.EndObject();
   s << '\n';
   if (!s) {

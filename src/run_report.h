@@ -27,6 +27,8 @@ struct RunReport {
   std::vector<uint64_t> burst_iterations;
   NamedCounters counters;
   std::vector<std::pair<std::string, std::string>> info;  // free-form
+  // Per port ("port0", ...): rte_eth_xstats at the end; DPDK apps only.
+  std::vector<std::pair<std::string, NamedCounters>> xstats;
 };
 
 // Appends rows to `dir`/iterations.jsonl and `dir`/iterations.csv as they

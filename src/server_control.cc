@@ -1,4 +1,5 @@
 #include "server_control.h"
+#include "dblp/log.h"
 
 #include <chrono>
 #include <cstdio>
@@ -124,16 +125,16 @@ void ServerControl::OnClose(ConnId c, const std::string& reason) {
   const int w = admission_.OnClose(c);  // frees a slot during the join
   if (w < 0) return;
   if (!joined_.load()) {
-    std::fprintf(stderr,
+    DBLP_LOG(Warning,
                  "dblp-server: a worker left before the job "
-                 "started (%s)\n",
+                 "started (%s)",
                  reason.c_str());
     return;
   }
   events_.Push(PeerGoneEvent{static_cast<uint16_t>(w)});
-  std::fprintf(stderr,
+  DBLP_LOG(Info,
                "dblp-server: control connection of worker %d "
-               "closed: %s\n",
+               "closed: %s",
                w, reason.c_str());
 }
 

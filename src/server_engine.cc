@@ -1,3 +1,4 @@
+#include "dblp/log.h"
 #include "server_engine.h"
 
 #include <rte_ethdev.h>
@@ -8,12 +9,14 @@
 #include <optional>
 #include <vector>
 
+#include "app_telemetry.h"
 #include "datapath.h"
 #include "dblp/broadcast_carry.h"
 #include "dblp/clr_detector.h"  // L2Norm
 #include "dblp/loss_fill.h"
 #include "dblp/resync.h"
 #include "eal_app.h"
+#include "engine_runtime.h"
 #include "lcore_loop.h"
 #include "numa_placement.h"
 #include "run_report.h"
@@ -61,8 +64,9 @@ uint16_t SetupServerPorts(const ServerOptions& o, uint16_t lcores,
   if (nb_ports == 0) {
     Die("no Ethernet port",
         "give the server a port: -a <PCI address> for a "
-        "NIC, or one --vdev=net_memifN,role=server,socket=/tmp/dblp-wN.sock "
-        "per worker");
+        "NIC, bound to vfio-pci (deploy/bind-nic.sh; check: dpdk-devbind.py "
+        "--status-dev net), or one "
+        "--vdev=net_memifN,role=server,socket=/tmp/dblp-wN.sock per worker");
   }
   PortOptions popts = o.dp.port;
   popts.nb_queues = lcores;
@@ -97,7 +101,7 @@ int RunServer(const ServerOptions& o) {
   RowStream rows;
   if (std::string err;
       !o.dp.out_dir.empty() && !rows.Open(o.dp.out_dir, &err)) {
-    std::fprintf(stderr, "dblp-server: %s\n", err.c_str());
+    DBLP_LOG(Error, "dblp-server: %s", err.c_str());
     return 1;
   }
   if (o.workers == 0 || o.workers >= kServerRank) {
@@ -123,6 +127,9 @@ int RunServer(const ServerOptions& o) {
       o.session ? o.session : DeriveSession(o.secret, job_nonce);
   const FrameKey frame_key = DeriveFrameKey(o.secret, job_nonce, o.frame_auth);
   std::unique_ptr<TolerancePolicy> policy = TolerancePolicy::Create(o.policy);
+  // Telemetry and the runtime prompt's commands (engine_runtime.h).
+  EngineRuntime runtime("dblp-server", true);
+  runtime.SetPolicy(o.policy, 0, false);
 
   std::vector<std::unique_ptr<LcoreConf>> lcs;
   std::vector<const DatapathCounters*> counters;
@@ -215,6 +222,22 @@ int RunServer(const ServerOptions& o) {
                            o.continue_on_worker_loss, &orders, &decisions,
                            &bcast_subset}));
   }
+  // `inject burst` adds to every lcore's injector; the stats for telemetry
+  // are the summary's counters, read by the coordinator.
+  loss.set_injected(&GlobalAppState().burst);
+  for (auto& l : losses) {
+    if (l) l->set_injected(&GlobalAppState().burst);
+  }
+  {
+    std::vector<const LcoreConf*> lc_ptrs;
+    for (const auto& l : lcs) lc_ptrs.push_back(l.get());
+    runtime.SetLcores(std::move(lc_ptrs), nb_ports);
+  }
+  runtime.SetCounters([&](CounterList* out) {
+    RunReport live;
+    AddServerCounters(lcs, control, links, nb_ports, &live);
+    *out = std::move(live.counters);
+  });
   RunReport report;
   report.role = "server";
   report.policy = policy->Describe();
@@ -226,6 +249,7 @@ int RunServer(const ServerOptions& o) {
   coord.announce_push = [&](uint64_t it) {
     push_open_ns = NowNs();
     control.Publish(it, push_tol.p, push_tol.critical);
+    runtime.PushOpened(it, push_tol);
     lcores[0]->outbox().Post(
         Announcement(Direction::kPush, PushRound(it), push_tol));
   };
@@ -244,6 +268,10 @@ int RunServer(const ServerOptions& o) {
     const double norm = L2Norm(mean);
     if (!sync) policy->OnIterationEnd(step, norm, NowNs() - push_open_ns);
     const RoundTolerance next = policy->Current();
+    DBLP_LOG(Debug,
+             "dblp-server: iteration %llu: mean norm %.6g, next p %.4g%s%s",
+             static_cast<unsigned long long>(it), norm, next.p,
+             next.critical ? " (critical)" : "", sync ? " (resync)" : "");
     RoundTolerance bcast_tol =
         sync ? RoundTolerance{} : BroadcastTolerance(o, next);
     bcast_subset.clear();
@@ -277,7 +305,14 @@ int RunServer(const ServerOptions& o) {
     }
     lcores[0]->outbox().Post(
         Announcement(Direction::kBroadcast, BroadcastRound(it), bcast_tol));
-    push_tol = resync.IsResync(it + 1) ? RoundTolerance{} : next;
+    // The prompt's change, at this round boundary: iteration it + 1 on
+    // (push and broadcast) runs under it; this broadcast keeps `next`.
+    const RoundTolerance after =
+        runtime.ApplyServerCommand(it + 1, &policy) ? policy->Current() : next;
+    push_tol = resync.IsResync(it + 1) ? RoundTolerance{} : after;
+    runtime.BroadcastOpened(it, bcast_tol, push_tol);
+    if (o.push_only) runtime.IterationDone(it);
+    runtime.PublishStats();  // the other lcores wait at the barrier
     reducer.BeginRound();
     reducer.set_num_workers(lcores[0]->live_count());
     return push_tol;
@@ -290,6 +325,7 @@ int RunServer(const ServerOptions& o) {
     AddBroadcastToRows(links, W, &report);
     // On disk before the next round: a kill -9 keeps them.
     rows.Sync(report.rows);
+    runtime.IterationDone(it);
   };
 
   for (auto& lc : lcores) lc->OpenPush(0, push_tol);
@@ -309,8 +345,10 @@ int RunServer(const ServerOptions& o) {
     remote[k] = RemoteLcore{lcores[k].get(), o.dp.realtime};
     rte_eal_remote_launch(RunRemoteLcore, &remote[k], lcs[k]->lcore_id);
   }
+  runtime.SetRunning(true);
   lcores[0]->Run(&coord);
   rte_eal_mp_wait_lcore();
+  runtime.SetRunning(false);
   std::vector<std::pair<std::string, uint64_t>> resource_counters;
   resources.AddTo(iterations_done, &resource_counters);
   const std::string failure = job.failure();
@@ -320,6 +358,11 @@ int RunServer(const ServerOptions& o) {
   AddServerCounters(lcs, control, links, nb_ports, &report);
   report.counters.insert(report.counters.end(), resource_counters.begin(),
                          resource_counters.end());
+
+  for (uint16_t p = 0; p < nb_ports; ++p) {
+    report.xstats.emplace_back("port" + std::to_string(p), ReadXstats(p));
+  }
+  runtime.PublishFinal(report.counters, !failure.empty());
 
   // Workers on memif wait for this close before they close their side
   // (worker_engine.cc, AwaitServerClose): closed right after the job.
@@ -348,12 +391,12 @@ int RunServer(const ServerOptions& o) {
     rows.Close();
     if (werr.empty()) WriteRunSummary(o.dp.out_dir, report, &werr);
     if (!werr.empty()) {
-      std::fprintf(stderr, "dblp-server: %s\n", werr.c_str());
+      DBLP_LOG(Error, "dblp-server: %s", werr.c_str());
       exit_code = 1;
     }
   }
   if (!failure.empty()) {
-    std::fprintf(stderr, "dblp-server: %s\n", failure.c_str());
+    DBLP_LOG(Error, "dblp-server: %s", failure.c_str());
   }
   return exit_code;
 }

@@ -1,3 +1,4 @@
+#include "dblp/log.h"
 #include "worker_engine.h"
 
 #include <rte_ethdev.h>
@@ -9,10 +10,12 @@
 #include <optional>
 #include <vector>
 
+#include "app_telemetry.h"
 #include "datapath.h"
 #include "dblp/receive_side.h"
 #include "dblp/send_side.h"
 #include "eal_app.h"
+#include "engine_runtime.h"
 #include "frame_builder.h"
 #include "lcore_loop.h"
 #include "numa_placement.h"
@@ -186,17 +189,21 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
   RowStream rows;
   if (std::string err;
       !o.dp.out_dir.empty() && !rows.Open(o.dp.out_dir, &err)) {
-    std::fprintf(stderr, "dblp-worker: %s\n", err.c_str());
+    DBLP_LOG(Error, "dblp-worker: %s", err.c_str());
     return 1;
   }
   if (rte_eth_dev_count_avail() == 0) {
     Die("no Ethernet port",
         "give the worker a port: -a <PCI address> for a "
-        "NIC, or --vdev=net_memif0,role=client,socket=/tmp/dblp-w0.sock");
+        "NIC, bound to vfio-pci (deploy/bind-nic.sh; check: dpdk-devbind.py "
+        "--status-dev net), or "
+        "--vdev=net_memif0,role=client,socket=/tmp/dblp-w0.sock");
   }
   LcoreConf lc;
   lc.lcore_id = rte_lcore_id();
   WorkerControl control(o.secret, &lc.counters, o.dp.stats_period_s);
+  // Telemetry and the runtime prompt's commands (engine_runtime.h).
+  EngineRuntime runtime("dblp-worker", false);
   JoinMsg join;
   join.worker_name = o.name;
   join.total_bytes = source->floats() * sizeof(float);
@@ -264,6 +271,8 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
 
   // Loss on the broadcast we receive, applied as frames arrive.
   RxLossInjector loss(o.dp.loss, o.dp.bursts, HashMix(o.dp.seed, wel.rank + 1));
+  loss.set_injected(&GlobalAppState().burst);  // the prompt's inject burst
+  GlobalAppState().worker_policy.Add("describe", wel.policy);
   TokenBucket link(o.dp.link_gbps,
                    uint64_t{o.dp.burst} * WireBytesPerFrame(caps.mtu));
   std::vector<ChunkTransmitter> tx;
@@ -325,9 +334,19 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
   const uint64_t iterations =
       source->Unbounded() ? UINT64_MAX : model.iterations(o.iterations);
   ResourceTrack resources(pool);
+  runtime.SetLcores({&lc}, queues);
+  runtime.SetCounters([&](CounterList* out) {
+    RunReport live;
+    AddWorkerCounters(lc, control, push, bcast, ReadPortDrops(0), &live);
+    *out = std::move(live.counters);
+  });
+  runtime.round().total_iterations = iterations == UINT64_MAX ? 0 : iterations;
+  runtime.SetRunning(true);
   for (uint64_t it = 0; it < iterations && failure.empty(); ++it) {
     resources.Sample(it);
     control.set_iteration(it);
+    runtime.ApplyWorkerCommand(it);  // the prompt's, before the round opens
+    runtime.WorkerStarted(it);
     bool more = true;
     failure = model.Prepare(it, &more);
     if (!failure.empty() || !more) break;
@@ -384,9 +403,14 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
     }
     report.rows.push_back(r);
     rows.Append(r);  // on disk before the next iteration: kill -9 keeps it
+    runtime.WorkerDone(it, r.p, r.critical, r.delivered_fraction);
+    runtime.PublishStats();
   }
   std::vector<std::pair<std::string, uint64_t>> resource_counters;
   resources.AddTo(report.rows.size(), &resource_counters);
+  runtime.SetRunning(false);
+  // Before the server closes its side: memif's counters end with the link.
+  report.xstats.emplace_back("port0", ReadXstats(0));
   control.Finish(failure.empty(), failure);
   AwaitPeerClose(0, caps);
   const PortDrops drops = ReadPortDrops(0);
@@ -395,6 +419,7 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
   report.counters.insert(report.counters.end(), resource_counters.begin(),
                          resource_counters.end());
 
+  runtime.PublishFinal(report.counters, !failure.empty());
   report.info = {
       {"source", source->Describe()},
       {"link_gbps",
@@ -410,12 +435,12 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
     rows.Close();
     if (werr.empty()) WriteRunSummary(o.dp.out_dir, report, &werr);
     if (!werr.empty()) {
-      std::fprintf(stderr, "dblp-worker: %s\n", werr.c_str());
+      DBLP_LOG(Error, "dblp-worker: %s", werr.c_str());
       exit_code = 1;
     }
   }
   if (!failure.empty()) {
-    std::fprintf(stderr, "dblp-worker %u: %s\n", wel.rank, failure.c_str());
+    DBLP_LOG(Error, "dblp-worker %u: %s", wel.rank, failure.c_str());
     source->Fail(failure);
   }
   rte_eth_dev_stop(0);

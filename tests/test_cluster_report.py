@@ -340,6 +340,40 @@ class ClusterReport(unittest.TestCase):
         with open(os.path.join(self.dir, "report.md")) as f:
             self.assertIn("ratio fixed/dblp", f.read())
 
+    def test_progress_from_streamed_rows(self):
+        srv = os.path.join(self.dir, "progress")
+        os.makedirs(srv)
+        self.assertIsNone(R.job_progress(srv, 3))
+        with open(os.path.join(srv, "iterations.jsonl"), "w") as f:
+            for it in range(4):
+                for w in range(3):
+                    f.write(json.dumps({"iteration": it, "rank": w,
+                                        "p": 0.408, "critical": False})
+                            + "\n")
+            f.write('{"iteration": 4, "ra')  # a row being written
+        pr = R.job_progress(srv, 3)
+        self.assertEqual(pr, {"done": 4, "p": 0.408, "critical": False})
+        line = R.format_progress("dblp", 4, 10, 8.0, 0.408, False)
+        self.assertEqual(line, "dblp: iteration 4/10 ( 40%) ETA 12s  "
+                               "p=0.408  CLR normal")
+        self.assertIn("done", R.format_progress("x", 10, 10, 3, 0.008, True))
+        self.assertIn("CLR critical",
+                      R.format_progress("x", 1, 10, 3, 0.008, True))
+
+    def test_plots_written_next_to_the_report(self):
+        write_fixed(self.dir)
+        write_dblp(self.dir)
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            self.skipTest("no matplotlib in this python")
+        files = R.write_plots(self.dir, ["fixed", "dblp"], BURSTS)
+        self.assertEqual([os.path.basename(f) for f in files],
+                         ["latency.png", "cdf.png"])
+        for f in files:
+            with open(f, "rb") as fh:
+                self.assertEqual(fh.read(8), b"\x89PNG\r\n\x1a\n")
+
     def test_margin_is_configurable(self):
         write_fixed(self.dir)
         write_dblp(self.dir)

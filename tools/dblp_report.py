@@ -716,3 +716,119 @@ def write_report(out_dir: str, report: Dict[str, Any]) -> str:
     with open(os.path.join(out_dir, "report.md"), "w", encoding="utf-8") as f:
         f.write(format_markdown(report))
     return format_text(report)
+
+
+# --------------------------------------------------------------------------
+# Plots next to report.md (matplotlib, Agg, imported only here).
+# --------------------------------------------------------------------------
+def push_latency_series(run: Dict[str, Any]) -> List[Tuple[int, float]]:
+    """(iteration, median push send latency over the workers in us)."""
+    out = []
+    for it, rows in sorted(_per_iteration(run).items()):
+        vals = sorted(_finite(r.get("send_latency_us") for r in rows))
+        if vals:
+            out.append((it, vals[len(vals) // 2]))
+    return out
+
+
+def write_plots(out_dir: str, policies: Sequence[str],
+                configured_bursts: Sequence[int] = ()) -> List[str]:
+    """latency.png (push latency per iteration, bursts marked) and cdf.png
+    (its distribution), every policy on one axis. Returns the files
+    written; [] without matplotlib (the report does not need them)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    series = {}
+    bursts = set(int(i) for i in configured_bursts)
+    for pol in policies:
+        run = load_policy_run(os.path.join(out_dir, pol))
+        s = push_latency_series(run)
+        if s:
+            series[pol] = s
+            bursts.update(burst_iterations(run, configured_bursts))
+    if not series:
+        return []
+    last = max(s[-1][0] for s in series.values())
+    bursts = {b for b in bursts if b <= last}  # configured, but never ran
+    written = []
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    for pol, s in series.items():
+        ax.plot([i for i, _ in s], [v / 1e3 for _, v in s], label=pol, lw=1)
+    for i, b in enumerate(sorted(bursts)):
+        ax.axvline(b, color="red", alpha=0.25, lw=4,
+                   label="microburst" if i == 0 else None)
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("push latency, median over workers (ms)")
+    ax.set_yscale("log")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    path = os.path.join(out_dir, "latency.png")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    written.append(path)
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    for pol, s in series.items():
+        vals = sorted(v / 1e3 for _, v in s)
+        ax.step(vals, [(k + 1) / len(vals) for k in range(len(vals))],
+                where="post", label=pol)
+    ax.set_xscale("log")
+    ax.set_xlabel("push latency (ms)")
+    ax.set_ylabel("fraction of iterations")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    path = os.path.join(out_dir, "cdf.png")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    written.append(path)
+    return written
+
+
+# --------------------------------------------------------------------------
+# Progress of a running job (from the server's streamed rows).
+# --------------------------------------------------------------------------
+def job_progress(server_dir: str, workers: int) -> Optional[Dict[str, Any]]:
+    """{"done": iterations finished, "p", "critical"} from the server's
+    iterations.jsonl as it grows (one row per worker and iteration), or
+    None before the first row. A partly written last line is skipped."""
+    path = os.path.join(server_dir, "iterations.jsonl")
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    last = None
+    count = 0
+    for line in data.split(b"\n"):
+        if not line.strip():
+            continue
+        try:
+            last = json.loads(line)
+            count += 1
+        except ValueError:
+            continue
+    if last is None:
+        return None
+    return {"done": count // max(1, workers), "p": last.get("p"),
+            "critical": last.get("critical")}
+
+
+def format_progress(policy: str, done: int, total: int, elapsed_s: float,
+                    p: Optional[float], critical: Optional[bool]) -> str:
+    """One line: policy, iteration/total, percentage, ETA, p, CLR state."""
+    pct = 100.0 * done / total if total else 0.0
+    if done > 0 and total > done:
+        eta = "ETA %ds" % round(elapsed_s / done * (total - done))
+    elif done >= total:
+        eta = "done"
+    else:
+        eta = "ETA -"
+    ps = "-" if p is None else "%.3g" % p
+    clr = "-" if critical is None else ("critical" if critical else "normal")
+    return "%s: iteration %d/%d (%3.0f%%) %s  p=%s  CLR %s" % (
+        policy, done, total, pct, eta, ps, clr)

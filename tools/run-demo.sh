@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The main job of README.md (until the DPDK apps land): a 3-worker DBLP job
-# with two 70% microbursts, fixed (MLT) vs dblp, in memory. Extra flags go
-# to dblp-inmem-demo (e.g. --iterations=200 --out_dir=results/inmem).
+# The protocol alone, without DPDK: a 3-worker DBLP job with two 70%
+# microbursts, fixed (MLT) vs dblp, in one process (no EAL, no ports, no
+# hugepages). The main job of README.md is tools/run-cluster.sh (dblp-server
+# and dblp-workers over memif). Extra flags go to dblp-inmem-demo (e.g.
+# --iterations=200 --out_dir=results/inmem).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -1,4 +1,5 @@
 #include "dblp/admission.h"
+#include "dblp/log.h"
 
 #include <cstdio>
 #include <variant>
@@ -71,7 +72,7 @@ void Admission::Refuse(ControlSidecar& sc, ConnId c, const std::string& why,
   // line per hundred.
   const uint64_t n = ++refusals_;
   if (n <= 10 || n % 100 == 0) {
-    std::fprintf(stderr, "%s: refused %s (%llu refused so far): %s\n", app_,
+    DBLP_LOG(Warning, "%s: refused %s (%llu refused so far): %s", app_,
                  sc.PeerAddress(c).c_str(), static_cast<unsigned long long>(n),
                  why.c_str());
   }

@@ -1,4 +1,5 @@
 #include "dblp/control_sidecar.h"
+#include "dblp/log.h"
 
 #include <arpa/inet.h>
 #ifdef __GLIBC__
@@ -1005,7 +1006,8 @@ void ControlSidecar::Log(const std::string& line) {
   if (cb_.on_log) {
     cb_.on_log(line);
   } else {
-    std::fprintf(stderr, "%s\n", line.c_str());
+    // Limits hit, accept() and epoll failures: an operator should see them.
+    DBLP_LOG(Warning, "%s", line.c_str());
   }
 }
 

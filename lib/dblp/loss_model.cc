@@ -283,6 +283,11 @@ void LossInjector::SetIteration(uint64_t it) {
   in_burst_iteration_ = bursts_.Contains(it);
 }
 
+void LossInjector::SetInjectedBurst(double loss) {
+  injected_burst_ = loss > 0;
+  injected_threshold_ = Threshold(loss);
+}
+
 void LossInjector::SetTimeNs(uint64_t ns_since_start) {
   in_burst_window_ = bursts_.HasWindow() &&
                      ns_since_start >= bursts_.window_start_ns &&

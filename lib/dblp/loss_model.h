@@ -101,7 +101,13 @@ class LossInjector {
   // Time since start, only needed for a time-window burst.
   void SetTimeNs(uint64_t ns_since_start);
 
-  bool InBurst() const { return in_burst_iteration_ || in_burst_window_; }
+  // A burst added at run time (the prompt's `inject burst`) for the current
+  // iteration, at its own loss; loss <= 0 ends it. Call after SetIteration.
+  void SetInjectedBurst(double loss);
+
+  bool InBurst() const {
+    return in_burst_iteration_ || in_burst_window_ || injected_burst_;
+  }
 
   // Per packet: inside a burst, drop with probability burst_loss; otherwise
   // ask the base model. The Gilbert-Elliott chain does not advance during a
@@ -110,7 +116,7 @@ class LossInjector {
     ++considered_;
     bool drop = false;
     if (InBurst()) [[unlikely]] {
-      drop = Hit(burst_threshold_);
+      drop = Hit(injected_burst_ ? injected_threshold_ : burst_threshold_);
       dropped_in_burst_ += drop;
     } else {
       switch (kind_) {
@@ -157,6 +163,8 @@ class LossInjector {
   uint64_t loss_good_threshold_ = 0;
   uint64_t loss_bad_threshold_ = 0;
   uint64_t burst_threshold_ = 0;
+  bool injected_burst_ = false;
+  uint64_t injected_threshold_ = 0;
   uint64_t considered_ = 0;
   uint64_t dropped_ = 0;
   uint64_t dropped_in_burst_ = 0;

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "dblp/app_state.h"
 #include "dblp/loss_model.h"
 #include "dblp/wire.h"
 
@@ -31,20 +32,30 @@ class RxLossInjector {
     if (it != iteration_) {
       iteration_ = it;
       injector_.SetIteration(it);
+      if (injected_ != nullptr) {
+        double loss = 0;
+        injector_.SetInjectedBurst(injected_->Covers(it, &loss) ? loss : 0);
+      }
     }
     if (has_window_) injector_.SetTimeNs(now_ns - start_ns_);
     return injector_.ShouldDrop();
   }
   void StartClock(uint64_t now_ns) { start_ns_ = now_ns; }
   bool InBurst(uint64_t iteration) const {
-    return injector_.bursts().Contains(iteration);
+    double loss = 0;
+    return injector_.bursts().Contains(iteration) ||
+           (injected_ != nullptr && injected_->Covers(iteration, &loss));
   }
+  // The runtime bursts (`inject burst`) this injector adds to its
+  // schedule; read when the frames' iteration changes, never per frame.
+  void set_injected(const InjectedBurst* b) { injected_ = b; }
   uint64_t dropped() const { return injector_.dropped(); }
 
  private:
   LossInjector injector_;
   bool has_window_;
-  uint64_t iteration_ = 0;
+  const InjectedBurst* injected_ = nullptr;
+  uint64_t iteration_ = UINT64_MAX;  // none seen yet
   uint64_t start_ns_ = 0;
 };
 
