@@ -731,6 +731,14 @@ def push_latency_series(run: Dict[str, Any]) -> List[Tuple[int, float]]:
     return out
 
 
+def have_matplotlib() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def write_plots(out_dir: str, policies: Sequence[str],
                 configured_bursts: Sequence[int] = ()) -> List[str]:
     """latency.png (push latency per iteration, bursts marked) and cdf.png
