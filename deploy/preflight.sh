@@ -220,10 +220,17 @@ cpu_node() {
 # Expands an EAL lcore list (2 | 0-3,6 | --lcores forms such as 1@3 or
 # (0-1)@2, where the CPUs are after the @) into CPU numbers.
 expand_cpus() {
-  local spec=$1 item a b
-  # --lcores: keep what follows each "@", else the lcore itself.
-  spec=$(printf '%s' "$spec" | sed -E 's/[0-9(),-]*\)?@//g; s/[()]//g')
-  for item in $(printf '%s' "$spec" | tr ',' ' '); do
+  local spec=$1 item a b el cpus=""
+  # --lcores: split on the commas outside parentheses, then keep what
+  # follows each element's "@" (its CPUs), else the lcore itself.
+  while IFS= read -r el; do
+    case "$el" in *@*) el=${el#*@} ;; esac
+    cpus="$cpus,${el//[()]/}"
+  done < <(printf '%s\n' "$spec" | awk '{ d = 0; o = "";
+    for (i = 1; i <= length($0); i++) { c = substr($0, i, 1);
+      if (c == "(") d++; if (c == ")") d--;
+      if (c == "," && d == 0) c = "\n"; o = o c } print o }')
+  for item in $(printf '%s' "$cpus" | tr ',' ' '); do
     case "$item" in
       *-*) a=${item%-*}; b=${item#*-} ;;
       *) a=$item; b=$item ;;

@@ -97,12 +97,13 @@ int g_logtype = -1;  // DPDK's "dblp" log type, once the EAL runs
 // DBLP_LOG under the EAL: filtered by DPDK's level for "dblp"
 // (--log-level=dblp:debug), written to stderr like the apps' other
 // diagnostics; under systemd with the priority journald reads.
-void EalLogSink(LogLevel level, const char* message) {
+bool EalLogFilter(LogLevel level) {
   // RTE_LOG_ERR is 4: syslog's number plus one.
-  if (g_logtype >= 0 && !rte_log_can_log(static_cast<uint32_t>(g_logtype),
-                                         static_cast<uint32_t>(level) + 1)) {
-    return;
-  }
+  return g_logtype < 0 || rte_log_can_log(static_cast<uint32_t>(g_logtype),
+                                          static_cast<uint32_t>(level) + 1);
+}
+
+void EalLogSink(LogLevel level, const char* message) {
   const std::string line = FormatLogLine(level, message) + "\n";
   std::fwrite(line.data(), 1, line.size(), stderr);
   std::fflush(stderr);
@@ -122,7 +123,7 @@ int InitEalOrDie(int argc, char** argv) {
   // applies in command-line order (`*:warning` then `dblp:debug` leaves
   // dblp at debug, as for DPDK's own types).
   g_logtype = rte_log_register_type_and_pick_level("dblp", RTE_LOG_INFO);
-  if (g_logtype >= 0) SetLogSink(EalLogSink);
+  if (g_logtype >= 0) SetLogSink(EalLogSink, EalLogFilter);
   const int ret = EalInitWithFileCleanup(argc, argv);  // eal_cleanup.h
   if (ret < 0) {
     const int err = rte_errno;

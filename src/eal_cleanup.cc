@@ -44,12 +44,22 @@ std::vector<std::string> HugetlbfsMounts() {
   return mounts;
 }
 
+// A prefix that names a directory under <base>/dpdk and nothing else (DPDK
+// accepts "../.."): anything else is never cleaned up.
+bool SafePrefix(const std::string& p) {
+  return !p.empty() && p.find('/') == std::string::npos && p != "." &&
+         p != "..";
+}
+
 // The EAL options this clean-up depends on, read before rte_eal_init
 // permutes argv.
 struct EalFileArgs {
   bool keep_hugefiles = false;  // --huge-unlink=never: kept on purpose
   std::string huge_dir;         // --huge-dir (may be below a mount)
   std::string prefix = "rte";   // --file-prefix, EAL's default
+  // --no-shconf / --in-memory: no config lock, so another primary may
+  // share the prefix; nothing under it is provably ours.
+  bool unlocked = false;
 };
 
 EalFileArgs ReadEalFileArgs(int argc, char** argv) {
@@ -68,6 +78,9 @@ EalFileArgs ReadEalFileArgs(int argc, char** argv) {
       a.prefix = arg + 14;
     } else if (std::strcmp(arg, "--file-prefix") == 0) {
       a.prefix = next;
+    } else if (std::strcmp(arg, "--no-shconf") == 0 ||
+               std::strcmp(arg, "--in-memory") == 0) {
+      a.unlocked = true;
     }
   }
   return a;
@@ -135,7 +148,7 @@ int EalInitWithFileCleanup(int argc, char** argv) {
   const bool existed = stat(planned.c_str(), &st) == 0;
   const int ret = rte_eal_init(argc, argv);
   if (ret < 0) {
-    if (!existed && args.prefix.find('/') == std::string::npos) {
+    if (!existed && !args.unlocked && SafePrefix(args.prefix)) {
       const int err = rte_errno;
       RemoveEalFiles(args.prefix.c_str(), planned.c_str(),
                      args.huge_dir.c_str(), args.keep_hugefiles);
@@ -143,13 +156,17 @@ int EalInitWithFileCleanup(int argc, char** argv) {
     }
     return ret;
   }
-  if (rte_eal_process_type() != RTE_PROC_PRIMARY) return ret;
-  // The runtime directory is <base>/<file prefix>; the prefix is ours now
-  // (a second primary with it would have failed rte_eal_init).
+  if (rte_eal_process_type() != RTE_PROC_PRIMARY || args.unlocked ||
+      !SafePrefix(args.prefix)) {
+    return ret;
+  }
+  // The runtime directory is <base>/dpdk/<file prefix>; the prefix is ours
+  // now (a second primary with it would have failed rte_eal_init).
   const std::string dir = rte_eal_get_runtime_dir();
   const size_t slash = dir.find_last_of('/');
-  if (g_state == nullptr && slash != std::string::npos &&
-      slash + 1 < dir.size()) {
+  if (g_state == nullptr && slash != std::string::npos && slash >= 5 &&
+      dir.compare(slash - 5, 5, "/dpdk") == 0 &&
+      dir.substr(slash + 1) == args.prefix) {
     g_state = new CleanupState{dir.substr(slash + 1), dir, args};
     std::atexit(RemoveAtExit);
   }

@@ -10,6 +10,7 @@
 #include <termios.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -304,8 +305,10 @@ void OnWait(void* parsed, cmdline* cl, void*) {
     const bool running =
         round.phase == JobPhase::kPush || round.phase == JobPhase::kBroadcast;
     if (what == "ms") {
+      // Clamped to a day: a larger n would overflow the clock's type.
+      const uint64_t ms = std::min<uint64_t>(r->n, 86'400'000);
       if (std::chrono::steady_clock::now() - start >=
-          std::chrono::milliseconds(r->n)) {
+          std::chrono::milliseconds(ms)) {
         return;
       }
     } else if (running && (what == "iteration"

@@ -381,6 +381,7 @@ int RunServer(const ServerOptions& o) {
                     : o.consistent_broadcast ? "consistent"
                                              : "same_p"},
       {"resync_every", std::to_string(o.resync_every)}};
+  report.policy = policy->Describe();  // the prompt may have changed it
   std::fputs(FormatRunSummary(report).c_str(), stdout);
   int exit_code = failure.empty() ? 0 : 1;
   if (rows.is_open()) {

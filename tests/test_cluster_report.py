@@ -343,16 +343,26 @@ class ClusterReport(unittest.TestCase):
     def test_progress_from_streamed_rows(self):
         srv = os.path.join(self.dir, "progress")
         os.makedirs(srv)
-        self.assertIsNone(R.job_progress(srv, 3))
-        with open(os.path.join(srv, "iterations.jsonl"), "w") as f:
+        reader = R.JobProgress(srv, 3)
+        self.assertIsNone(reader.read())
+        path = os.path.join(srv, "iterations.jsonl")
+        with open(path, "w") as f:
             for it in range(4):
                 for w in range(3):
                     f.write(json.dumps({"iteration": it, "rank": w,
                                         "p": 0.408, "critical": False})
                             + "\n")
-            f.write('{"iteration": 4, "ra')  # a row being written
-        pr = R.job_progress(srv, 3)
-        self.assertEqual(pr, {"done": 4, "p": 0.408, "critical": False})
+            f.write('{"iteration": 4, "rank": 0, "p": 0.0')  # being written
+        self.assertEqual(reader.read(),
+                         {"done": 4, "p": 0.408, "critical": False})
+        with open(path, "a") as f:  # the row completes, two more follow
+            f.write(', "critical": true}\n')
+            for w in (1, 2):
+                f.write(json.dumps({"iteration": 4, "rank": w, "p": 0.008,
+                                    "critical": True}) + "\n")
+        self.assertEqual(reader.read(),
+                         {"done": 5, "p": 0.008, "critical": True})
+        self.assertEqual(reader.offset, os.path.getsize(path))
         line = R.format_progress("dblp", 4, 10, 8.0, 0.408, False)
         self.assertEqual(line, "dblp: iteration 4/10 ( 40%) ETA 12s  "
                                "p=0.408  CLR normal")

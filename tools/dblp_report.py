@@ -772,13 +772,7 @@ def write_plots(out_dir: str, policies: Sequence[str],
     ax.set_xlabel("iteration")
     ax.set_ylabel("push latency, median over workers (ms)")
     ax.set_yscale("log")
-    ax.legend()
-    ax.grid(alpha=0.3)
-    path = os.path.join(out_dir, "latency.png")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    written.append(path)
+    written.append(_save(plt, fig, ax, os.path.join(out_dir, "latency.png")))
     fig, ax = plt.subplots(figsize=(6, 4.5))
     for pol, s in series.items():
         vals = sorted(v / 1e3 for _, v in s)
@@ -787,43 +781,58 @@ def write_plots(out_dir: str, policies: Sequence[str],
     ax.set_xscale("log")
     ax.set_xlabel("push latency (ms)")
     ax.set_ylabel("fraction of iterations")
+    written.append(_save(plt, fig, ax, os.path.join(out_dir, "cdf.png")))
+    return written
+
+
+def _save(plt, fig, ax, path):
     ax.legend()
     ax.grid(alpha=0.3)
-    path = os.path.join(out_dir, "cdf.png")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    written.append(path)
-    return written
+    return path
 
 
 # --------------------------------------------------------------------------
 # Progress of a running job (from the server's streamed rows).
 # --------------------------------------------------------------------------
-def job_progress(server_dir: str, workers: int) -> Optional[Dict[str, Any]]:
-    """{"done": iterations finished, "p", "critical"} from the server's
-    iterations.jsonl as it grows (one row per worker and iteration), or
-    None before the first row. A partly written last line is skipped."""
-    path = os.path.join(server_dir, "iterations.jsonl")
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    last = None
-    count = 0
-    for line in data.split(b"\n"):
-        if not line.strip():
-            continue
+class JobProgress:
+    """Progress of a running job from the server's iterations.jsonl as it
+    grows (one row per worker and iteration). Each read parses only what
+    was appended since the last one, so following a long job stays cheap;
+    a partly written last line waits for the next read."""
+
+    def __init__(self, server_dir: str, workers: int):
+        self.path = os.path.join(server_dir, "iterations.jsonl")
+        self.workers = max(1, workers)
+        self.offset = 0
+        self.rows = 0
+        self.last: Optional[Dict[str, Any]] = None
+
+    def read(self) -> Optional[Dict[str, Any]]:
+        """{"done": iterations finished, "p", "critical"}, or None before
+        the first row."""
         try:
-            last = json.loads(line)
-            count += 1
-        except ValueError:
-            continue
-    if last is None:
-        return None
-    return {"done": count // max(1, workers), "p": last.get("p"),
-            "critical": last.get("critical")}
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except OSError:
+            data = b""
+        end = data.rfind(b"\n") + 1  # complete lines only
+        for line in data[:end].split(b"\n"):
+            if not line.strip():
+                continue
+            try:
+                self.last = json.loads(line)
+                self.rows += 1
+            except ValueError:
+                continue
+        self.offset += end
+        if self.last is None:
+            return None
+        return {"done": self.rows // self.workers, "p": self.last.get("p"),
+                "critical": self.last.get("critical")}
 
 
 def format_progress(policy: str, done: int, total: int, elapsed_s: float,

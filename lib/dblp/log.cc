@@ -16,6 +16,7 @@ LogLevel LevelFromEnv() {
 }
 
 std::atomic<LogSink> g_sink{nullptr};
+std::atomic<LogFilter> g_filter{nullptr};
 std::atomic<int> g_level{static_cast<int>(LevelFromEnv())};
 
 void DefaultSink(LogLevel level, const char* message) {
@@ -27,7 +28,10 @@ void DefaultSink(LogLevel level, const char* message) {
 
 }  // namespace
 
-void SetLogSink(LogSink sink) { g_sink.store(sink); }
+void SetLogSink(LogSink sink, LogFilter filter) {
+  g_filter.store(filter);
+  g_sink.store(sink);
+}
 
 void SetLogLevel(LogLevel max_level) {
   g_level.store(static_cast<int>(max_level));
@@ -46,9 +50,8 @@ bool ParseLogLevel(const std::string& text, LogLevel* out) {
 }
 
 bool LogEnabled(LogLevel level) {
-  // A custom sink filters itself (DPDK's --log-level).
-  return g_sink.load() != nullptr ||
-         static_cast<int>(level) <= g_level.load(std::memory_order_relaxed);
+  if (const LogFilter f = g_filter.load()) return f(level);
+  return static_cast<int>(level) <= g_level.load(std::memory_order_relaxed);
 }
 
 std::string FormatLogLine(LogLevel level, const char* message) {

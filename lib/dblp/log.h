@@ -27,8 +27,12 @@ enum class LogLevel : int {
 
 // Receives each message that passed the filter, without a trailing newline.
 using LogSink = void (*)(LogLevel level, const char* message);
-// Installs `sink` (nullptr: the default). Call before any thread logs.
-void SetLogSink(LogSink sink);
+// Whether the sink would write a message at `level`: asked before any
+// formatting, so a filtered DBLP_LOG costs one call.
+using LogFilter = bool (*)(LogLevel level);
+// Installs `sink` and its `filter` (nullptr: the default sink and level).
+// Call before any thread logs.
+void SetLogSink(LogSink sink, LogFilter filter);
 // The default sink's threshold (messages above it are dropped).
 void SetLogLevel(LogLevel max_level);
 // "error", "warning", "notice", "info", "debug" (or 3..7); false on junk.

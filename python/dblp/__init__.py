@@ -108,7 +108,6 @@ class Worker:
         self._pending = []
         shm_name = shm or f"/dblp-{os.getpid()}-{next(_names)}"
         self._ch = _native.Channel(shm_name, floats, layers)
-        self._owner = True
         try:
             self.gradient = torch.frombuffer(self._ch.gradient(),
                                              dtype=torch.float32)
@@ -409,7 +408,7 @@ class Worker:
             except subprocess.TimeoutExpired:
                 self._proc.kill()
                 self._proc.wait()
-        if self._owner and self._ch is not None:
+        if self._ch is not None:
             self._ch.unlink()  # idempotent: gone already once joined
         if self._tmp_log_dir and self._proc is not None and \
                 self._proc.returncode == 0:
