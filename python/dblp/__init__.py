@@ -106,6 +106,7 @@ class Worker:
         self._iteration = 0    # protocol iteration (resyncs included)
         self._bucket_offset = 0
         self._pending = []
+        self._copy_s = 0.0
         shm_name = shm or f"/dblp-{os.getpid()}-{next(_names)}"
         self._ch = _native.Channel(shm_name, floats, layers)
         try:
@@ -324,44 +325,64 @@ class Worker:
     def push_bucket(self, flat, is_last):
         """Stage one DDP bucket at the next offset; the last bucket of the
         step runs the exchange. Returns a Future completed with the
-        bucket's slice of the mean."""
+        bucket's slice of the mean, or with the DblpError that ended the
+        step (raised by DDP's backward, catchable as dblp.DblpError)."""
         torch = _torch()
         n = flat.numel()
         off = self._bucket_offset
-        if off + n > self.gradient.numel():
-            pending, self._pending, self._bucket_offset = self._pending, [], 0
-            e = DblpError(f"the buckets hold more than the gradient's "
-                          f"{self.gradient.numel()} floats: give "
-                          "dblp.Worker the same model as DDP")
-            for f, _, _ in pending:
-                f.set_exception(e)
-            raise e
-        t0 = time.perf_counter()
-        self.gradient[off:off + n].copy_(flat.view(-1))
-        self._copy_s = getattr(self, "_copy_s", 0.0) + time.perf_counter() - t0
         fut = torch.futures.Future()
         self._pending.append((fut, off, n))
         self._bucket_offset += n
+        if off + n > self.gradient.numel():
+            self._fail_pending(DblpError(
+                f"DDP's buckets hold more than the gradient's "
+                f"{self.gradient.numel()} floats: give dblp.Worker the same "
+                "model as DDP"))
+            return fut
+        t0 = time.perf_counter()
+        self.gradient[off:off + n].copy_(flat.view(-1))
+        self._copy_s += time.perf_counter() - t0
         if not is_last:
             return fut
-        pending, self._pending, self._bucket_offset = self._pending, [], 0
+        pending = self._pending
         try:
-            if self._closed or self._broken:
-                self._post_and_wait(_native.POST_GRADIENT)  # raises why
             if off + n != self.gradient.numel():
                 raise DblpError(f"DDP's buckets hold {off + n} floats, the "
                                 f"gradient {self.gradient.numel()}: give "
                                 "dblp.Worker the same model as DDP")
             _, info = self.exchange()
-            info["copy_in_us"] = self._copy_s * 1e6
-            self._copy_s = 0.0
         except Exception as e:
-            for f, _, _ in pending:
-                f.set_exception(e)
-            raise
+            self._fail_pending(e)
+            return fut
+        info["copy_in_us"] = self._copy_s * 1e6
+        info["buckets"] = len(pending)
+        self._pending, self._bucket_offset, self._copy_s = [], 0, 0.0
         for f, o, k in pending:
-            f.set_result(self.mean[o:o + k])
+            # A tensor of its own storage, starting at the slice: DDP reads
+            # a hook's result with as_strided(offset) counted from the
+            # storage's start, so a view into self.mean (storage offset o)
+            # would hand every bucket but the first another part of the
+            # mean. No copy: DDP copies it into .grad before the next step.
+            f.set_result(self.mean_slice(o, k))
         return fut
+
+    def mean_slice(self, offset, count):
+        """self.mean[offset:offset + count] as a tensor whose storage starts
+        at `offset` (storage_offset() == 0); valid until the next
+        exchange."""
+        return _torch().frombuffer(self._ch.mean(), dtype=_torch().float32,
+                                   offset=4 * offset, count=count)
+
+    def _fail_pending(self, error):
+        """Ends the step's staged buckets with `error`; the next step starts
+        from the first offset."""
+        pending, self._pending = self._pending, []
+        self._bucket_offset, self._copy_s = 0, 0.0
+        if not isinstance(error, DblpError):
+            error = DblpError(f"{type(error).__name__}: {error}")
+        for f, _, _ in pending:
+            if not f.done():
+                f.set_exception(error)
 
     # ---- the end ---------------------------------------------------------
     def close(self, timeout=30.0):
