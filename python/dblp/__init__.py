@@ -47,6 +47,18 @@ def _layers_of(named_params):
     return [(name[:55], int(p.numel())) for name, p in named_params]
 
 
+def _check_params(named_params):
+    """Refuses, at registration, a model whose gradient DBLP cannot move
+    (rather than at the first backward)."""
+    torch = _torch()
+    for name, p in named_params:
+        if p.dtype != torch.float32 or p.device.type != "cpu":
+            raise TypeError(
+                f"parameter {name!r} is {p.dtype} on {p.device}: dblp moves "
+                "float32 CPU gradients (model.float(); for GPUs see "
+                "docs/PYTORCH.md, Limits)")
+
+
 class Worker:
     """One training process's DBLP worker.
 
@@ -80,6 +92,7 @@ class Worker:
         self._model = model
         params = self._params()
         if params is not None:
+            _check_params(params)
             layers = _layers_of(params)
             n = sum(f for _, f in layers)
             if floats is not None and floats != n:
@@ -107,6 +120,7 @@ class Worker:
         self._bucket_offset = 0
         self._pending = []
         self._copy_s = 0.0
+        self._raise_queued = False
         shm_name = shm or f"/dblp-{os.getpid()}-{next(_names)}"
         self._ch = _native.Channel(shm_name, floats, layers)
         try:
@@ -322,22 +336,27 @@ class Worker:
         return tensor.view(-1)
 
     # ---- DDP buckets (dblp.torch.comm_hook) ----------------------------
-    def push_bucket(self, flat, is_last):
+    def push_bucket(self, flat, is_last, in_backward=False):
         """Stage one DDP bucket at the next offset; the last bucket of the
         step runs the exchange. Returns a Future completed with the
-        bucket's slice of the mean, or with the DblpError that ended the
-        step (raised by DDP's backward, catchable as dblp.DblpError)."""
+        bucket's slice of the mean.
+
+        If the step fails, the futures are failed with the DblpError; with
+        in_backward=True (DDP's comm hook) they complete with their own
+        buckets instead and the DblpError is raised by the backward pass
+        once DDP has finished it, so `except dblp.DblpError` around
+        loss.backward() catches it and DDP is left consistent."""
         torch = _torch()
         n = flat.numel()
         off = self._bucket_offset
         fut = torch.futures.Future()
-        self._pending.append((fut, off, n))
+        self._pending.append((fut, off, n, flat))
         self._bucket_offset += n
         if off + n > self.gradient.numel():
             self._fail_pending(DblpError(
                 f"DDP's buckets hold more than the gradient's "
                 f"{self.gradient.numel()} floats: give dblp.Worker the same "
-                "model as DDP"))
+                "model as DDP"), in_backward)
             return fut
         t0 = time.perf_counter()
         self.gradient[off:off + n].copy_(flat.view(-1))
@@ -352,12 +371,12 @@ class Worker:
                                 "dblp.Worker the same model as DDP")
             _, info = self.exchange()
         except Exception as e:
-            self._fail_pending(e)
+            self._fail_pending(e, in_backward)
             return fut
         info["copy_in_us"] = self._copy_s * 1e6
         info["buckets"] = len(pending)
         self._pending, self._bucket_offset, self._copy_s = [], 0, 0.0
-        for f, o, k in pending:
+        for f, o, k, _ in pending:
             # A tensor of its own storage, starting at the slice: DDP reads
             # a hook's result with as_strided(offset) counted from the
             # storage's start, so a view into self.mean (storage offset o)
@@ -373,16 +392,38 @@ class Worker:
         return _torch().frombuffer(self._ch.mean(), dtype=_torch().float32,
                                    offset=4 * offset, count=count)
 
-    def _fail_pending(self, error):
+    def _fail_pending(self, error, in_backward):
         """Ends the step's staged buckets with `error`; the next step starts
         from the first offset."""
         pending, self._pending = self._pending, []
         self._bucket_offset, self._copy_s = 0, 0.0
         if not isinstance(error, DblpError):
             error = DblpError(f"{type(error).__name__}: {error}")
-        for f, _, _ in pending:
+        if not in_backward:
+            for f, _, _, _ in pending:
+                if not f.done():
+                    f.set_exception(error)
+            return
+        # DDP's C++ reducer cannot take an exception from a hook's future
+        # (it would report "Unable to cast ... to Tensor") and a hook that
+        # raises leaves it mid-reduction. So the buckets complete as they
+        # are, and a callback queued behind DDP's own (a callback that
+        # queues another runs after every callback already queued) raises
+        # the error out of backward(). The gradients are this rank's own:
+        # the backward pass raises, so no step takes them for the mean.
+        for f, _, _, flat in pending:
             if not f.done():
-                f.set_exception(error)
+                f.set_result(flat)
+        if self._raise_queued:
+            return
+        self._raise_queued = True
+        engine = _torch().autograd.Variable._execution_engine
+
+        def raise_error():
+            self._raise_queued = False
+            raise error
+
+        engine.queue_callback(lambda: engine.queue_callback(raise_error))
 
     # ---- the end ---------------------------------------------------------
     def close(self, timeout=30.0):

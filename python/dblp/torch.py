@@ -17,4 +17,4 @@ def comm_hook(state, bucket):
     if flat.dtype != _torch.float32 or flat.device.type != "cpu":
         raise TypeError("dblp.torch.comm_hook moves float32 CPU buckets (got "
                         f"{flat.dtype} on {flat.device}); docs/PYTORCH.md")
-    return state.push_bucket(flat, bucket.is_last())
+    return state.push_bucket(flat, bucket.is_last(), in_backward=True)

@@ -104,9 +104,10 @@ def train(kind, rank, world, steps, seed, attach=None, lr=0.05):
     return dict(losses=losses, params=state, momentum=momentum)
 
 
-def run_ranks(world, target, args, timeout=300):
-    """Runs target(rank, q, *args) in `world` forked processes; returns
-    {rank: result}. A rank that raised reports its traceback."""
+def run_ranks(world, target, args, timeout=300, expect=None):
+    """Runs target(rank, *args) in `world` forked processes; returns
+    {rank: result} once the ranks in `expect` (default: all) reported. A
+    rank that raised reports its traceback."""
     q = CTX.Queue()
     procs = [CTX.Process(target=_guarded, args=(target, r, q) + tuple(args))
              for r in range(world)]
@@ -115,7 +116,8 @@ def run_ranks(world, target, args, timeout=300):
     out = {}
     deadline = time.monotonic() + timeout
     try:
-        while len(out) < world:
+        want = set(range(world) if expect is None else expect)
+        while not want <= set(out):
             r, value = q.get(timeout=max(1, deadline - time.monotonic()))
             out[r] = value
     finally:

@@ -1,0 +1,76 @@
+"""How DBLP's failures reach a DDP training script: as dblp.DblpError out of
+loss.backward() (catchable, DDP left consistent), and at registration for a
+model it cannot move."""
+
+import os
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
+
+import dblp  # noqa: E402
+import dblp.torch  # noqa: E402
+import ddp_cases  # noqa: E402
+
+W = 2
+
+
+def crashing_rank(rank, port, kwargs, leave_rank, leave_at):
+    """Rank `leave_rank` exits without a word at step `leave_at`; the other
+    reports what its backward raised, and that DDP still runs a step."""
+    ddp_cases.set_threads()
+    ddp_cases.init_gloo(rank, W, port)
+    model = ddp_cases.make_model("many")
+    ddp = torch.nn.parallel.DistributedDataParallel(
+        model, **ddp_cases.DDP_OPTIONS["many"])
+    w = dblp.Worker(model=model, **kwargs[rank])
+    ddp.register_comm_hook(w, dblp.torch.comm_hook)
+    t0 = time.monotonic()
+    for step in range(100):
+        if rank == leave_rank and step == leave_at:
+            os._exit(0)
+        x, y = ddp_cases.batch("many", 1, rank, step)
+        loss = torch.nn.functional.cross_entropy(ddp(x), y)
+        try:
+            loss.backward()
+        except dblp.DblpError as e:
+            # DDP finished its reduction: another backward runs (no DBLP
+            # here: the hook raises at once, the worker being broken).
+            try:
+                x, y = ddp_cases.batch("many", 1, rank, step + 1)
+                torch.nn.functional.cross_entropy(ddp(x), y).backward()
+                second = "no error"
+            except dblp.DblpError as e2:
+                second = str(e2)
+            return dict(step=step, error=str(e), second=second,
+                        seconds=time.monotonic() - t0)
+    return dict(step=None)
+
+
+def test_peer_crash_is_a_dblp_error_out_of_backward():
+    with dblp.LocalServer(W, "dpdk", ["--policy=reliable",
+                                      "--resync_every=0"]) as srv:
+        kw = [srv.worker_kwargs(r) for r in range(W)]
+        res = ddp_cases.run_ranks(W, crashing_rank,
+                                  (ddp_cases.free_port_pair(), kw, 1, 5),
+                                  expect=[0])
+    r = res[0]
+    assert "trace" not in r, r.get("trace")
+    assert r["step"] == 5, r
+    assert "exited" in r["error"] and "w1" in r["error"], r["error"]
+    assert "out of step" in r["second"] or "failed" in r["second"], r
+    assert r["seconds"] < 30, r
+
+
+class Half(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(4, 4)
+        self.b = torch.nn.Linear(4, 2).double()
+
+
+def test_non_float32_model_refused_at_registration():
+    with pytest.raises(TypeError, match=r"'b.weight' is torch.float64"):
+        dblp.Worker(model=Half(), insecure=True, server="127.0.0.1:1")
