@@ -169,6 +169,7 @@ int main(int argc, char** argv) {
   o.continue_on_worker_loss = FLAGS_on_worker_loss == "continue";
   o.session = FLAGS_session;
   o.max_gradient_bytes = dblp::MaxGradientBytesFromFlags();
+  o.rank_by_name = dblp::RankByNameFromFlags();
   if (!(FLAGS_zero_fraction >= 0 && FLAGS_zero_fraction <= 1)) {
     dblp::FlagError("--zero_fraction must be in [0, 1]");
   }

@@ -63,6 +63,7 @@ dblp::UdpJobServerOptions OptionsFromFlags() {
   o.round_timeout_ms = dblp::RoundTimeoutFromFlags();
   o.join_timeout_ms = FLAGS_join_timeout_ms;
   o.max_gradient_bytes = dblp::MaxGradientBytesFromFlags();
+  o.rank_by_name = dblp::RankByNameFromFlags();
   o.control_limits = dblp::ControlLimitsFromFlags();
   o.cpu = FLAGS_cpu;
   o.idle_sleep_us = FLAGS_idle_sleep_us;

@@ -45,6 +45,10 @@ DEFINE_string(frame_auth, "header",
 DEFINE_uint32(max_gradient_mb, 1024,
               "refuse workers whose gradient is "
               "larger (the server keeps about three copies in memory)");
+DEFINE_string(rank_order, "join",
+              "how workers get their ranks: join (the order their JOINs "
+              "came in) | name (natural order of --name: rank0, rank1, ..., "
+              "rank10; what dblp's torch.distributed backend uses)");
 DEFINE_uint32(join_timeout_ms, 60000,
               "give up waiting for workers after "
               "this long");
@@ -105,6 +109,13 @@ inline FrameAuthMode FrameAuthFromFlags(const JobSecret& secret) {
     mode = FrameAuthMode::kNone;
   }
   return mode;
+}
+
+inline bool RankByNameFromFlags() {
+  if (FLAGS_rank_order != "join" && FLAGS_rank_order != "name") {
+    FlagError("--rank_order=" + FLAGS_rank_order + ": use join or name");
+  }
+  return FLAGS_rank_order == "name";
 }
 
 inline uint64_t MaxGradientBytesFromFlags() {

@@ -30,6 +30,7 @@ struct ServerJoinConfig {
   uint16_t udp_port = 0;
   rte_ether_addr mac{};
   uint64_t max_gradient_bytes = 0;
+  bool rank_by_name = false;          // JoinPolicy::rank_by_name
   std::string policy;                 // described in the WELCOME
   uint16_t ports = 1;                 // for the banner
   uint16_t shards = 1;                // datapath lcores: a round's chunk ranges

@@ -142,7 +142,8 @@ int RunServer(const ServerOptions& o) {
   }
   ServerControl control(
       ServerJoinConfig{o.workers, session, caps[0].mtu, local_ip, o.udp_port,
-                       caps[0].mac, o.max_gradient_bytes, policy->Describe(),
+                       caps[0].mac, o.max_gradient_bytes, o.rank_by_name,
+                       policy->Describe(),
                        nb_ports, S, o.resync_every, o.push_feedback,
                        o.consistent_broadcast, &o.secret, o.frame_auth,
                        job_nonce},

@@ -48,6 +48,7 @@ struct ServerOptions {
   // A JOIN asking for more is refused: the server holds about three copies
   // of the gradient (sums, mean, previous mean) in memory.
   uint64_t max_gradient_bytes = uint64_t{1} << 30;
+  bool rank_by_name = false;  // --rank_order=name (JoinPolicy)
   // Experiment hook (DBLP paper, Fig. 1): zero this fraction of the mean's
   // chunks in iterations [zero_first, zero_last].
   double zero_fraction = 0;

@@ -68,6 +68,42 @@ TEST(JoinDesk, LeavingBeforeTheJobFreesThePlace) {
   EXPECT_EQ(desk.Admit(4, Join("d")), "job already has all workers");
 }
 
+TEST(JoinDesk, RankByNameOrdersMembersNaturallyAtClose) {
+  JoinPolicy policy{4, 1500, 1 << 20};
+  policy.rank_by_name = true;
+  JoinDesk desk(policy);
+  ASSERT_EQ(desk.Admit(1, Join("rank10")), "");
+  ASSERT_EQ(desk.Admit(2, Join("rank2")), "");
+  ASSERT_EQ(desk.Admit(3, Join("rank0")), "");
+  ASSERT_EQ(desk.Admit(4, Join("rank1")), "");
+  EXPECT_EQ(desk.RankOf(1), 0);  // join order until the job starts
+  desk.Close();
+  EXPECT_EQ(desk.RankOf(3), 0);
+  EXPECT_EQ(desk.RankOf(4), 1);
+  EXPECT_EQ(desk.RankOf(2), 2);
+  EXPECT_EQ(desk.RankOf(1), 3);
+  EXPECT_EQ(desk.members()[3].name, "rank10");
+}
+
+TEST(JoinDesk, JoinOrderIsTheDefault) {
+  JoinDesk desk(JoinPolicy{2, 1500, 1 << 20});
+  ASSERT_EQ(desk.Admit(1, Join("w9")), "");
+  ASSERT_EQ(desk.Admit(2, Join("w1")), "");
+  desk.Close();
+  EXPECT_EQ(desk.RankOf(1), 0);
+  EXPECT_EQ(desk.RankOf(2), 1);
+}
+
+TEST(JoinDesk, NaturalNameOrder) {
+  EXPECT_TRUE(JoinDesk::NameBefore("w2", "w10"));
+  EXPECT_FALSE(JoinDesk::NameBefore("w10", "w2"));
+  EXPECT_TRUE(JoinDesk::NameBefore("a9", "b1"));  // prefixes first
+  EXPECT_TRUE(JoinDesk::NameBefore("w", "w0"));
+  EXPECT_TRUE(JoinDesk::NameBefore("w007", "w8"));
+  EXPECT_TRUE(JoinDesk::NameBefore("w07", "w7"));  // a tie, then text order
+  EXPECT_FALSE(JoinDesk::NameBefore("w7", "w07"));
+}
+
 TEST(JoinDesk, WelcomeCarriesTheFirstJoinsLayout) {
   JoinDesk desk(JoinPolicy{2, 1500, 1 << 20});
   ASSERT_EQ(desk.Admit(1, Join("a", 40000)), "");

@@ -1,5 +1,9 @@
 #include "dblp/join.h"
 
+#include <algorithm>
+#include <string_view>
+#include <utility>
+
 #include "dblp/chunking.h"
 
 namespace dblp {
@@ -47,6 +51,36 @@ std::string JoinDesk::Admit(ConnId c, const JoinMsg& j) {
   members_.push_back(
       Member{c, j.worker_name, j.data_mac, j.data_ipv4, j.data_udp_port});
   return "";
+}
+
+void JoinDesk::Close() {
+  if (!closed_ && policy_.rank_by_name) {
+    std::stable_sort(members_.begin(), members_.end(),
+                     [](const Member& a, const Member& b) {
+                       return NameBefore(a.name, b.name);
+                     });
+  }
+  closed_ = true;
+}
+
+bool JoinDesk::NameBefore(const std::string& a, const std::string& b) {
+  const auto split = [](const std::string& s) {
+    size_t d = s.size();
+    while (d > 0 && s[d - 1] >= '0' && s[d - 1] <= '9') --d;
+    return std::pair<std::string_view, std::string_view>(
+        std::string_view(s).substr(0, d), std::string_view(s).substr(d));
+  };
+  const auto [pa, na] = split(a);
+  const auto [pb, nb] = split(b);
+  if (pa != pb || na.empty() || nb.empty()) return a < b;
+  // Same prefix, both numbered: fewer digits (after leading zeros) first.
+  const auto digits = [](std::string_view n) {
+    const size_t z = n.find_first_not_of('0');
+    return z == std::string_view::npos ? std::string_view() : n.substr(z);
+  };
+  const std::string_view da = digits(na), db = digits(nb);
+  if (da.size() != db.size()) return da.size() < db.size();
+  return da != db ? da < db : a < b;
 }
 
 void JoinDesk::Leave(ConnId c) {

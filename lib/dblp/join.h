@@ -26,6 +26,10 @@ struct JoinPolicy {
   // The kernel-UDP server pins each worker's socket: its JOIN must name
   // its data port (the DPDK server assigns base + 1 + rank).
   bool require_data_port = false;
+  // Ranks by worker name (natural order: "rank2" before "rank10") rather
+  // than by the order the JOINs came in: a launcher that names its workers
+  // after its own ranks (torch.distributed's) gets the same ranks here.
+  bool rank_by_name = false;
 };
 
 class JoinDesk {
@@ -47,9 +51,13 @@ class JoinDesk {
   void Leave(ConnId c);
   // The worker of connection `c`, or -1.
   int RankOf(ConnId c) const;
+  // Natural order of worker names: equal prefixes compare by their
+  // trailing numbers ("w2" < "w10").
+  static bool NameBefore(const std::string& a, const std::string& b);
   bool full() const { return members_.size() == policy_.workers; }
-  // Every worker joined and was welcomed: later JOINs are refused.
-  void Close() { closed_ = true; }
+  // Every worker joined: later JOINs are refused, and the members take
+  // their final ranks (JoinPolicy::rank_by_name).
+  void Close();
 
   const std::vector<Member>& members() const { return members_; }
   // The job's layout: the first admitted JOIN.

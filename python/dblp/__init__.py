@@ -25,7 +25,8 @@ import time
 import weakref
 
 from . import _native
-from ._launch import LocalServer, find_app, worker_command  # noqa: F401
+from ._launch import (LocalServer, find_app, remove_runtime_dir,  # noqa
+                      stop, worker_command)
 
 __all__ = ["Worker", "DblpError", "LocalServer", "find_app"]
 
@@ -45,6 +46,21 @@ def _torch():
 
 def _layers_of(named_params):
     return [(name[:55], int(p.numel())) for name, p in named_params]
+
+
+def _check_world_size(expect_workers):
+    """A job for N workers joined by a torch.distributed job of M != N ranks
+    would wait for the missing joins; say so now, naming both."""
+    if expect_workers is None:
+        return
+    dist = _torch().distributed
+    if dist.is_available() and dist.is_initialized():
+        ranks = dist.get_world_size()
+        if ranks != expect_workers:
+            raise DblpError(
+                f"the dblp-server expects {expect_workers} workers and this "
+                f"torch.distributed job has {ranks} ranks: start the server "
+                f"with --workers={ranks} (dblp.LocalServer({ranks}))")
 
 
 def _check_params(named_params):
@@ -85,8 +101,10 @@ class Worker:
                  transport="dpdk", memif_socket=None, eal=None,
                  secret_file=None, insecure=False, name=None, worker_flags=(),
                  out_dir=None, shm=None, join_timeout=60.0,
-                 answer_timeout=300.0, lcore=None):
+                 answer_timeout=1800.0, lcore=None, expect_workers=None,
+                 round_timeout=None):
         torch = _torch()
+        _check_world_size(expect_workers)
         if transport not in ("dpdk", "udp"):
             raise ValueError(f"transport={transport!r}: use 'dpdk' or 'udp'")
         self._model = model
@@ -128,7 +146,9 @@ class Worker:
                                              dtype=torch.float32)
             self.mean = torch.frombuffer(self._ch.mean(), dtype=torch.float32)
             if shm is None:
-                flags = [f"--join_timeout_ms={int(join_timeout * 1000)}"]
+                flags = [f"--join_timeout_ms={int(join_timeout * 1000)}",
+                         "--round_timeout_ms=%d" % int(
+                             (round_timeout or answer_timeout) * 1000)]
                 self._spawn(server, transport, memif_socket, eal, secret_file,
                             insecure, flags + list(worker_flags), out_dir,
                             lcore)
@@ -463,13 +483,11 @@ class Worker:
         if os.getpid() != self._pid:
             return  # a fork()ed child: the process and the object are not ours
         self._closed = True
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
+        if self._proc is not None:
+            stop(self._proc)
+            for arg in self.command:
+                if arg.startswith("--file-prefix="):
+                    remove_runtime_dir(arg.split("=", 1)[1])
         if self._ch is not None:
             self._ch.unlink()  # idempotent: gone already once joined
         if self._tmp_log_dir and self._proc is not None and \
@@ -492,3 +510,16 @@ class Worker:
                 self._teardown()
         except Exception:
             pass
+
+
+def _register_backend():
+    """torch.distributed's "dblp" backend is there once dblp is imported."""
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return
+    if dist.is_available():
+        from . import distributed  # noqa: F401
+
+
+_register_backend()

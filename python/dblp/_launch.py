@@ -1,12 +1,14 @@
 """Command lines for the dblp apps, and a local server for examples and
 tests (a dblp-server over memif, or a dblp-udp-server)."""
 
+import atexit
 import os
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
+import weakref
 
 try:
     from . import _paths
@@ -39,7 +41,7 @@ def memif_eal(socket_path, prefix, lcore=None, client=True, vdevs=None):
     """EAL options of one process on the local memif cluster (no NIC, no
     hugepages, its own --file-prefix)."""
     if lcore is None:
-        lcore = "1" if (os.cpu_count() or 1) > 1 else "0"
+        lcore = pick_lcore()
     eal = ["-l", str(lcore), "--no-huge", "-m", "256", "--no-pci",
            f"--file-prefix={prefix}", "--log-level=*:warning"]
     if client:
@@ -65,14 +67,98 @@ def worker_command(transport, *, server, shm, name, memif_socket=None,
         if memif_socket is None:
             raise ValueError("transport='dpdk' needs eal=[...] (the port) or "
                              "memif_socket= (the local memif cluster)")
-        eal = memif_eal(memif_socket, f"dblp-{os.getpid()}-{name}", lcore)
+        # The shm name is unique on this host (pid and a counter).
+        eal = memif_eal(memif_socket, "dblp-w" + shm.strip("/"), lcore)
     return [find_app("dblp-worker")] + list(eal) + ["--"] + app
 
 
-def free_port():
+def free_port(host="127.0.0.1"):
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def stop(proc, grace=5):
+    """Ends `proc` (SIGTERM, then SIGKILL after `grace` seconds)."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def remove_runtime_dir(prefix):
+    """DPDK's runtime directory of --file-prefix=`prefix`, once its process
+    is gone: an app killed by a signal it cannot catch leaves it behind."""
+    base = os.environ.get("XDG_RUNTIME_DIR") if os.geteuid() != 0 else None
+    base = os.path.join(base or "/var/run", "dpdk")
+    shutil.rmtree(os.path.join(base, prefix), ignore_errors=True)
+
+
+def pick_lcore():
+    """The CPU for one more poll-mode process of this host: the one of this
+    process's allowed CPUs with the fewest DBLP processes already pinned to
+    it (read from the lcore claims under /dev/shm), so two jobs on one host
+    spread out rather than all taking CPU 0 and 1."""
+    cpus = sorted(os.sched_getaffinity(0))
+    counts = {c: 0 for c in cpus}
+    for entry in _live_claims():
+        if entry in counts:
+            counts[entry] += 1
+    best = min(cpus, key=lambda c: (counts[c], c))
+    _claim(best)
+    return str(best)
+
+
+_CLAIM_DIR = "/dev/shm/dblp-lcores"
+
+
+def _live_claims():
+    try:
+        names = os.listdir(_CLAIM_DIR)
+    except FileNotFoundError:
+        return []
+    out = []
+    for n in names:
+        try:
+            cpu, pid, _ = n.split("-", 2)
+            os.kill(int(pid), 0)
+            out.append(int(cpu))
+        except (ValueError, ProcessLookupError):
+            try:
+                os.unlink(os.path.join(_CLAIM_DIR, n))
+            except OSError:
+                pass
+        except PermissionError:
+            out.append(int(cpu))
+    return out
+
+
+_claims = []
+
+
+def _drop_claims():
+    for path in _claims:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+atexit.register(_drop_claims)
+
+
+def _claim(cpu):
+    """A claim lives as long as this process (its pid is in the name; a
+    dead process's claims are removed by the next reader)."""
+    os.makedirs(_CLAIM_DIR, mode=0o1777, exist_ok=True)
+    path = os.path.join(_CLAIM_DIR, f"{cpu}-{os.getpid()}-{len(_claims)}"
+                        f"-{time.monotonic_ns()}")
+    with open(path, "w"):
+        pass
+    _claims.append(path)
 
 
 class LocalServer:
@@ -82,32 +168,48 @@ class LocalServer:
     gets its Worker arguments from worker_kwargs(rank)."""
 
     def __init__(self, workers, transport="dpdk", server_flags=(),
-                 out_dir=None, ready_timeout=30.0):
+                 out_dir=None, ready_timeout=30.0, secret_file=None,
+                 host="127.0.0.1", memory_mb=512, lcore=None,
+                 timeout=1800.0):
         self.workers = workers
         self.transport = transport
         self.dir = tempfile.mkdtemp(prefix="dblp-job-")
-        self.secret_file = os.path.join(self.dir, "job.secret")
-        fd = os.open(self.secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL,
-                     0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(os.urandom(32))
-        self.port = free_port()
-        self.address = f"127.0.0.1:{self.port}"
+        # Whatever ends this process short of SIGKILL removes the directory
+        # (and the secret in it).
+        self._cleanup = weakref.finalize(self, shutil.rmtree, self.dir,
+                                         ignore_errors=True)
+        if secret_file:
+            self.secret_file = secret_file
+        else:
+            self.secret_file = os.path.join(self.dir, "job.secret")
+            fd = os.open(self.secret_file,
+                         os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(os.urandom(32))
+        self.host = host
+        self.port = free_port(host)
+        self.address = f"{host}:{self.port}"
         self.out_dir = out_dir
         flags = [f"--workers={workers}", f"--secret_file={self.secret_file}"]
+        if not any(f.startswith("--round_timeout_ms") for f in server_flags):
+            # A trainer may pause (evaluation, a checkpoint) as long as
+            # gloo would wait for it: 30 minutes by default.
+            flags.append(f"--round_timeout_ms={int(timeout * 1000)}")
         if out_dir:
             flags.append(f"--out_dir={os.path.join(out_dir, 'server')}")
         flags += list(server_flags)
         if transport == "udp":
             cmd = [find_app("dblp-udp-server"),
                    f"--control={self.address}",
-                   f"--data=127.0.0.1:{free_port()}"] + flags
+                   f"--data={host}:{free_port(host)}"] + flags
         else:
             vdevs = [f"--vdev=net_memif{i},role=server,"
                      f"socket={self.socket(i)},id=0" for i in range(workers)]
-            eal = memif_eal(None, f"dblp-{os.getpid()}-srv", lcore="0",
+            self.prefix = f"dblp-{os.getpid()}-srv-{self.port}"
+            eal = memif_eal(None, self.prefix,
+                            lcore=pick_lcore() if lcore is None else lcore,
                             client=False, vdevs=vdevs)
-            eal[eal.index("-m") + 1] = "512"
+            eal[eal.index("-m") + 1] = str(memory_mb)
             cmd = [find_app("dblp-server")] + eal + ["--",
                                                      f"--listen={self.address}"]
             cmd += flags
@@ -124,13 +226,14 @@ class LocalServer:
         return os.path.join(self.dir, f"w{rank}.sock")
 
     def _await_listening(self, timeout):
+        host = self.host if self.host not in ("0.0.0.0", "") else "127.0.0.1"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the server exited ({self.proc.returncode})"
                                    f": {self.log_tail()}")
             try:
-                with socket.create_connection(("127.0.0.1", self.port), 0.2):
+                with socket.create_connection((host, self.port), 0.2):
                     pass
                 # The probe is a stranger that said nothing; the server
                 # closes it at its join deadline. No JOIN, no slot taken.
@@ -149,7 +252,8 @@ class LocalServer:
 
     def worker_kwargs(self, rank):
         kw = dict(server=self.address, transport=self.transport,
-                  secret_file=self.secret_file, name=f"w{rank}")
+                  secret_file=self.secret_file, name=f"w{rank}",
+                  expect_workers=self.workers)
         if self.transport == "dpdk":
             kw["memif_socket"] = self.socket(rank)
         if self.out_dir:
@@ -166,14 +270,10 @@ class LocalServer:
                                f"{self.log_tail()}")
 
     def close(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        stop(self.proc)
+        if self.transport == "dpdk":
+            remove_runtime_dir(self.prefix)
+        self._cleanup()
 
     def __enter__(self):
         return self

@@ -77,6 +77,7 @@ struct UdpJobServerOptions {
   // A JOIN asking for more is refused (the server holds the sums and the
   // mean: about two copies of the gradient).
   uint64_t max_gradient_bytes = uint64_t{1} << 30;
+  bool rank_by_name = false;  // --rank_order=name (JoinPolicy)
   // What anyone who reaches the control port can make the server hold.
   ControlLimits control_limits;
   int cpu = -1;  // pin the datapath thread (-1: no pinning)

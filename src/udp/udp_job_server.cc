@@ -111,7 +111,8 @@ class JobServer {
   // STOP and BITMAP as soon as `joined_` is set.
   std::mutex join_mu_;
   Admission admission_{
-      JoinPolicy{o_.workers, o_.mtu, o_.max_gradient_bytes, true}, o_.secret,
+      JoinPolicy{o_.workers, o_.mtu, o_.max_gradient_bytes, true,
+                 o_.rank_by_name}, o_.secret,
       "udp-server"};
   JoinDesk& desk_ = admission_.desk();
   std::vector<Departure> gone_;  // by worker rank, sized at the WELCOME

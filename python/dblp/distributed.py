@@ -1,0 +1,320 @@
+"""The ``dblp`` torch.distributed backend.
+
+    import dblp.distributed                       # registers "dblp"
+    dist.init_process_group("dblp")               # under torchrun
+    ddp = DDP(model)                              # its gradients go over DBLP
+
+A ``ProcessGroupDBLP`` holds an inner gloo group on the same store, and
+every collective but DBLP's goes to it unchanged: DDP's parameter broadcast,
+barriers, ``all_gather``, a loss averaged for logging. When a
+``DistributedDataParallel`` is built on the group, the group joins a DBLP
+job for that model (rank 0 starts the server unless ``DBLP_SERVER`` names
+one) and registers ``dblp.torch.comm_hook``: from then on every DDP step is
+one DBLP iteration, under the policy the server runs (bounded loss). An
+``all_reduce`` (SUM) of a float32 CPU tensor as large as the model's
+gradient goes over DBLP too (the mean times the world size); any other
+all_reduce is exact, over gloo.
+
+Configuration, from the environment (torchrun's, plus):
+
+  DBLP_TRANSPORT      dpdk (default: dblp-worker, the memif cluster on one
+                      host, or a NIC with DBLP_EAL) | udp (kernel sockets)
+  DBLP_SERVER         host:port of a running dblp-server; unset: rank 0
+                      starts one on this host (one host only for dpdk)
+  DBLP_SERVER_FLAGS   extra flags of the server rank 0 starts, e.g.
+                      "--policy=reliable" (exact; the default is dblp)
+  DBLP_WORKER_FLAGS   extra dblp-worker flags
+  DBLP_EAL            dblp-worker's EAL options ("{local_rank}" is
+                      replaced), for a NIC
+  DBLP_SECRET_FILE    the job secret, a file every rank can read; unset:
+                      rank 0 makes one and hands it out through the c10d
+                      store (docs/PYTORCH.md: the store is not encrypted)
+  DBLP_OUT            where the apps write their rows and logs
+
+The DBLP rank is the torch rank: the workers are named rank<r> and the
+server ranks them by name. The pause a job survives is the group's timeout
+(init_process_group(timeout=...), 30 minutes by default, as gloo's).
+"""
+
+import datetime
+import os
+import shlex
+import socket
+import stat
+import tempfile
+import weakref
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from . import DblpError, Worker
+from ._launch import LocalServer
+from . import torch as _hook
+
+__all__ = ["ProcessGroupDBLP", "BACKEND"]
+
+BACKEND = "dblp"
+_DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)
+
+# The collectives that go to the inner gloo group as they are.
+_DELEGATED = ["allreduce_coalesced", "allgather", "_allgather_base",
+              "allgather_coalesced", "broadcast", "barrier", "reduce",
+              "gather", "scatter", "reduce_scatter", "_reduce_scatter_base",
+              "alltoall", "alltoall_base", "send", "recv", "recv_anysource",
+              "monitored_barrier"]
+
+
+def _completed_work(tensors):
+    fut = torch.futures.Future()
+    fut.set_result(tensors)
+    return torch._C._distributed_c10d._create_work_from_future(fut)
+
+
+class ProcessGroupDBLP(dist.ProcessGroup):
+    """A process group whose DDP gradients go over DBLP; see the module's
+    documentation."""
+
+    def __init__(self, store, rank, size, timeout=_DEFAULT_TIMEOUT):
+        super().__init__(rank, size)
+        self._store = dist.PrefixStore("dblp/", store)
+        self._timeout = timeout
+        self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store),
+                                           rank, size, timeout)
+        self.worker = None     # the Worker, once a DDP model is attached
+        self._server = None    # rank 0's LocalServer
+        self._secret_tmp = None
+        weakref.finalize(self, ProcessGroupDBLP._release, self._resources())
+
+    def getBackendName(self):
+        return BACKEND
+
+    def _get_backend_name(self):
+        return BACKEND
+
+    def __repr__(self):
+        return f"ProcessGroupDBLP(rank={self.rank()}, size={self.size()})"
+
+    # ---- collectives -----------------------------------------------------
+    def allreduce(self, tensors, opts=None):
+        if isinstance(tensors, torch.Tensor):
+            tensors = [tensors]
+        if opts is None:
+            opts = dist.AllreduceOptions()
+        w = self.worker
+        if (w is not None and len(tensors) == 1 and
+                opts.reduceOp == dist.ReduceOp.SUM):
+            t = tensors[0]
+            if (t.dtype == torch.float32 and t.device.type == "cpu" and
+                    t.is_contiguous() and t.numel() == w.gradient.numel()):
+                w.allreduce_(t)
+                t.mul_(self.size())
+                return _completed_work(tensors)
+        return self._gloo.allreduce(tensors, opts)
+
+    # ---- the DBLP job ----------------------------------------------------
+    def attach(self, ddp):
+        """Joins this group's DBLP job with `ddp`'s model and registers the
+        comm hook. Called by DistributedDataParallel's constructor."""
+        if self.worker is not None:
+            raise DblpError("this dblp process group already carries a DDP "
+                            "model's gradients: give the second model its "
+                            "own group (dist.new_group(backend='dblp'))")
+        model = ddp.module
+        self._check_same_model(model)
+        kwargs = self._job(model)
+        self.worker = Worker(model=model, **kwargs)
+        ddp.register_comm_hook(self.worker, _hook.comm_hook)
+
+    def _check_same_model(self, model):
+        """Every rank has the same trainable layout, or every rank raises
+        naming both sides, within seconds (not at the server's join)."""
+        shapes = [tuple(p.shape) for p in model.parameters()
+                  if p.requires_grad]
+        floats = sum(int(torch.Size(s).numel()) for s in shapes)
+        digest = hash(tuple(shapes)) & 0x7FFFFFFFFFFF
+        mine = torch.tensor([floats, len(shapes), digest], dtype=torch.int64)
+        every = [torch.zeros_like(mine) for _ in range(self.size())]
+        self._gloo.allgather([every], [mine]).wait()
+        for r, theirs in enumerate(every):
+            if not torch.equal(theirs, every[0]):
+                raise DblpError(
+                    f"the ranks' models differ: rank 0 has {int(every[0][0])}"
+                    f" trainable floats in {int(every[0][1])} tensors, rank "
+                    f"{r} {int(theirs[0])} in {int(theirs[1])}; every rank "
+                    "must build the same model")
+
+    def _job(self, model):
+        """The Worker's arguments: the server (started here on rank 0 unless
+        DBLP_SERVER names one), the secret and this rank's port."""
+        env = os.environ
+        transport = env.get("DBLP_TRANSPORT", "dpdk")
+        if transport not in ("dpdk", "udp"):
+            raise DblpError(f"DBLP_TRANSPORT={transport}: use dpdk or udp")
+        rank, size = self.rank(), self.size()
+        timeout_s = max(1.0, self._timeout.total_seconds())
+        timeout_flag = f"--round_timeout_ms={int(timeout_s * 1000)}"
+        out = env.get("DBLP_OUT") or None
+        server = env.get("DBLP_SERVER")
+        if server is None and rank == 0:
+            self._start_server(transport, model, timeout_flag, out)
+        if server is None:
+            # Rank 0 publishes once its server listens (or the error).
+            info = self._store.get("server").decode()
+            if info.startswith("error:"):
+                raise DblpError("rank 0 could not start the dblp-server: " +
+                                info[6:])
+            server, sockets = info.split(" ", 1)
+        else:
+            sockets = ""
+        kw = dict(server=server, transport=transport, name=f"rank{rank}",
+                  answer_timeout=timeout_s, out_dir=out and os.path.join(
+                      out, f"rank{rank}"),
+                  worker_flags=[timeout_flag] +
+                  shlex.split(env.get("DBLP_WORKER_FLAGS", "")))
+        kw.update(self._secret())
+        if transport == "dpdk":
+            if env.get("DBLP_EAL"):
+                local = env.get("LOCAL_RANK", str(rank))
+                kw["eal"] = shlex.split(env["DBLP_EAL"].replace(
+                    "{local_rank}", local))
+            elif sockets:
+                kw["memif_socket"] = sockets.split(",")[rank]
+            else:
+                raise DblpError(
+                    "DBLP_SERVER names a dblp-server: give this rank's port "
+                    "in DBLP_EAL (e.g. '-l 3 -a 0000:3b:00.0'), or unset "
+                    "DBLP_SERVER to let rank 0 start one on this host")
+        return kw
+
+    def _start_server(self, transport, model, timeout_flag, out):
+        size = self.size()
+        if transport == "dpdk" and not os.environ.get("DBLP_EAL"):
+            local = int(os.environ.get("LOCAL_WORLD_SIZE", size))
+            if local != size:
+                msg = (f"the memif cluster is one host, and this job has "
+                       f"{size} ranks of which {local} here: set "
+                       "DBLP_TRANSPORT=udp, or DBLP_SERVER and DBLP_EAL for "
+                       "a NIC")
+                self._store.set("server", "error:" + msg)
+                raise DblpError(msg)
+        floats = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        flags = ["--rank_order=name", timeout_flag] + shlex.split(
+            os.environ.get("DBLP_SERVER_FLAGS", ""))
+        secret = os.environ.get("DBLP_SECRET_FILE")
+        host = os.environ.get("MASTER_ADDR", "127.0.0.1") \
+            if transport == "udp" else "127.0.0.1"
+        try:
+            self._server = LocalServer(
+                size, transport, flags, out_dir=out, secret_file=secret,
+                host=_resolve(host), memory_mb=_server_memory_mb(floats))
+        except Exception as e:
+            self._store.set("server", f"error:{e}")
+            raise
+        if not secret:
+            with open(self._server.secret_file, "rb") as f:
+                self._store.set("secret", f.read())
+        sockets = ",".join(self._server.socket(r) for r in range(size)) \
+            if transport == "dpdk" else ""
+        self._store.set("server", f"{self._server.address} {sockets}")
+
+    def _secret(self):
+        path = os.environ.get("DBLP_SECRET_FILE")
+        if path:
+            return dict(secret_file=path)
+        if self._server is not None:
+            return dict(secret_file=self._server.secret_file)
+        fd, tmp = tempfile.mkstemp(prefix="dblp-secret-")
+        os.fchmod(fd, stat.S_IRUSR | stat.S_IWUSR)
+        with os.fdopen(fd, "wb") as f:
+            f.write(self._store.get("secret"))
+        self._secret_tmp = tmp
+        self._resources()["secret"] = tmp
+        return dict(secret_file=tmp)
+
+    def _resources(self):
+        if not hasattr(self, "_res"):
+            self._res = {}
+        return self._res
+
+    def shutdown(self):
+        """Ends this rank's part of the DBLP job (also at exit)."""
+        res = self._resources()
+        if self.worker is not None:
+            res["worker"] = self.worker
+            self.worker = None
+        if self._server is not None:
+            res["server"] = self._server
+            self._server = None
+        ProcessGroupDBLP._release(res)
+
+    @staticmethod
+    def _release(res):
+        w = res.pop("worker", None)
+        if w is not None:
+            w.close()
+        s = res.pop("server", None)
+        if s is not None:
+            try:
+                s.wait(timeout=30)
+            finally:
+                s.close()
+        tmp = res.pop("secret", None)
+        if tmp:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+
+
+def _delegate(name):
+    def method(self, *args, **kwargs):
+        return getattr(self._gloo, name)(*args, **kwargs)
+
+    method.__name__ = name
+    method.__doc__ = f"{name}: the inner gloo group's."
+    return method
+
+
+for _name in _DELEGATED:
+    setattr(ProcessGroupDBLP, _name, _delegate(_name))
+
+
+def _resolve(host):
+    try:
+        return socket.gethostbyname(host)
+    except OSError:
+        return host
+
+
+def _server_memory_mb(floats):
+    # The server holds about three copies of the gradient (sum, mean, the
+    # broadcast's), plus its mbufs.
+    return max(512, int(3 * 4 * floats / 2**20) + 384)
+
+
+def _create(store, rank, size, timeout):
+    return ProcessGroupDBLP(store, rank, size, timeout)
+
+
+def _attach_after_ddp_init(init):
+    def __init__(self, module, *args, **kwargs):
+        init(self, module, *args, **kwargs)
+        pg = self.process_group
+        if isinstance(pg, ProcessGroupDBLP):
+            pg.attach(self)
+
+    __init__.__wrapped__ = init
+    return __init__
+
+
+def register():
+    """Registers the "dblp" backend (done on import; idempotent)."""
+    if BACKEND.upper() not in dist.Backend._plugins:
+        dist.Backend.register_backend(BACKEND, _create)
+    if not hasattr(DistributedDataParallel.__init__, "__wrapped__"):
+        DistributedDataParallel.__init__ = _attach_after_ddp_init(
+            DistributedDataParallel.__init__)
+
+
+register()
