@@ -505,9 +505,15 @@ class Worker:
         return False
 
     def __del__(self):
+        # Dropped without close() (DDP and the process group freed at the
+        # end of a script): end the job with a BYE, as at exit, so the
+        # server does not count this worker as lost.
         try:
             if not self._closed:
-                self._teardown()
+                try:
+                    self.close(timeout=10.0)
+                except Exception:
+                    self._teardown()
         except Exception:
             pass
 

@@ -168,10 +168,9 @@ class ProcessGroupDBLP(dist.ProcessGroup):
         else:
             sockets = ""
         kw = dict(server=server, transport=transport, name=f"rank{rank}",
-                  answer_timeout=timeout_s, out_dir=out and os.path.join(
-                      out, f"rank{rank}"),
-                  worker_flags=[timeout_flag] +
-                  shlex.split(env.get("DBLP_WORKER_FLAGS", "")))
+                  answer_timeout=timeout_s, round_timeout=timeout_s,
+                  out_dir=out and os.path.join(out, f"rank{rank}"),
+                  worker_flags=shlex.split(env.get("DBLP_WORKER_FLAGS", "")))
         kw.update(self._secret())
         if transport == "dpdk":
             if env.get("DBLP_EAL"):

@@ -74,3 +74,53 @@ class Half(torch.nn.Module):
 def test_non_float32_model_refused_at_registration():
     with pytest.raises(TypeError, match=r"'b.weight' is torch.float64"):
         dblp.Worker(model=Half(), insecure=True, server="127.0.0.1:1")
+
+
+def mismatched_rank(rank, port, kwargs):
+    ddp_cases.set_threads()
+    ddp_cases.init_gloo(rank, W, port)
+    model = ddp_cases.make_model("one")
+    t0 = time.monotonic()
+    try:
+        dblp.Worker(model=model, **kwargs[rank])
+        return dict(error=None)
+    except dblp.DblpError as e:
+        return dict(message=str(e), seconds=time.monotonic() - t0)
+
+
+def test_world_size_mismatch_fails_fast_naming_both():
+    with dblp.LocalServer(W + 1, "dpdk", ["--policy=reliable"]) as srv:
+        kw = [srv.worker_kwargs(r) for r in range(W)]
+        res = ddp_cases.run_ranks(W, mismatched_rank,
+                                  (ddp_cases.free_port_pair(), kw))
+    for r in range(W):
+        assert "message" in res[r], res[r]
+        m = res[r]["message"]
+        assert "expects 3 workers" in m and "has 2 ranks" in m, m
+        assert res[r]["seconds"] < 10, res[r]
+
+
+def pausing_rank(rank, port, kwargs, pause_s):
+    ddp_cases.set_threads()
+    ddp_cases.init_gloo(rank, W, port)
+    model = ddp_cases.make_model("one")
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    w = dblp.Worker(model=model, **kwargs[rank])
+    ddp.register_comm_hook(w, dblp.torch.comm_hook)
+    for step in range(6):
+        if rank == 1 and step == 3:
+            time.sleep(pause_s)  # an evaluation, a checkpoint
+        x, y = ddp_cases.batch("one", 1, rank, step)
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+    w.close()
+    return dict(steps=len(w.history))
+
+
+def test_a_60s_pause_survives_the_default_timeout():
+    with dblp.LocalServer(W, "dpdk", ["--policy=reliable"]) as srv:
+        kw = [srv.worker_kwargs(r) for r in range(W)]
+        res = ddp_cases.run_ranks(W, pausing_rank,
+                                  (ddp_cases.free_port_pair(), kw, 60.0))
+        assert srv.wait(60) == 0, srv.log_tail()
+    for r in range(W):
+        assert res[r].get("steps") == 6, res[r]

@@ -90,7 +90,7 @@ def skip_without(app):
         pytest.skip(app + " not built")
 
 
-MIN_BUCKETS = {"one": 1, "several": 2, "many": 4, "unused": 3}
+MIN_BUCKETS = {"one": 1, "several": 2, "many": 4, "unused": 2}
 CASES = [("dpdk", "one"), ("dpdk", "several"), ("dpdk", "many"),
          ("dpdk", "unused"), ("udp", "several"), ("udp", "many")]
 

@@ -1,0 +1,52 @@
+"""torchrun (through tools/dblp-run, Debian's torchrun with the flags it
+needs) runs examples/ddp_torchrun.py unchanged but for the backend name:
+with 3 ranks under the default policy it trains; with 2 ranks and
+--policy=reliable every printed number equals gloo's (two addends: the
+float sums do not depend on their order, test_ddp_exact.py)."""
+
+import glob
+import json
+import os
+import subprocess
+
+import pytest
+
+pytest.importorskip("torch")
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+
+
+def run(tmp_path, backend, env=None, ranks=3):
+    if not glob.glob("/usr/share/datasets/fashion-mnist/*.gz"):
+        pytest.skip("dataset-fashion-mnist not installed")
+    out = tmp_path / f"{backend}-{ranks}-{len(env or {})}"
+    e = dict(os.environ)
+    e.update(env or {})
+    r = subprocess.run(
+        [os.path.join(REPO, "tools", "dblp-run"), "--standalone",
+         "--nproc-per-node", str(ranks), os.path.join(REPO, "examples",
+                                               "ddp_torchrun.py"),
+         "--backend", backend, "--iterations", "150", "--eval_images",
+         "2000", "--out", str(out)],
+        capture_output=True, text=True, timeout=400, env=e)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    with open(out / "result.json") as f:
+        return json.load(f)
+
+
+def test_torchrun_three_ranks_default_policy_trains(tmp_path):
+    s = run(tmp_path, "dblp")
+    assert s["world_size"] == 3 and s["backend"] == "dblp"
+    assert s["loss_last"] < 0.6 * s["loss_first"], s
+    assert s["test_accuracy"] > 0.65, s
+    # Nothing left behind by the apps on a clean exit.
+    assert not glob.glob("/dev/shm/dblp-[0-9]*")
+
+
+def test_torchrun_dblp_reliable_equals_gloo(tmp_path):
+    gloo = run(tmp_path, "gloo", ranks=2)
+    dblp = run(tmp_path, "dblp", {"DBLP_SERVER_FLAGS": "--policy=reliable"},
+               ranks=2)
+    for k in ("loss_first", "loss_last", "test_accuracy"):
+        assert dblp[k] == gloo[k], (k, dblp[k], gloo[k])
