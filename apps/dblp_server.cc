@@ -21,23 +21,12 @@ DEFINE_string(local_ip, "10.0.0.1", "the server's IPv4 on the data ports");
 DEFINE_uint32(udp_port, 47000,
               "UDP port of pushes (worker r receives the "
               "broadcast on udp_port + 1 + r)");
-DEFINE_string(push_fill, "rescale",
-              "server mean of missing chunks: rescale (the sum over the "
-              "workers whose chunk arrived, divided by their number) | "
-              "zero (divided by W, the paper) | prev");
 DEFINE_string(bcast_tolerance, "same",
               "broadcast with the same p (same: each worker gets its own "
               "1-p of the mean), one 1-p subset for every worker sent "
               "reliably with the rest carried to the next iteration "
               "(consistent), every chunk (reliable), or no broadcast at all "
               "(none: a push benchmark, the workers apply a zero mean)");
-DEFINE_int32(resync_every, -1,
-             "every N training steps the workers push their parameters "
-             "reliably and all load the average, so replicas a truncated "
-             "broadcast drifted apart are identical again (0 = never; -1 = "
-             "10 when the broadcast gives each worker its own subset "
-             "(--bcast_tolerance=same) under a policy that loses chunks and "
-             "--push_fill is not prev, else never)");
 DEFINE_bool(push_feedback, false,
             "after every push tell each worker the "
             "chunks the server summed, so it carries the rest into its next "
@@ -62,8 +51,6 @@ DEFINE_bool(paper_mode, false,
             "docs/EXPERIMENTS.md measures what it costs)");
 
 namespace {
-
-constexpr uint32_t kAutoResyncEvery = 10;
 
 // --paper_mode sets the loss-handling flags; naming one of them as well is
 // a contradiction, said as such.
@@ -103,11 +90,7 @@ int main(int argc, char** argv) {
   o.udp_port = static_cast<uint16_t>(FLAGS_udp_port);
   o.dp = dblp::DatapathOptionsFromFlags();
   o.policy = dblp::PolicyFromFlags();
-  try {
-    o.push_fill = dblp::ParseFillMode(FLAGS_push_fill);
-  } catch (const std::invalid_argument& e) {
-    dblp::FlagError(e.what());
-  }
+  o.push_fill = dblp::PushFillFromFlags();
   if (FLAGS_bcast_tolerance != "same" && FLAGS_bcast_tolerance != "reliable" &&
       FLAGS_bcast_tolerance != "consistent" &&
       FLAGS_bcast_tolerance != "none") {
@@ -117,20 +100,8 @@ int main(int argc, char** argv) {
   o.reliable_broadcast = FLAGS_bcast_tolerance == "reliable";
   o.consistent_broadcast = FLAGS_bcast_tolerance == "consistent";
   o.push_only = FLAGS_bcast_tolerance == "none";
-  if (FLAGS_resync_every < -1) {
-    dblp::FlagError("--resync_every=" + std::to_string(FLAGS_resync_every) +
-                    ": use 0 (never), N >= 1, or -1 (automatic)");
-  }
-  o.resync_every = static_cast<uint32_t>(FLAGS_resync_every);
-  if (FLAGS_resync_every == -1) {
-    // Measured in docs/EXPERIMENTS.md: every 10 steps keeps the replicas
-    // close for a few percent of the time; replicas that cannot drift need
-    // none.
-    const bool drifts = FLAGS_bcast_tolerance == "same" &&
-                        o.policy.kind != dblp::PolicyKind::kReliable &&
-                        o.push_fill != dblp::FillMode::kPrevious;
-    o.resync_every = drifts ? kAutoResyncEvery : 0;
-  }
+  o.resync_every = dblp::ResyncEveryFromFlags(
+      FLAGS_bcast_tolerance == "same", o.policy, o.push_fill);
   o.push_feedback = FLAGS_push_feedback;
   if (o.push_feedback && o.push_fill != dblp::FillMode::kZero) {
     // Rescale and prev already stand in for a missing chunk; the worker's

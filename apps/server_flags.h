@@ -14,6 +14,7 @@
 #include "dblp/control_sidecar.h"
 #include "dblp/frame_auth.h"
 #include "dblp/job_auth.h"
+#include "dblp/loss_fill.h"
 #include "dblp/tolerance.h"
 #include "job_flags.h"
 
@@ -45,6 +46,18 @@ DEFINE_string(frame_auth, "header",
 DEFINE_uint32(max_gradient_mb, 1024,
               "refuse workers whose gradient is "
               "larger (the server keeps about three copies in memory)");
+DEFINE_string(push_fill, "rescale",
+              "server mean of missing chunks: rescale (the sum over the "
+              "workers whose chunk arrived, divided by their number) | "
+              "zero (divided by W, the paper) | prev");
+DEFINE_int32(resync_every, -1,
+             "every N training steps the workers push their parameters "
+             "reliably and all load the average, so replicas a truncated "
+             "broadcast drifted apart are identical again (0 = never; -1 = "
+             "10 when the broadcast gives each worker its own subset "
+             "(dblp-server's --bcast_tolerance=same; always for "
+             "dblp-udp-server) under a policy that loses chunks and "
+             "--push_fill is not prev, else never)");
 DEFINE_string(rank_order, "join",
               "how workers get their ranks: join (the order their JOINs "
               "came in) | name (natural order of --name: rank0, rank1, ..., "
@@ -109,6 +122,32 @@ inline FrameAuthMode FrameAuthFromFlags(const JobSecret& secret) {
     mode = FrameAuthMode::kNone;
   }
   return mode;
+}
+
+inline FillMode PushFillFromFlags() {
+  try {
+    return ParseFillMode(FLAGS_push_fill);
+  } catch (const std::invalid_argument& e) {
+    FlagError(e.what());
+  }
+}
+
+// --resync_every, -1 resolved: every 10 steps (docs/EXPERIMENTS.md: that
+// keeps the replicas close for a few percent of the time) when the
+// broadcast can give each worker its own subset under a lossy policy;
+// replicas that cannot drift need none.
+inline uint32_t ResyncEveryFromFlags(bool broadcast_per_worker,
+                                     const PolicyConfig& policy,
+                                     FillMode push_fill) {
+  if (FLAGS_resync_every < -1) {
+    FlagError("--resync_every=" + std::to_string(FLAGS_resync_every) +
+              ": use 0 (never), N >= 1, or -1 (automatic)");
+  }
+  if (FLAGS_resync_every >= 0) return static_cast<uint32_t>(FLAGS_resync_every);
+  const bool drifts = broadcast_per_worker &&
+                      policy.kind != PolicyKind::kReliable &&
+                      push_fill != FillMode::kPrevious;
+  return drifts ? 10 : 0;
 }
 
 inline bool RankByNameFromFlags() {

@@ -44,7 +44,10 @@ def parse_args(argv=None):
     ap.add_argument("--transport", choices=["dpdk", "udp"], default="dpdk")
     ap.add_argument("--workers", type=int, default=3)
     ap.add_argument("--iterations", type=int, default=300)
-    ap.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
+    ap.add_argument("--model", choices=MODELS, default="mlp",
+                    help="mlp (235k parameters), cnn (29k), cnn137k (a CNN "
+                    "with a wider head, 140k), mlp25m (25.2M: many DDP "
+                    "buckets)")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--seed", type=int, default=1)
@@ -95,8 +98,22 @@ def load_split(torch, data_dir, prefix, limit=None):
     return x.unsqueeze(1), y
 
 
+MODELS = ["mlp", "cnn", "cnn137k", "mlp25m"]
+
+
 def make_model(torch, kind):
     nn = torch.nn
+    if kind == "cnn137k":
+        return nn.Sequential(
+            nn.Conv2d(1, 16, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Flatten(), nn.Linear(32 * 7 * 7, 80), nn.ReLU(),
+            nn.Linear(80, 10))
+    if kind == "mlp25m":
+        return nn.Sequential(nn.Flatten(), nn.Linear(784, 4096), nn.ReLU(),
+                             nn.Linear(4096, 4096), nn.ReLU(),
+                             nn.Linear(4096, 1024), nn.ReLU(),
+                             nn.Linear(1024, 10))
     if kind == "cnn":
         return nn.Sequential(
             nn.Conv2d(1, 16, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
@@ -120,14 +137,15 @@ def trainer(args):
     x, y = load_split(torch, args.data_dir, "train")
     model = make_model(torch, args.model)
     ddp = DDP(model)  # broadcasts rank 0's parameters (gloo)
+    opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
     worker = None
     if args.backend == "dblp":
         import dblp  # DBLP (1/3)
         import dblp.torch
         kw = json.loads(args.worker_json)
-        worker = dblp.Worker(model=model, **kw)  # DBLP (2/3)
+        # optimizer=: its momentum is averaged with the server's resyncs.
+        worker = dblp.Worker(model=model, optimizer=opt, **kw)  # DBLP (2/3)
         ddp.register_comm_hook(worker, dblp.torch.comm_hook)  # DBLP (3/3)
-    opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
     loss_fn = torch.nn.CrossEntropyLoss()
     # Each rank its own shard, the same order for a seed.
     g = torch.Generator().manual_seed(args.seed * 1000 + args.rank)

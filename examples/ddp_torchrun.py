@@ -30,14 +30,15 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
-from ddp_fashion_mnist import DATA_DIR, load_split, make_model  # noqa: E402
+from ddp_fashion_mnist import (DATA_DIR, MODELS, load_split,  # noqa: E402
+                               make_model)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--backend", default="gloo", help="gloo | dblp")
     ap.add_argument("--iterations", type=int, default=300)
-    ap.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
+    ap.add_argument("--model", choices=MODELS, default="mlp")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--seed", type=int, default=1)

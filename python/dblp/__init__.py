@@ -82,6 +82,10 @@ class Worker:
     model:        an nn.Module (or DDP's): the gradient is its parameters with
                   requires_grad, flattened in named_parameters() order; also
                   used for the server's parameter re-synchronisation.
+    optimizer:    the model's optimizer (or a list, or a callable returning
+                  them): at each of the server's resyncs its per-parameter
+                  state (momentum, Adam's moments) is averaged too, exactly,
+                  over torch.distributed's group (or state_group=).
     floats:       the gradient size when there is no model (no resync then).
     transport:    "dpdk" (dblp-worker, poll-mode) or "udp" (dblp-udp-worker,
                   kernel sockets: where DPDK cannot run).
@@ -102,12 +106,14 @@ class Worker:
                  secret_file=None, insecure=False, name=None, worker_flags=(),
                  out_dir=None, shm=None, join_timeout=60.0,
                  answer_timeout=1800.0, lcore=None, expect_workers=None,
-                 round_timeout=None):
+                 round_timeout=None, optimizer=None, state_group=None):
         torch = _torch()
         _check_world_size(expect_workers)
         if transport not in ("dpdk", "udp"):
             raise ValueError(f"transport={transport!r}: use 'dpdk' or 'udp'")
         self._model = model
+        self._optimizer = optimizer
+        self._state_group = state_group
         params = self._params()
         if params is not None:
             _check_params(params)
@@ -318,6 +324,51 @@ class Worker:
                 p.copy_(self.mean[off:off + n].view_as(p))
                 off += n
             self.gradient.copy_(saved)
+            self._average_optimizer_state([p for _, p in params])
+
+    def _optimizers(self):
+        opt = self._optimizer
+        if opt is None:
+            return []
+        if callable(opt) and not hasattr(opt, "state"):
+            opt = opt()
+        return list(opt) if isinstance(opt, (list, tuple)) else [opt]
+
+    def _average_optimizer_state(self, params):
+        """After a resync every replica holds the same parameters; the
+        optimizer's per-parameter state (SGD's momentum, Adam's moments)
+        must be the same too, or the replicas drift apart again at once
+        (measured in docs/PYTORCH.md). Averaged exactly, over the process
+        group (torch.distributed's default one unless state_group=), once
+        per resync: one all_reduce of the state's floats."""
+        torch = _torch()
+        tensors = []
+        for opt in self._optimizers():
+            for p in params:
+                for v in opt.state.get(p, {}).values():
+                    if (torch.is_tensor(v) and v.is_floating_point() and
+                            v.shape == p.shape):
+                        tensors.append(v)
+        if not tensors:
+            return
+        dist = torch.distributed
+        group = self._state_group
+        if group is None:
+            if not (dist.is_available() and dist.is_initialized()):
+                raise DblpError(
+                    "optimizer= needs torch.distributed initialised (or "
+                    "state_group=) to average its state at a resync")
+            group = dist.distributed_c10d._get_default_group()
+        # The dblp backend's exact inner group, never DBLP itself.
+        group = getattr(group, "exact_group", group)
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+        group.allreduce([flat]).wait()
+        flat.div_(group.size())
+        off = 0
+        for t in tensors:
+            n = t.numel()
+            t.copy_(flat[off:off + n].view_as(t))
+            off += n
 
     def exchange(self):
         """Push what is in `self.gradient`, return `self.mean` (a view:

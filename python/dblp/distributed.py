@@ -81,6 +81,7 @@ class ProcessGroupDBLP(dist.ProcessGroup):
         self._timeout = timeout
         self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store),
                                            rank, size, timeout)
+        self.exact_group = self._gloo  # what must never lose a float
         self.worker = None     # the Worker, once a DDP model is attached
         self._server = None    # rank 0's LocalServer
         self._secret_tmp = None
@@ -123,7 +124,9 @@ class ProcessGroupDBLP(dist.ProcessGroup):
         model = ddp.module
         self._check_same_model(model)
         kwargs = self._job(model)
-        self.worker = Worker(model=model, **kwargs)
+        params = {id(p) for p in model.parameters() if p.requires_grad}
+        self.worker = Worker(model=model, optimizer=lambda: _optimizers_of(
+            params), state_group=self._gloo, **kwargs)
         ddp.register_comm_hook(self.worker, _hook.comm_hook)
 
     def _check_same_model(self, model):
@@ -292,6 +295,27 @@ def _server_memory_mb(floats):
     return max(512, int(3 * 4 * floats / 2**20) + 384)
 
 
+# Every optimizer built in this process (weakly): the one over a DDP
+# model's parameters has its state averaged at each resync, without the
+# script naming it.
+_optimizers = weakref.WeakSet()
+
+
+def _optimizers_of(params):
+    return [o for o in list(_optimizers)
+            if any(id(p) in params for g in o.param_groups
+                   for p in g["params"])]
+
+
+def _remember_optimizers(init):
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        _optimizers.add(self)
+
+    __init__.__wrapped__ = init
+    return __init__
+
+
 def _create(store, rank, size, timeout):
     return ProcessGroupDBLP(store, rank, size, timeout)
 
@@ -314,6 +338,9 @@ def register():
     if not hasattr(DistributedDataParallel.__init__, "__wrapped__"):
         DistributedDataParallel.__init__ = _attach_after_ddp_init(
             DistributedDataParallel.__init__)
+    if not hasattr(torch.optim.Optimizer.__init__, "__wrapped__"):
+        torch.optim.Optimizer.__init__ = _remember_optimizers(
+            torch.optim.Optimizer.__init__)
 
 
 register()

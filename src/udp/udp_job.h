@@ -66,6 +66,9 @@ struct UdpJobServerOptions {
   // p of every push and broadcast; validated (ValidatePolicyConfig).
   PolicyConfig policy;
   FillMode push_fill = FillMode::kZero;  // the mean of a missing chunk
+  // Every K training steps one reliable iteration of parameters whose
+  // average every worker loads (lib/dblp/resync.h; 0 = never).
+  uint32_t resync_every = 0;
   // No broadcast: the workers only push (the push bench, udp_push.h).
   bool push_only = false;
   std::string loss = "none";  // ParseLossSpec spelling, on received pushes

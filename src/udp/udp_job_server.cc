@@ -22,6 +22,7 @@
 #include "dblp/loss_fill.h"
 #include "dblp/packet_frames.h"
 #include "dblp/receive_side.h"
+#include "dblp/resync.h"
 #include "dblp/rng.h"
 #include "dblp/round_control.h"
 #include "dblp/rx_loss.h"
@@ -144,6 +145,8 @@ class JobServer {
   std::vector<uint32_t> order_buf_;
   std::vector<std::unique_ptr<PacketFrames<UdpSocketPort>>> frames_;
   uint64_t it_ = 0;            // the open push round's iteration
+  const ResyncSchedule resync_{o_.resync_every};
+  RoundTolerance round_tol_;   // the open push round's (reliable: resync)
   bool broadcasting_ = false;  // iteration it_ - 1's mean is going out
   uint64_t unpinned_ = 0;      // frames from an unpinned address
   uint64_t poll_gen_ = 0, drained_gen_ = 0;
@@ -252,6 +255,7 @@ UdpJobServerResult JobServer::Run() {
                   {"chunks", std::to_string(layout_.num_chunks())},
                   {"chunk_bytes", std::to_string(layout_.chunk_payload())},
                   {"push_fill", FillModeName(o_.push_fill)},
+                  {"resync_every", std::to_string(o_.resync_every)},
                   {"broadcast", o_.push_only ? "none" : "same_p"}};
   udp::FinishReport(row_stream_, std::move(report_), &res_);
   return res_;
@@ -309,10 +313,11 @@ void JobServer::Welcome() {
   gone_.resize(o_.workers);
   MakeSides(ChunkLayout(desk_.first().total_bytes, chunk_payload_));
   for (uint32_t w = 0; w < o_.workers; ++w) {
-    // resync_every, push_feedback and consistent_broadcast stay off: this
-    // job zero-fills and broadcasts each worker its own 1-p of the mean.
+    // push_feedback and consistent_broadcast stay off: this job broadcasts
+    // each worker its own 1-p of the mean.
     WelcomeMsg wm = desk_.Welcome(w, chunk_payload_);
     wm.session = session_;
+    wm.resync_every = o_.resync_every;
     wm.udp_base_port = port_.bound_port();
     wm.server_ipv4 = ntohl(port_.bound_addr().sin_addr.s_addr);
     wm.policy = policy_text_;
@@ -469,7 +474,9 @@ void JobServer::OpenPush(Outbox& out) {
   reducer_->BeginRound();
   const uint32_t round = PushRound(it_);
   const uint64_t now = NowNs();
-  const RoundTolerance& t = push_tol_;
+  // A resync's push is reliable, whatever the policy says.
+  round_tol_ = resync_.IsResync(it_) ? RoundTolerance{} : push_tol_;
+  const RoundTolerance& t = round_tol_;
   const uint64_t deadline = t.deadline_ns ? now + t.deadline_ns : 0;
   const double floor = t.deadline_ns ? t.min_fraction : 0;
   for (auto& side : push_) side->Begin(round, t.p, deadline, floor, now);
@@ -595,7 +602,11 @@ bool JobServer::CloseRoundIfStopped(Outbox& out) {
   reducer_->Finalize(o_.push_fill, mean_);
   const double norm = L2Norm(mean_);
   AddPushRows(norm);
-  policy_->OnIterationEnd(it_, norm, push_ns);
+  // A resync's "mean" is the average model: the policy (the CLR detector)
+  // sees training steps only, counted as such.
+  if (!resync_.IsResync(it_)) {
+    policy_->OnIterationEnd(resync_.TrainStep(it_), norm, push_ns);
+  }
   // Without a broadcast the rows are complete: on disk before on_round.
   if (o_.push_only) row_stream_.Sync(report_.rows);
   if (o_.on_round) o_.on_round(UdpServerRoundView{it_, mean_, arrived_});
@@ -622,8 +633,9 @@ void JobServer::AddPushRows(double norm) {
             ? static_cast<double>(side.stop_ns() - round_open_ns_) / 1e3
             : 0;
     row.delivered_fraction = side.receiver().delivered_fraction();
-    row.p = push_tol_.p;
-    row.critical = push_tol_.critical;
+    row.p = round_tol_.p;
+    row.critical = round_tol_.critical;
+    row.resync = resync_.IsResync(it_);
     row.grad_norm = norm;
     row.burst = loss_->InBurst(it_);
     report_.rows.push_back(row);
@@ -645,7 +657,8 @@ void JobServer::AddPushRows(double norm) {
 void JobServer::BeginBroadcast(Outbox& out) {
   const uint64_t it = it_ - 1;
   const uint32_t round = BroadcastRound(it);
-  const RoundTolerance& t = push_tol_;
+  const RoundTolerance t =
+      resync_.IsResync(it) ? RoundTolerance{} : push_tol_;
   out.Post(RoundBeginRequest{Direction::kBroadcast, round, t.p, t.deadline_ns,
                              t.deadline_ns ? t.min_fraction : 0, t.critical});
   const uint64_t now = NowNs();

@@ -19,6 +19,7 @@
 #include "dblp/loss_fill.h"
 #include "dblp/packet_frames.h"
 #include "dblp/receive_side.h"
+#include "dblp/resync.h"
 #include "dblp/rng.h"
 #include "dblp/round_control.h"
 #include "dblp/rx_loss.h"
@@ -69,7 +70,7 @@ class JobWorker {
   bool ExchangeDone();
   bool Receive(bool* progress);
   std::string Stalled(uint64_t it) const;
-  IterationRecord Absorb(uint64_t it);
+  IterationRecord Absorb(uint64_t it, bool is_resync);
   void Finish(Outbox& out, const std::string& failure);
   void Report();
 
@@ -383,19 +384,40 @@ std::string JobWorker::StartSource() {
 
 // Compute, exchange, absorb, until the iterations or the trainer end.
 std::string JobWorker::RunIterations(Outbox& out) {
-  for (uint64_t it = 0; source_.Unbounded() || it < o_.iterations; ++it) {
+  // The server's re-synchronisation schedule (WELCOME): its iterations
+  // push the parameters and load the average (lib/dblp/resync.h).
+  const ResyncSchedule resync(welcome_.resync_every);
+  const uint64_t iterations = resync.ProtocolIterations(o_.iterations);
+  for (uint64_t it = 0; source_.Unbounded() || it < iterations; ++it) {
+    const bool is_resync = resync.IsResync(it);
     try {
-      if (!source_.AwaitIteration(it, false)) break;
-      source_.Compute(it, grad_);
+      if (!source_.AwaitIteration(it, is_resync)) break;
+      if (is_resync) {
+        source_.ExportModel(grad_);
+      } else {
+        source_.Compute(resync.TrainStep(it), grad_);
+      }
     } catch (const std::exception& e) {
       return "iteration " + std::to_string(it) +
              ": the gradient source failed: " + e.what();
     }
     if (std::string e = Exchange(it, out); !e.empty()) return e;
-    IterationRecord row = Absorb(it);
+    IterationRecord row = Absorb(it, is_resync);
+    if (is_resync && !o_.push_only && arrived_.MissingCount() != 0) {
+      // Loading less than the whole average would leave a model of two.
+      return "resync iteration " + std::to_string(it) +
+             ": the average model arrived with " +
+             std::to_string(arrived_.MissingCount()) +
+             " chunks missing (run the server and the workers from the same "
+             "build)";
+    }
     try {
       source_.Observe(row);
-      source_.Apply(it, mean_);
+      if (is_resync) {
+        source_.ImportModel(mean_);
+      } else {
+        source_.Apply(resync.TrainStep(it), mean_);
+      }
     } catch (const std::exception& e) {
       return "iteration " + std::to_string(it) +
              ": applying the mean failed: " + e.what();
@@ -546,7 +568,7 @@ std::string JobWorker::Stalled(uint64_t it) const {
 }
 
 // The broadcast's missing chunks filled, the dumps, and the row.
-IterationRecord JobWorker::Absorb(uint64_t it) {
+IterationRecord JobWorker::Absorb(uint64_t it, bool is_resync) {
   const SendSide& push = *push_;
   // Each BITMAP the round used started a pass after the first, or showed
   // nothing missing (ended the round without STOP).
@@ -566,11 +588,17 @@ IterationRecord JobWorker::Absorb(uint64_t it) {
   row.p = push_p_;
   row.critical = push_critical_;
   row.burst = loss_->InBurst(it);
+  row.resync = is_resync;
   row.control_rtt_us = push.mean_rtt_us();
   if (o_.push_only) {
     row.delivered_fraction =
         static_cast<double>(push.stop_received()) / layout_.num_chunks();
     return row;
+  }
+  if (is_resync) {
+    row.delivered_fraction =
+        static_cast<double>(arrived_.Count()) / layout_.num_chunks();
+    return row;  // the average model, whole (checked by the caller)
   }
   FillMissing(mean_, arrived_, layout_, o_.bcast_fill, prev_mean_);
   if (!prev_mean_.empty())
