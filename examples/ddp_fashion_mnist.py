@@ -46,8 +46,8 @@ def parse_args(argv=None):
     ap.add_argument("--iterations", type=int, default=300)
     ap.add_argument("--model", choices=MODELS, default="mlp",
                     help="mlp (235k parameters), cnn (29k), cnn137k (a CNN "
-                    "with a wider head, 140k), mlp25m (25.2M: many DDP "
-                    "buckets)")
+                    "with a wider head, 140k), mlp12m (11.6M), mlp25m "
+                    "(24.2M); the last two take several DDP buckets")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--seed", type=int, default=1)
@@ -98,7 +98,7 @@ def load_split(torch, data_dir, prefix, limit=None):
     return x.unsqueeze(1), y
 
 
-MODELS = ["mlp", "cnn", "cnn137k", "mlp25m"]
+MODELS = ["mlp", "cnn", "cnn137k", "mlp12m", "mlp25m"]
 
 
 def make_model(torch, kind):
@@ -109,6 +109,11 @@ def make_model(torch, kind):
             nn.Conv2d(16, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
             nn.Flatten(), nn.Linear(32 * 7 * 7, 80), nn.ReLU(),
             nn.Linear(80, 10))
+    if kind == "mlp12m":
+        return nn.Sequential(nn.Flatten(), nn.Linear(784, 3072), nn.ReLU(),
+                             nn.Linear(3072, 2560), nn.ReLU(),
+                             nn.Linear(2560, 512), nn.ReLU(),
+                             nn.Linear(512, 10))
     if kind == "mlp25m":
         return nn.Sequential(nn.Flatten(), nn.Linear(784, 4096), nn.ReLU(),
                              nn.Linear(4096, 4096), nn.ReLU(),
