@@ -87,6 +87,7 @@ inline DatapathOptions DatapathOptionsFromFlags() {
   d.send_order = SendOrderFromFlags();
   d.idle_spin = FLAGS_idle_spin;
   d.idle_sleep_us = FLAGS_idle_sleep_us;
+  d.deep_idle = DeepIdleFromFlags();
   d.realtime = FLAGS_realtime;
   d.prefetch = FLAGS_prefetch;
   if (d.realtime && d.idle_sleep_us == 0) {

@@ -74,6 +74,7 @@ dblp::UdpJobServerOptions OptionsFromFlags() {
   o.control_limits = dblp::ControlLimitsFromFlags();
   o.cpu = FLAGS_cpu;
   o.idle_sleep_us = FLAGS_idle_sleep_us;
+  o.deep_idle = dblp::DeepIdleFromFlags();
   o.out_dir = FLAGS_out_dir;
   o.dump_dir = FLAGS_dump_dir;
   o.dump_iterations = FLAGS_dump_iterations;

@@ -16,6 +16,7 @@
 
 #include "dblp/log.h"
 #include "dblp/chunking.h"
+#include "dblp/deep_idle.h"
 #include "dblp/job_auth.h"
 #include "dblp/loss_model.h"
 #include "dblp/send_order.h"
@@ -28,6 +29,14 @@ DEFINE_uint32(burst, 32, "frames per TX burst");
 DEFINE_uint32(idle_sleep_us, 20,
               "idle back-off: longest sleep of an idle "
               "poll loop in us (0 = pure busy polling)");
+DEFINE_uint32(idle_deep_sleep_us, 0,
+              "idle back-off, second stage: once a poll loop has been idle "
+              "for --idle_deep_after_us, sleep up to this long (a trainer "
+              "computing between rounds keeps its CPU; the next round's "
+              "first frame waits up to this long; 0 = off)");
+DEFINE_uint32(idle_deep_after_us, 2000,
+              "idle back-off: idleness (summed sleeps) before the second "
+              "stage");
 DEFINE_string(out_dir, "",
               "write iterations.jsonl/.csv and summary.json "
               "here");
@@ -72,6 +81,11 @@ DEFINE_string(dump_dir, "", "test hook: dump what arrived (means, bitmaps)");
 DEFINE_uint32(dump_iterations, 0, "test hook: iterations to dump");
 
 namespace dblp {
+
+// --idle_deep_sleep_us / --idle_deep_after_us.
+inline DeepIdle DeepIdleFromFlags() {
+  return DeepIdle{FLAGS_idle_deep_after_us, FLAGS_idle_deep_sleep_us};
+}
 
 [[noreturn]] inline void FlagError(const std::string& msg) {
   DBLP_LOG(Error, "error: %s", msg.c_str());

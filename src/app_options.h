@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "dblp/deep_idle.h"
 #include "dblp/loss_model.h"
 #include "dblp/send_order.h"
 #include "port.h"
@@ -23,6 +24,7 @@ struct DatapathOptions {
   SendOrderKind send_order = kDefaultSendOrder;
   uint32_t idle_spin = 512;
   uint32_t idle_sleep_us = 20;
+  DeepIdle deep_idle;          // the back-off's second stage (deep_idle.h)
   bool realtime = false;       // datapath lcore under SCHED_FIFO
   // Software prefetch on the hot paths: the next chunk of the gradient on
   // TX, the next frames' headers and sum slices on RX.

@@ -174,8 +174,9 @@ class RoundPacer {
   enum class Step : uint8_t { kContinue, kTimedOut, kQuit };
   RoundPacer(uint32_t idle_spin, uint32_t idle_sleep_us, uint32_t timeout_ms,
              const std::atomic<bool>* quit,
-             std::atomic<uint64_t>* shared_progress = nullptr)
-      : backoff_(idle_spin, idle_sleep_us),
+             std::atomic<uint64_t>* shared_progress = nullptr,
+             DeepIdle deep_idle = {})
+      : backoff_(idle_spin, idle_sleep_us, deep_idle),
         timeout_ns_(uint64_t{timeout_ms} * 1000000),
         timeout_ms_(timeout_ms),
         quit_(quit),

@@ -218,7 +218,8 @@ void IdleBackoff::Idle() {
   // nanosleep, not a busy delay: the point is to give the core away.
   rte_delay_us_sleep(sleep_us_);
   ++sleeps_;
-  sleep_us_ = std::min(sleep_us_ * 2, max_sleep_us_);
+  idle_us_ += sleep_us_;
+  sleep_us_ = std::min(sleep_us_ * 2, deep_.Cap(idle_us_, max_sleep_us_));
 }
 
 }  // namespace dblp

@@ -4,12 +4,14 @@
 // Errors follow rte_exit style and always name the fix.
 #pragma once
 
-#include <cstdint>
-#include <string>
 #include <pthread.h>
 
+#include <cstdint>
+#include <string>
 #include <thread>
 #include <vector>
+
+#include "dblp/deep_idle.h"
 
 namespace dblp {
 
@@ -52,9 +54,9 @@ bool SetRealtime(pthread_t thread, int priority);
 // Any work resets it. max_sleep_us = 0 disables sleeping (pure poll mode).
 class IdleBackoff {
  public:
-  IdleBackoff(uint32_t spin_polls, uint32_t max_sleep_us)
-      : spin_polls_(spin_polls), max_sleep_us_(max_sleep_us) {}
-  void Work() { empty_ = 0; sleep_us_ = 1; }
+  IdleBackoff(uint32_t spin_polls, uint32_t max_sleep_us, DeepIdle deep = {})
+      : spin_polls_(spin_polls), max_sleep_us_(max_sleep_us), deep_(deep) {}
+  void Work() { empty_ = 0; sleep_us_ = 1; idle_us_ = 0; }
   void Idle();
   uint64_t sleeps() const { return sleeps_; }
 
@@ -64,6 +66,8 @@ class IdleBackoff {
   uint32_t empty_ = 0;
   uint32_t sleep_us_ = 1;
   uint64_t sleeps_ = 0;
+  DeepIdle deep_;
+  uint64_t idle_us_ = 0;  // slept since the last Work()
 };
 
 }  // namespace dblp

@@ -206,7 +206,7 @@ int RunServer(const ServerOptions& o) {
     }
     pacers.push_back(std::make_unique<RoundPacer>(
         o.dp.idle_spin, o.dp.idle_sleep_us, o.dp.round_timeout_ms, &g_quit,
-        job.progress()));
+        job.progress(), o.dp.deep_idle));
     // Each lcore draws its own losses (same schedule, its own stream).
     losses.push_back(
         k == 0 ? nullptr

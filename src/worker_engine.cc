@@ -281,7 +281,7 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
                                   WireBytesPerFrame(caps.mtu), o.dp.prefetch});
   }
   RoundPacer pacer(o.dp.idle_spin, o.dp.idle_sleep_us, o.dp.round_timeout_ms,
-                   &g_quit);
+                   &g_quit, nullptr, o.dp.deep_idle);
   WorkerModel model(*source, wel, layout, o.bcast_fill);
   const std::span<float> grad = model.grad(), avg = model.avg();
   const auto* grad_bytes = reinterpret_cast<const uint8_t*>(grad.data());

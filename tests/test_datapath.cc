@@ -36,6 +36,15 @@ TEST(TypedRing, CarriesEveryKindByValue) {
   EXPECT_FALSE(ring.Pop(&r));
 }
 
+TEST(DeepIdle, DeepensOnlyAfterItsIdleTimeAndNeverShortens) {
+  const DeepIdle d{2000, 500};
+  EXPECT_EQ(d.Cap(0, 20), 20u);
+  EXPECT_EQ(d.Cap(1999, 20), 20u);
+  EXPECT_EQ(d.Cap(2000, 20), 500u);
+  EXPECT_EQ(DeepIdle{}.Cap(uint64_t{1} << 40, 20), 20u);  // off
+  EXPECT_EQ((DeepIdle{0, 10}.Cap(100, 20)), 20u);  // never below stage one
+}
+
 TEST(RoundPacer, TimesOutOnlyWithoutProgressAnywhere) {
   std::atomic<bool> quit{false};
   std::atomic<uint64_t> shared{0};

@@ -25,8 +25,8 @@ import time
 import weakref
 
 from . import _native
-from ._launch import (LocalServer, find_app, remove_runtime_dir,  # noqa
-                      stop, worker_command)
+from ._launch import (IDLE_DEEP_SLEEP_US, LocalServer, find_app,  # noqa
+                      remove_runtime_dir, stop, worker_command)
 
 __all__ = ["Worker", "DblpError", "LocalServer", "find_app"]
 
@@ -153,6 +153,7 @@ class Worker:
             self.mean = torch.frombuffer(self._ch.mean(), dtype=torch.float32)
             if shm is None:
                 flags = [f"--join_timeout_ms={int(join_timeout * 1000)}",
+                         f"--idle_deep_sleep_us={IDLE_DEEP_SLEEP_US}",
                          "--round_timeout_ms=%d" % int(
                              (round_timeout or answer_timeout) * 1000)]
                 self._spawn(server, transport, memif_socket, eal, secret_file,

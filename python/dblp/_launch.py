@@ -72,6 +72,12 @@ def worker_command(transport, *, server, shm, name, memif_socket=None,
     return [find_app("dblp-worker")] + list(eal) + ["--"] + app
 
 
+# The poll loops' second idle stage for processes started by this package:
+# a trainer's forward and backward keep the CPU, for at most this much
+# delay at a round's first frame (measured in docs/PYTORCH.md).
+IDLE_DEEP_SLEEP_US = 500
+
+
 def free_port(host="127.0.0.1"):
     with socket.socket() as s:
         s.bind((host, 0))
@@ -170,7 +176,7 @@ class LocalServer:
     def __init__(self, workers, transport="dpdk", server_flags=(),
                  out_dir=None, ready_timeout=30.0, secret_file=None,
                  host="127.0.0.1", memory_mb=512, lcore=None,
-                 timeout=1800.0):
+                 timeout=1800.0, idle_deep_sleep_us=IDLE_DEEP_SLEEP_US):
         self.workers = workers
         self.transport = transport
         self.dir = tempfile.mkdtemp(prefix="dblp-job-")
@@ -195,6 +201,8 @@ class LocalServer:
             # A trainer may pause (evaluation, a checkpoint) as long as
             # gloo would wait for it: 30 minutes by default.
             flags.append(f"--round_timeout_ms={int(timeout * 1000)}")
+        # Sleep through the trainers' steps (docs/PYTORCH.md, CPU).
+        flags.append(f"--idle_deep_sleep_us={idle_deep_sleep_us}")
         if out_dir:
             flags.append(f"--out_dir={os.path.join(out_dir, 'server')}")
         flags += list(server_flags)

@@ -15,6 +15,7 @@
 
 #include "dblp/chunking.h"
 #include "dblp/control_sidecar.h"
+#include "dblp/deep_idle.h"
 #include "dblp/round_events.h"
 #include "run_report.h"
 
@@ -81,19 +82,24 @@ class Outbox {
 // not burn a core for nothing.
 class Backoff {
  public:
-  explicit Backoff(uint32_t sleep_us) : sleep_us_(sleep_us) {}
-  void Work() { empty_ = 0; }
+  explicit Backoff(uint32_t sleep_us, DeepIdle deep = {})
+      : sleep_us_(sleep_us), deep_(deep) {}
+  void Work() { empty_ = 0; idle_us_ = 0; }
   void Idle() {
     if (++empty_ < 512 || sleep_us_ == 0) {
       std::this_thread::yield();
     } else {
-      std::this_thread::sleep_for(std::chrono::microseconds(sleep_us_));
+      const uint32_t us = deep_.Cap(idle_us_, sleep_us_);
+      std::this_thread::sleep_for(std::chrono::microseconds(us));
+      idle_us_ += us;
     }
   }
 
  private:
   uint32_t sleep_us_;
+  DeepIdle deep_;
   uint32_t empty_ = 0;
+  uint64_t idle_us_ = 0;  // slept since the last Work()
 };
 
 // Watchdog of a poll loop: fails a round that makes no progress.

@@ -25,6 +25,7 @@
 
 #include "dblp/bitmap.h"
 #include "dblp/control_sidecar.h"
+#include "dblp/deep_idle.h"
 #include "dblp/frame_auth.h"
 #include "dblp/gradient_source.h"
 #include "dblp/job_auth.h"
@@ -85,6 +86,7 @@ struct UdpJobServerOptions {
   ControlLimits control_limits;
   int cpu = -1;  // pin the datapath thread (-1: no pinning)
   uint32_t idle_sleep_us = 20;
+  DeepIdle deep_idle;  // the back-off's second stage (deep_idle.h)
   // Called once both sockets are bound (ports resolved), before any JOIN.
   std::function<void(uint16_t control_port, uint16_t udp_port)> on_listening;
   std::function<void(const UdpServerRoundView&)> on_round;
@@ -132,6 +134,7 @@ struct UdpJobWorkerOptions {
   uint32_t join_timeout_ms = 30000;
   int cpu = -1;
   uint32_t idle_sleep_us = 20;
+  DeepIdle deep_idle;  // the back-off's second stage (deep_idle.h)
   std::string name = "udp-worker";
   // After each iteration's row is on disk (datapath thread).
   std::function<void(const IterationRecord&)> on_iteration;

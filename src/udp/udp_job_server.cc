@@ -439,7 +439,7 @@ std::string JobServer::SetUpJob() {
 }
 
 std::string JobServer::ServeRounds(Outbox& out) {
-  Backoff backoff(o_.idle_sleep_us);
+  Backoff backoff(o_.idle_sleep_us, o_.deep_idle);
   Watchdog watchdog(o_.round_timeout_ms);
   std::string failure;
   OpenPush(out);

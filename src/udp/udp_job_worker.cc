@@ -345,7 +345,7 @@ std::string JobWorker::SetUpJob() {
   loss_->StartClock(NowNs());
   pkts_.resize(udp::kRxBurst);
   for (Packet& p : pkts_) p.bytes.reserve(o_.mtu - udp::kIpUdpHeaders);
-  backoff_.emplace(o_.idle_sleep_us);
+  backoff_.emplace(o_.idle_sleep_us, o_.deep_idle);
   return "";
 }
 
