@@ -24,6 +24,7 @@ import argparse
 import gzip
 import json
 import os
+import resource
 import socket
 import struct
 import subprocess
@@ -55,6 +56,9 @@ def parse_args(argv=None):
                     help="dblp-server --policy (fixed | dblp | reliable)")
     ap.add_argument("--server_flags", default="",
                     help="extra dblp-server flags, e.g. microbursts")
+    ap.add_argument("--idle_deep_sleep_us", type=int, default=-1,
+                    help="the apps' second idle stage (-1: the package's "
+                    "default; 0: off)")
     ap.add_argument("--worker_flags", default="",
                     help="extra dblp-worker flags")
     ap.add_argument("--eval_images", type=int, default=10000)
@@ -158,6 +162,7 @@ def trainer(args):
     order = shard[torch.randperm(shard.numel(), generator=g)]
     losses, times = [], []
     pos = 0
+    cpu0 = time.process_time()
     for it in range(args.iterations):
         if pos + args.batch > order.numel():
             order = shard[torch.randperm(shard.numel(), generator=g)]
@@ -171,7 +176,8 @@ def trainer(args):
         opt.step()
         times.append(time.perf_counter() - t0)
         losses.append(loss.item())
-    result = {"rank": args.rank, "losses": losses, "times_s": times}
+    result = {"rank": args.rank, "losses": losses, "times_s": times,
+              "train_cpu_s": time.process_time() - cpu0}
     if worker is not None:
         worker.close()
         result["dblp"] = worker.history
@@ -234,10 +240,15 @@ def launch(args):
     dist_port = free_port()
     procs = []
     t0 = time.monotonic()
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     try:
         if args.backend == "dblp":
             import dblp
             flags = [f"--policy={args.policy}"] + args.server_flags.split()
+            if args.idle_deep_sleep_us >= 0:
+                deep = f"--idle_deep_sleep_us={args.idle_deep_sleep_us}"
+                flags.append(deep)
+                args.worker_flags = (args.worker_flags + " " + deep).strip()
             server = dblp.LocalServer(args.workers, args.transport, flags,
                                       out_dir=args.out)
         for rank in range(args.workers):
@@ -266,11 +277,17 @@ def launch(args):
         print(f"error: a process failed (exit codes {rcs}); see {args.out}",
               file=sys.stderr)
         return 1
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     results = []
     for rank in range(args.workers):
         with open(os.path.join(args.out, f"trainer{rank}.json")) as f:
             results.append(json.load(f))
     s = summarize(args, results, time.monotonic() - t0)
+    # Every process of the job (trainers, their dblp-workers, the server),
+    # set-up and evaluation included: the same for every backend.
+    s["cpu_s_all"] = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime -
+                                                      ru0.ru_stime)
+    s["trainer_cpu_s"] = sum(r["train_cpu_s"] for r in results)
     with open(os.path.join(args.out, "result.json"), "w") as f:
         json.dump(s, f, indent=1)
     print(json.dumps(s))

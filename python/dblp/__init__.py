@@ -67,12 +67,16 @@ def _check_params(named_params):
     """Refuses, at registration, a model whose gradient DBLP cannot move
     (rather than at the first backward)."""
     torch = _torch()
+    devices = set()
     for name, p in named_params:
-        if p.dtype != torch.float32 or p.device.type != "cpu":
+        if p.dtype != torch.float32 or p.device.type not in ("cpu", "cuda"):
             raise TypeError(
                 f"parameter {name!r} is {p.dtype} on {p.device}: dblp moves "
-                "float32 CPU gradients (model.float(); for GPUs see "
-                "docs/PYTORCH.md, Limits)")
+                "float32 gradients of CPU or CUDA models (model.float())")
+        devices.add(p.device)
+    if len(devices) > 1:
+        raise TypeError(f"the model's parameters are on {sorted(map(str, devices))}:"
+                        " dblp moves one device's model per Worker")
 
 
 class Worker:
@@ -145,6 +149,7 @@ class Worker:
         self._pending = []
         self._copy_s = 0.0
         self._raise_queued = False
+        self._staging = None   # CUDA models: _CudaStaging
         shm_name = shm or f"/dblp-{os.getpid()}-{next(_names)}"
         self._ch = _native.Channel(shm_name, floats, layers)
         try:
@@ -396,10 +401,10 @@ class Worker:
 
     def _check(self, tensor):
         torch = _torch()
-        if tensor.device.type != "cpu" or tensor.dtype != torch.float32:
-            raise TypeError("dblp moves float32 CPU tensors (got "
-                            f"{tensor.dtype} on {tensor.device}); see "
-                            "docs/PYTORCH.md for GPUs")
+        if tensor.device.type not in ("cpu", "cuda") or \
+                tensor.dtype != torch.float32:
+            raise TypeError("dblp moves float32 CPU or CUDA tensors (got "
+                            f"{tensor.dtype} on {tensor.device})")
         if tensor.numel() != self.gradient.numel():
             raise ValueError(f"tensor of {tensor.numel()} floats; this job "
                              f"moves {self.gradient.numel()}")
@@ -423,6 +428,7 @@ class Worker:
         off = self._bucket_offset
         fut = torch.futures.Future()
         self._pending.append((fut, off, n, flat))
+        staging = self._staging_for(flat)
         self._bucket_offset += n
         if off + n > self.gradient.numel():
             self._fail_pending(DblpError(
@@ -431,12 +437,17 @@ class Worker:
                 "model as DDP"), in_backward)
             return fut
         t0 = time.perf_counter()
-        self.gradient[off:off + n].copy_(flat.view(-1))
+        if staging is not None:
+            staging.to_host(self.gradient[off:off + n], flat)
+        else:
+            self.gradient[off:off + n].copy_(flat.view(-1))
         self._copy_s += time.perf_counter() - t0
         if not is_last:
             return fut
         pending = self._pending
         try:
+            if staging is not None:
+                staging.wait()  # every bucket's copy is in the region
             if off + n != self.gradient.numel():
                 raise DblpError(f"DDP's buckets hold {off + n} floats, the "
                                 f"gradient {self.gradient.numel()}: give "
@@ -454,8 +465,17 @@ class Worker:
             # storage's start, so a view into self.mean (storage offset o)
             # would hand every bucket but the first another part of the
             # mean. No copy: DDP copies it into .grad before the next step.
-            f.set_result(self.mean_slice(o, k))
+            mean = self.mean_slice(o, k)
+            f.set_result(mean if staging is None else
+                         staging.to_device(mean, flat))
         return fut
+
+    def _staging_for(self, tensor):
+        if tensor.device.type != "cuda":
+            return None
+        if self._staging is None:
+            self._staging = _CudaStaging(self, tensor.device)
+        return self._staging
 
     def mean_slice(self, offset, count):
         """self.mean[offset:offset + count] as a tensor whose storage starts
@@ -540,6 +560,9 @@ class Worker:
             for arg in self.command:
                 if arg.startswith("--file-prefix="):
                     remove_runtime_dir(arg.split("=", 1)[1])
+        if self._staging is not None:
+            self._staging.close()
+            self._staging = None
         if self._ch is not None:
             self._ch.unlink()  # idempotent: gone already once joined
         if self._tmp_log_dir and self._proc is not None and \
@@ -568,6 +591,53 @@ class Worker:
                     self._teardown()
         except Exception:
             pass
+
+
+class _CudaStaging:
+    """CUDA buckets through the shared region. The region (gradient and
+    mean) is registered as pinned host memory (cudaHostRegister), so each
+    bucket's device-to-host copy is a DMA on a side stream that overlaps the
+    backward pass of the buckets after it; the mean goes back to the device
+    one bucket at a time on the current stream. GPUDirect (the NIC reading
+    GPU memory: DPDK gpudev) would remove both copies; it is not built."""
+
+    def __init__(self, worker, device):
+        torch = _torch()
+        self.device = device
+        self.stream = torch.cuda.Stream(device)
+        self._cudart = torch.cuda.cudart()
+        self._registered = []
+        for t in (worker.gradient, worker.mean):
+            ptr, nbytes = t.data_ptr(), t.numel() * 4
+            rc = self._cudart.cudaHostRegister(ptr, nbytes, 0)
+            if int(rc) != 0:
+                raise DblpError(f"cudaHostRegister of the shared region "
+                                f"failed ({rc}): the bucket copies would not "
+                                "be DMA; is the CUDA driver loaded?")
+            self._registered.append(ptr)
+
+    def to_host(self, dst, bucket):
+        torch = _torch()
+        # The bucket is ready on the current stream: copy it after that.
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.stream):
+            dst.copy_(bucket.view(-1), non_blocking=True)
+        bucket.record_stream(self.stream)
+
+    def wait(self):
+        self.stream.synchronize()
+
+    def to_device(self, mean, like):
+        # The next exchange rewrites the region only after the next step's
+        # copies, which wait for this stream's work (to_host).
+        out = _torch().empty_like(like)
+        out.view(-1).copy_(mean, non_blocking=True)
+        return out
+
+    def close(self):
+        for ptr in self._registered:
+            self._cudart.cudaHostUnregister(ptr)
+        self._registered = []
 
 
 def _register_backend():

@@ -77,13 +77,14 @@ def batch(kind, seed, rank, step, size=16):
     return x, y
 
 
-def train(kind, rank, world, steps, seed, attach=None, lr=0.05):
+def train(kind, rank, world, steps, seed, attach=None, lr=0.05,
+          device="cpu"):
     """`steps` DDP steps of model `kind` on this rank (the process group is
     up); returns the per-step losses, the final parameters and momentum
     buffers (as bytes: compared bit for bit) and 
     attach(ddp, model) wires DBLP in (the comm hook) or is None."""
     torch.manual_seed(seed)
-    model = make_model(kind)
+    model = make_model(kind).to(device)
     ddp = DDP(model, **DDP_OPTIONS[kind])
     if attach is not None:
         attach(ddp, model)
@@ -93,30 +94,39 @@ def train(kind, rank, world, steps, seed, attach=None, lr=0.05):
         if kind == "unused":
             model.use_b = step % 2 == 1
         x, y = batch(kind, seed, rank, step)
+        x, y = x.to(device), y.to(device)
         opt.zero_grad()
         loss = nn.functional.cross_entropy(ddp(x), y)
         loss.backward()
         opt.step()
         losses.append(loss.item())
-    state = [p.detach().numpy().tobytes() for p in model.parameters()]
-    momentum = [opt.state[p]["momentum_buffer"].numpy().tobytes()
+    state = [p.detach().cpu().numpy().tobytes() for p in model.parameters()]
+    momentum = [opt.state[p]["momentum_buffer"].cpu().numpy().tobytes()
                 for p in model.parameters() if p in opt.state]
     return dict(losses=losses, params=state, momentum=momentum)
 
 
-def run_ranks(world, target, args, timeout=300, expect=None):
+def run_ranks(world, target, args, timeout=300, expect=None, ctx=CTX):
     """Runs target(rank, *args) in `world` forked processes; returns
     {rank: result} once the ranks in `expect` (default: all) reported. A
-    rank that raised reports its traceback."""
-    q = CTX.Queue()
-    procs = [CTX.Process(target=_guarded, args=(target, r, q) + tuple(args))
+    rank that raised reports its traceback. CUDA needs ctx=spawn (a
+    forked child cannot initialise it again)."""
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_guarded, args=(target, r, q) + tuple(args))
              for r in range(world)]
+    return collect(procs, q, timeout,
+                   set(range(world) if expect is None else expect))
+
+
+def collect(procs, q, timeout=180, want=None):
+    """Starts `procs`; {rank: value} of the (rank, value) pairs they put on
+    q, once every rank in `want` (default: one per process) reported."""
     for p in procs:
         p.start()
     out = {}
     deadline = time.monotonic() + timeout
+    want = set(range(len(procs))) if want is None else want
     try:
-        want = set(range(world) if expect is None else expect)
         while not want <= set(out):
             r, value = q.get(timeout=max(1, deadline - time.monotonic()))
             out[r] = value

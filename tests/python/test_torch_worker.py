@@ -26,27 +26,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import dblp  # noqa: E402
+from ddp_cases import collect  # noqa: E402
 
 CTX = mp.get_context("fork")
 W = 3
-
-
-def collect(procs, q, timeout=180):
-    """Starts the trainer processes; {rank: what each put on q}."""
-    for p in procs:
-        p.start()
-    out = {}
-    deadline = time.monotonic() + timeout
-    try:
-        while len(out) < len(procs):
-            rank, value = q.get(timeout=max(1, deadline - time.monotonic()))
-            out[rank] = value
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-    return out
 
 
 def run_trainers(srv, target, *args, n=W):
