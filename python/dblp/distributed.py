@@ -154,7 +154,7 @@ class ProcessGroupDBLP(dist.ProcessGroup):
         transport = env.get("DBLP_TRANSPORT", "dpdk")
         if transport not in ("dpdk", "udp"):
             raise DblpError(f"DBLP_TRANSPORT={transport}: use dpdk or udp")
-        rank, size = self.rank(), self.size()
+        rank = self.rank()
         timeout_s = max(1.0, self._timeout.total_seconds())
         timeout_flag = f"--round_timeout_ms={int(timeout_s * 1000)}"
         out = env.get("DBLP_OUT") or None

@@ -8,7 +8,6 @@ import time
 import pytest
 
 torch = pytest.importorskip("torch")
-import torch.distributed as dist  # noqa: E402
 
 import dblp  # noqa: E402
 import dblp.torch  # noqa: E402
