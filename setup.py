@@ -26,19 +26,18 @@ def pybind11_include():
 
 
 class BuildPyWithPaths(build_py):
-    """Writes _paths.py: the meson build tree beside these sources (when
-    built) and meson's default install bindir; DBLP_APPS and PATH are
-    searched as well (dblp.find_app)."""
+    """Writes _paths.py: meson's default install bindir; DBLP_APPS and PATH
+    are searched as well (dblp.find_app)."""
 
     def run(self):
         super().run()
-        apps = os.path.join(HERE, "build", "apps")
         target = os.path.join(self.build_lib, "dblp", "_paths.py")
         with open(target, "w") as f:
+            # No build tree: an installed package must not run whatever a
+            # source checkout happens to hold.
             f.write("# Written by setup.py (pip install): where the apps "
                     "are.\n")
-            f.write(f"BUILD_APPS = {apps if os.path.isdir(apps) else None!r}"
-                    "\n")
+            f.write("BUILD_APPS = None\n")
             f.write(f"INSTALL_BINDIR = {'/usr/local/bin'!r}\n")
 
 
@@ -52,6 +51,7 @@ native = Extension(
 )
 
 # Not build/: that is meson's.
+os.makedirs(os.path.join(HERE, "build-pip"), exist_ok=True)
 setup(ext_modules=[native], cmdclass={"build_py": BuildPyWithPaths},
       options={"build": {"build_base": "build-pip"},
                "egg_info": {"egg_base": "build-pip"}})

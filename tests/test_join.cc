@@ -3,6 +3,9 @@
 // its place, and the WELCOME carries the first JOIN's layout.
 #include <gtest/gtest.h>
 
+#include <string>
+#include <vector>
+
 #include "dblp/chunking.h"
 #include "dblp/join.h"
 
@@ -102,6 +105,23 @@ TEST(JoinDesk, NaturalNameOrder) {
   EXPECT_TRUE(JoinDesk::NameBefore("w007", "w8"));
   EXPECT_TRUE(JoinDesk::NameBefore("w07", "w7"));  // a tie, then text order
   EXPECT_FALSE(JoinDesk::NameBefore("w7", "w07"));
+  // A strict weak ordering over mixed names (the review's cycle).
+  EXPECT_TRUE(JoinDesk::NameBefore("a9", "a10"));
+  const std::vector<std::string> names = {"a9", "a10", "a1x", "b", "a",
+                                          "a01", "a1", "x7y", "rank3"};
+  for (const auto& x : names) {
+    EXPECT_FALSE(JoinDesk::NameBefore(x, x)) << x;
+    for (const auto& y : names) {
+      if (JoinDesk::NameBefore(x, y)) {
+        EXPECT_FALSE(JoinDesk::NameBefore(y, x));
+      }
+      for (const auto& z : names) {
+        if (JoinDesk::NameBefore(x, y) && JoinDesk::NameBefore(y, z)) {
+          EXPECT_TRUE(JoinDesk::NameBefore(x, z)) << x << " " << y << " " << z;
+        }
+      }
+    }
+  }
 }
 
 TEST(JoinDesk, WelcomeCarriesTheFirstJoinsLayout) {

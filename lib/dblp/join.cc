@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <string_view>
+#include <tuple>
 #include <utility>
 
 #include "dblp/chunking.h"
@@ -64,23 +65,20 @@ void JoinDesk::Close() {
 }
 
 bool JoinDesk::NameBefore(const std::string& a, const std::string& b) {
-  const auto split = [](const std::string& s) {
+  // A total order on keys (prefix, numbered?, digits' count and value with
+  // leading zeros dropped, the whole name): a strict weak ordering, as
+  // std::stable_sort needs, that puts "w2" before "w10".
+  const auto key = [](const std::string& s) {
     size_t d = s.size();
     while (d > 0 && s[d - 1] >= '0' && s[d - 1] <= '9') --d;
-    return std::pair<std::string_view, std::string_view>(
-        std::string_view(s).substr(0, d), std::string_view(s).substr(d));
+    const std::string_view name(s);
+    std::string_view digits = name.substr(d);
+    const size_t z = digits.find_first_not_of('0');
+    digits = z == std::string_view::npos ? std::string_view() : digits.substr(z);
+    return std::make_tuple(name.substr(0, d), d < s.size(), digits.size(),
+                           digits, name);
   };
-  const auto [pa, na] = split(a);
-  const auto [pb, nb] = split(b);
-  if (pa != pb || na.empty() || nb.empty()) return a < b;
-  // Same prefix, both numbered: fewer digits (after leading zeros) first.
-  const auto digits = [](std::string_view n) {
-    const size_t z = n.find_first_not_of('0');
-    return z == std::string_view::npos ? std::string_view() : n.substr(z);
-  };
-  const std::string_view da = digits(na), db = digits(nb);
-  if (da.size() != db.size()) return da.size() < db.size();
-  return da != db ? da < db : a < b;
+  return key(a) < key(b);
 }
 
 void JoinDesk::Leave(ConnId c) {

@@ -26,7 +26,7 @@ import weakref
 
 from . import _native
 from ._launch import (IDLE_DEEP_SLEEP_US, LocalServer, find_app,  # noqa
-                      remove_runtime_dir, stop, worker_command)
+                      remove_runtime_dir, stop, worker_command, worker_prefix)
 
 __all__ = ["Worker", "DblpError", "LocalServer", "find_app"]
 
@@ -142,13 +142,15 @@ class Worker:
         self._broken = None    # why exchanges can no longer be trusted
         self._tmp_log_dir = None
         self._proc = None
+        self._own_prefix = None  # the --file-prefix this Worker made
+        self._claims = []        # its dblp-worker's lcore claim
         self._log_path = None
         self._closed = False
         self._iteration = 0    # protocol iteration (resyncs included)
         self._bucket_offset = 0
         self._pending = []
         self._copy_s = 0.0
-        self._raise_queued = False
+        self._step_error = None  # the DDP step's failure, until its end
         self._staging = None   # CUDA models: _CudaStaging
         shm_name = shm or f"/dblp-{os.getpid()}-{next(_names)}"
         self._ch = _native.Channel(shm_name, floats, layers)
@@ -158,9 +160,13 @@ class Worker:
             self.mean = torch.frombuffer(self._ch.mean(), dtype=torch.float32)
             if shm is None:
                 flags = [f"--join_timeout_ms={int(join_timeout * 1000)}",
-                         f"--idle_deep_sleep_us={IDLE_DEEP_SLEEP_US}",
                          "--round_timeout_ms=%d" % int(
                              (round_timeout or answer_timeout) * 1000)]
+                if eal is None:
+                    # memif or kernel UDP: sleep through the trainer's step.
+                    # Not on a NIC, whose RX ring a 500 us nap at 25 Gb/s
+                    # could overflow.
+                    flags.append(f"--idle_deep_sleep_us={IDLE_DEEP_SLEEP_US}")
                 self._spawn(server, transport, memif_socket, eal, secret_file,
                             insecure, flags + list(worker_flags), out_dir,
                             lcore)
@@ -196,7 +202,7 @@ class Worker:
             transport, server=server, shm=self._ch.name, name=self.name,
             memif_socket=memif_socket, eal=eal, secret_file=secret_file,
             insecure=insecure, out_dir=out_dir, extra=worker_flags,
-            lcore=lcore)
+            lcore=lcore, claims=self._claims)
         log_dir = out_dir
         if not log_dir:
             log_dir = self._tmp_log_dir = tempfile.mkdtemp(
@@ -204,6 +210,8 @@ class Worker:
         os.makedirs(log_dir, exist_ok=True)
         self._log_path = os.path.join(log_dir, f"{self.name}.log")
         self.command = cmd
+        if transport == "dpdk" and eal is None:
+            self._own_prefix = worker_prefix(self._ch.name)
         with open(self._log_path, "wb") as log:
             self._proc = subprocess.Popen(cmd, stdout=log,
                                           stderr=subprocess.STDOUT,
@@ -348,25 +356,47 @@ class Worker:
         group (torch.distributed's default one unless state_group=), once
         per resync: one all_reduce of the state's floats."""
         torch = _torch()
-        tensors = []
-        for opt in self._optimizers():
+        # Every rank must add the same tensors in the same order: parameters
+        # in the model's order, optimizers by their first parameter there
+        # (not the order they are found in), each tensor once.
+        where = {id(p): i for i, p in enumerate(params)}
+        opts = sorted(self._optimizers(), key=lambda o: min(
+            (where.get(id(q), len(where)) for g in o.param_groups
+             for q in g["params"]), default=len(where)))
+        tensors, seen = [], set()
+        for opt in opts:
             for p in params:
-                for v in opt.state.get(p, {}).values():
+                for key in sorted(opt.state.get(p, {}), key=str):
+                    v = opt.state[p][key]
                     if (torch.is_tensor(v) and v.is_floating_point() and
-                            v.shape == p.shape):
+                            v.shape == p.shape and id(v) not in seen):
+                        seen.add(id(v))
                         tensors.append(v)
-        if not tensors:
-            return
         dist = torch.distributed
         group = self._state_group
         if group is None:
             if not (dist.is_available() and dist.is_initialized()):
+                if not tensors:
+                    return
                 raise DblpError(
                     "optimizer= needs torch.distributed initialised (or "
                     "state_group=) to average its state at a resync")
             group = dist.distributed_c10d._get_default_group()
         # The dblp backend's exact inner group, never DBLP itself.
         group = getattr(group, "exact_group", group)
+        # The ranks agree on what they average, or all say so: never a sum
+        # of unlike tensors.
+        sig = torch.tensor([len(tensors), sum(t.numel() for t in tensors)],
+                           dtype=torch.int64)
+        every = [torch.zeros_like(sig) for _ in range(group.size())]
+        group.allgather([every], [sig]).wait()
+        if any(not torch.equal(e, every[0]) for e in every):
+            raise DblpError(
+                "the ranks' optimizer states differ at the resync "
+                f"(tensors, floats per rank: {[e.tolist() for e in every]}):"
+                " give every rank the same optimizer over the same model")
+        if not tensors:
+            return
         flat = torch.cat([t.reshape(-1) for t in tensors])
         group.allreduce([flat]).wait()
         flat.div_(group.size())
@@ -382,7 +412,13 @@ class Worker:
         (delivered_fraction, p, critical, send_latency_us, handoff_us, ...).
         No copy on either side: write the gradient into self.gradient."""
         if self._is_resync(self._iteration):
-            self._resync()
+            try:
+                self._resync()
+            except BaseException as e:
+                # Half a resync (the parameters, not the optimizer's state)
+                # leaves this rank out of step with the others.
+                self._broken = self._broken or str(e) or type(e).__name__
+                raise
         info = self._post_and_wait(_native.POST_GRADIENT)
         return self.mean, info
 
@@ -413,10 +449,11 @@ class Worker:
         return tensor.view(-1)
 
     # ---- DDP buckets (dblp.torch.comm_hook) ----------------------------
-    def push_bucket(self, flat, is_last, in_backward=False):
+    def push_bucket(self, flat, is_last, in_backward=False, index=None):
         """Stage one DDP bucket at the next offset; the last bucket of the
         step runs the exchange. Returns a Future completed with the
-        bucket's slice of the mean.
+        bucket's slice of the mean. `index`: DDP's bucket index (0 starts
+        a step, whatever happened to the one before).
 
         If the step fails, the futures are failed with the DblpError; with
         in_backward=True (DDP's comm hook) they complete with their own
@@ -424,57 +461,80 @@ class Worker:
         once DDP has finished it, so `except dblp.DblpError` around
         loss.backward() catches it and DDP is left consistent."""
         torch = _torch()
+        if index == 0 and self._pending:
+            self._end_step()  # a step that never reached its last bucket
         n = flat.numel()
         off = self._bucket_offset
         fut = torch.futures.Future()
         self._pending.append((fut, off, n, flat))
-        staging = self._staging_for(flat)
         self._bucket_offset += n
-        if off + n > self.gradient.numel():
-            self._fail_pending(DblpError(
-                f"DDP's buckets hold more than the gradient's "
-                f"{self.gradient.numel()} floats: give dblp.Worker the same "
-                "model as DDP"), in_backward)
-            return fut
-        t0 = time.perf_counter()
-        if staging is not None:
-            staging.to_host(self.gradient[off:off + n], flat)
-        else:
-            self.gradient[off:off + n].copy_(flat.view(-1))
-        self._copy_s += time.perf_counter() - t0
+        if self._step_error is None:
+            try:
+                if off + n > self.gradient.numel():
+                    raise DblpError(
+                        f"DDP's buckets hold more than the gradient's "
+                        f"{self.gradient.numel()} floats: give dblp.Worker "
+                        "the same model as DDP")
+                t0 = time.perf_counter()
+                staging = self._staging_for(flat)
+                if staging is not None:
+                    staging.to_host(self.gradient[off:off + n], flat)
+                else:
+                    self.gradient[off:off + n].copy_(flat.view(-1))
+                self._copy_s += time.perf_counter() - t0
+            except Exception as e:
+                self._step_error = e
         if not is_last:
             return fut
         pending = self._pending
-        try:
-            if staging is not None:
-                staging.wait()  # every bucket's copy is in the region
-            if off + n != self.gradient.numel():
-                raise DblpError(f"DDP's buckets hold {off + n} floats, the "
-                                f"gradient {self.gradient.numel()}: give "
-                                "dblp.Worker the same model as DDP")
-            _, info = self.exchange()
-        except Exception as e:
-            self._fail_pending(e, in_backward)
+        if self._step_error is None:
+            try:
+                if off + n != self.gradient.numel():
+                    raise DblpError(f"DDP's buckets hold {off + n} floats, "
+                                    f"the gradient {self.gradient.numel()}: "
+                                    "give dblp.Worker the same model as DDP")
+                if self._staging is not None:
+                    self._staging.wait()  # every bucket is in the region
+                _, info = self.exchange()
+                info["copy_in_us"] = self._copy_s * 1e6
+                info["buckets"] = len(pending)
+                # Tensors of their own storage, each starting at its slice:
+                # DDP reads a hook's result with as_strided(offset) counted
+                # from the storage's start, so a view into self.mean
+                # (storage offset o) would hand every bucket but the first
+                # another part of the mean. No copy: DDP copies the result
+                # into .grad before the next step.
+                results = [self.mean_slice(o, k) for _, o, k, _ in pending]
+                if self._staging is not None:
+                    results = [self._staging.to_device(m, b)
+                               for m, (_, _, _, b) in zip(results, pending)]
+            except Exception as e:
+                self._step_error = e
+        if self._step_error is not None:
+            self._fail_pending(self._step_error, in_backward)
             return fut
-        info["copy_in_us"] = self._copy_s * 1e6
-        info["buckets"] = len(pending)
-        self._pending, self._bucket_offset, self._copy_s = [], 0, 0.0
-        for f, o, k, _ in pending:
-            # A tensor of its own storage, starting at the slice: DDP reads
-            # a hook's result with as_strided(offset) counted from the
-            # storage's start, so a view into self.mean (storage offset o)
-            # would hand every bucket but the first another part of the
-            # mean. No copy: DDP copies it into .grad before the next step.
-            mean = self.mean_slice(o, k)
-            f.set_result(mean if staging is None else
-                         staging.to_device(mean, flat))
+        self._pending = []
+        self._end_step()
+        for (f, _, _, _), r in zip(pending, results):
+            f.set_result(r)
         return fut
+
+    def _end_step(self):
+        stale = [f for f, _, _, _ in self._pending if not f.done()]
+        self._pending, self._bucket_offset, self._copy_s = [], 0, 0.0
+        self._step_error = None
+        for f in stale:
+            f.set_exception(DblpError("the DDP step ended before its last "
+                                      "bucket"))
 
     def _staging_for(self, tensor):
         if tensor.device.type != "cuda":
             return None
         if self._staging is None:
             self._staging = _CudaStaging(self, tensor.device)
+        elif self._staging.device != tensor.device:
+            raise DblpError(f"a bucket on {tensor.device}, the model on "
+                            f"{self._staging.device}: one device per Worker")
         return self._staging
 
     def mean_slice(self, offset, count):
@@ -488,7 +548,7 @@ class Worker:
         """Ends the step's staged buckets with `error`; the next step starts
         from the first offset."""
         pending, self._pending = self._pending, []
-        self._bucket_offset, self._copy_s = 0, 0.0
+        self._end_step()
         if not isinstance(error, DblpError):
             error = DblpError(f"{type(error).__name__}: {error}")
         if not in_backward:
@@ -503,16 +563,13 @@ class Worker:
         # queues another runs after every callback already queued) raises
         # the error out of backward(). The gradients are this rank's own:
         # the backward pass raises, so no step takes them for the mean.
+        # Called once per failed step, at its last bucket.
         for f, _, _, flat in pending:
             if not f.done():
                 f.set_result(flat)
-        if self._raise_queued:
-            return
-        self._raise_queued = True
         engine = _torch().autograd.Variable._execution_engine
 
         def raise_error():
-            self._raise_queued = False
             raise error
 
         engine.queue_callback(lambda: engine.queue_callback(raise_error))
@@ -557,9 +614,10 @@ class Worker:
         self._closed = True
         if self._proc is not None:
             stop(self._proc)
-            for arg in self.command:
-                if arg.startswith("--file-prefix="):
-                    remove_runtime_dir(arg.split("=", 1)[1])
+            if self._own_prefix:
+                remove_runtime_dir(self._own_prefix)
+        for c in self._claims:
+            c.release()
         if self._staging is not None:
             self._staging.close()
             self._staging = None
@@ -611,6 +669,7 @@ class _CudaStaging:
             ptr, nbytes = t.data_ptr(), t.numel() * 4
             rc = self._cudart.cudaHostRegister(ptr, nbytes, 0)
             if int(rc) != 0:
+                self.close()
                 raise DblpError(f"cudaHostRegister of the shared region "
                                 f"failed ({rc}): the bucket copies would not "
                                 "be DMA; is the CUDA driver loaded?")

@@ -1,7 +1,6 @@
 """Command lines for the dblp apps, and a local server for examples and
 tests (a dblp-server over memif, or a dblp-udp-server)."""
 
-import atexit
 import os
 import shutil
 import socket
@@ -9,6 +8,8 @@ import subprocess
 import tempfile
 import time
 import weakref
+
+from ._lcores import claim_lcore
 
 try:
     from . import _paths
@@ -37,11 +38,17 @@ def _secret_flags(secret_file, insecure):
     return ["--insecure"] if insecure else [f"--secret_file={secret_file}"]
 
 
-def memif_eal(socket_path, prefix, lcore=None, client=True, vdevs=None):
+def memif_eal(socket_path, prefix, lcore=None, client=True, vdevs=None,
+              claims=None):
     """EAL options of one process on the local memif cluster (no NIC, no
-    hugepages, its own --file-prefix)."""
+    hugepages, its own --file-prefix). Without `lcore`, the least-claimed
+    CPU (_lcores.py); its claim goes into `claims`, for the caller to
+    release when the process ends."""
     if lcore is None:
-        lcore = pick_lcore()
+        claim = claim_lcore()
+        if claims is not None:
+            claims.append(claim)
+        lcore = claim.cpu
     eal = ["-l", str(lcore), "--no-huge", "-m", "256", "--no-pci",
            f"--file-prefix={prefix}", "--log-level=*:warning"]
     if client:
@@ -53,9 +60,9 @@ def memif_eal(socket_path, prefix, lcore=None, client=True, vdevs=None):
 
 def worker_command(transport, *, server, shm, name, memif_socket=None,
                    eal=None, secret_file=None, insecure=False, out_dir=None,
-                   extra=(), lcore=None):
+                   extra=(), lcore=None, claims=None):
     """The dblp-worker (dpdk) or dblp-udp-worker (udp) command line that
-    serves a trainer over `shm`."""
+    serves a trainer over `shm` (memif_eal's `claims`)."""
     app = [f"--server={server}", "--gradient=shm", f"--shm={shm}",
            f"--name={name}"] + _secret_flags(secret_file, insecure)
     if out_dir:
@@ -68,7 +75,8 @@ def worker_command(transport, *, server, shm, name, memif_socket=None,
             raise ValueError("transport='dpdk' needs eal=[...] (the port) or "
                              "memif_socket= (the local memif cluster)")
         # The shm name is unique on this host (pid and a counter).
-        eal = memif_eal(memif_socket, "dblp-w" + shm.strip("/"), lcore)
+        eal = memif_eal(memif_socket, worker_prefix(shm), lcore,
+                        claims=claims)
     return [find_app("dblp-worker")] + list(eal) + ["--"] + app
 
 
@@ -76,6 +84,11 @@ def worker_command(transport, *, server, shm, name, memif_socket=None,
 # a trainer's forward and backward keep the CPU, for at most this much
 # delay at a round's first frame (measured in docs/PYTORCH.md).
 IDLE_DEEP_SLEEP_US = 500
+
+
+def worker_prefix(shm):
+    """The --file-prefix of the dblp-worker this package starts for `shm`."""
+    return "dblp-w" + shm.strip("/").replace("/", "-")
 
 
 def free_port(host="127.0.0.1"):
@@ -97,74 +110,17 @@ def stop(proc, grace=5):
 
 def remove_runtime_dir(prefix):
     """DPDK's runtime directory of --file-prefix=`prefix`, once its process
-    is gone: an app killed by a signal it cannot catch leaves it behind."""
-    base = os.environ.get("XDG_RUNTIME_DIR") if os.geteuid() != 0 else None
-    base = os.path.join(base or "/var/run", "dpdk")
-    shutil.rmtree(os.path.join(base, prefix), ignore_errors=True)
-
-
-def pick_lcore():
-    """The CPU for one more poll-mode process of this host: the one of this
-    process's allowed CPUs with the fewest DBLP processes already pinned to
-    it (read from the lcore claims under /dev/shm), so two jobs on one host
-    spread out rather than all taking CPU 0 and 1."""
-    cpus = sorted(os.sched_getaffinity(0))
-    counts = {c: 0 for c in cpus}
-    for entry in _live_claims():
-        if entry in counts:
-            counts[entry] += 1
-    best = min(cpus, key=lambda c: (counts[c], c))
-    _claim(best)
-    return str(best)
-
-
-_CLAIM_DIR = "/dev/shm/dblp-lcores"
-
-
-def _live_claims():
-    try:
-        names = os.listdir(_CLAIM_DIR)
-    except FileNotFoundError:
-        return []
-    out = []
-    for n in names:
-        try:
-            cpu, pid, _ = n.split("-", 2)
-            os.kill(int(pid), 0)
-            out.append(int(cpu))
-        except (ValueError, ProcessLookupError):
-            try:
-                os.unlink(os.path.join(_CLAIM_DIR, n))
-            except OSError:
-                pass
-        except PermissionError:
-            out.append(int(cpu))
-    return out
-
-
-_claims = []
-
-
-def _drop_claims():
-    for path in _claims:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
-
-
-atexit.register(_drop_claims)
-
-
-def _claim(cpu):
-    """A claim lives as long as this process (its pid is in the name; a
-    dead process's claims are removed by the next reader)."""
-    os.makedirs(_CLAIM_DIR, mode=0o1777, exist_ok=True)
-    path = os.path.join(_CLAIM_DIR, f"{cpu}-{os.getpid()}-{len(_claims)}"
-                        f"-{time.monotonic_ns()}")
-    with open(path, "w"):
-        pass
-    _claims.append(path)
+    is gone: an app killed by a signal it cannot catch leaves it behind.
+    Only for prefixes this package made (dblp-...): never one a user named,
+    which another process may share, and never a path."""
+    if not prefix.startswith("dblp-") or "/" in prefix or ".." in prefix:
+        return
+    # Where EAL puts it (src/eal_cleanup.cc says the same).
+    if os.geteuid() == 0:
+        base = "/var/run"
+    else:
+        base = os.environ.get("XDG_RUNTIME_DIR") or "/tmp"
+    shutil.rmtree(os.path.join(base, "dpdk", prefix), ignore_errors=True)
 
 
 class LocalServer:
@@ -192,6 +148,8 @@ class LocalServer:
                          os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "wb") as f:
                 f.write(os.urandom(32))
+        self._claims = []
+        self.prefix = None
         self.host = host
         self.port = free_port(host)
         self.address = f"{host}:{self.port}"
@@ -214,9 +172,8 @@ class LocalServer:
             vdevs = [f"--vdev=net_memif{i},role=server,"
                      f"socket={self.socket(i)},id=0" for i in range(workers)]
             self.prefix = f"dblp-{os.getpid()}-srv-{self.port}"
-            eal = memif_eal(None, self.prefix,
-                            lcore=pick_lcore() if lcore is None else lcore,
-                            client=False, vdevs=vdevs)
+            eal = memif_eal(None, self.prefix, lcore=lcore, client=False,
+                            vdevs=vdevs, claims=self._claims)
             eal[eal.index("-m") + 1] = str(memory_mb)
             cmd = [find_app("dblp-server")] + eal + ["--",
                                                      f"--listen={self.address}"]
@@ -228,7 +185,11 @@ class LocalServer:
             self.proc = subprocess.Popen(cmd, stdout=log,
                                          stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL)
-        self._await_listening(ready_timeout)
+        try:
+            self._await_listening(ready_timeout)
+        except BaseException:
+            self.close()  # no server left polling its lcore
+            raise
 
     def socket(self, rank):
         return os.path.join(self.dir, f"w{rank}.sock")
@@ -279,8 +240,10 @@ class LocalServer:
 
     def close(self):
         stop(self.proc)
-        if self.transport == "dpdk":
+        if self.prefix:
             remove_runtime_dir(self.prefix)
+        for c in self._claims:
+            c.release()
         self._cleanup()
 
     def __enter__(self):

@@ -10,10 +10,11 @@ barriers, ``all_gather``, a loss averaged for logging. When a
 ``DistributedDataParallel`` is built on the group, the group joins a DBLP
 job for that model (rank 0 starts the server unless ``DBLP_SERVER`` names
 one) and registers ``dblp.torch.comm_hook``: from then on every DDP step is
-one DBLP iteration, under the policy the server runs (bounded loss). An
-``all_reduce`` (SUM) of a float32 CPU tensor as large as the model's
-gradient goes over DBLP too (the mean times the world size); any other
-all_reduce is exact, over gloo.
+one DBLP iteration, under the policy the server runs (bounded loss). Every
+``all_reduce`` is exact, over gloo: a parameter average or a metric must
+not be lossy. A gradient of your own goes over DBLP with
+``group.allreduce_gradient_(flat)`` (the model's size, float32 CPU: the
+SUM, as all_reduce's).
 
 Configuration, from the environment (torchrun's, plus):
 
@@ -65,12 +66,6 @@ _DELEGATED = ["allreduce_coalesced", "allgather", "_allgather_base",
               "monitored_barrier"]
 
 
-def _completed_work(tensors):
-    fut = torch.futures.Future()
-    fut.set_result(tensors)
-    return torch._C._distributed_c10d._create_work_from_future(fut)
-
-
 class ProcessGroupDBLP(dist.ProcessGroup):
     """A process group whose DDP gradients go over DBLP; see the module's
     documentation."""
@@ -98,20 +93,24 @@ class ProcessGroupDBLP(dist.ProcessGroup):
 
     # ---- collectives -----------------------------------------------------
     def allreduce(self, tensors, opts=None):
-        if isinstance(tensors, torch.Tensor):
-            tensors = [tensors]
+        """Exact, over gloo: DDP's gradients reach DBLP through the comm
+        hook, and anything else (a parameter average, a metric) must not
+        lose a float."""
         if opts is None:
-            opts = dist.AllreduceOptions()
-        w = self.worker
-        if (w is not None and len(tensors) == 1 and
-                opts.reduceOp == dist.ReduceOp.SUM):
-            t = tensors[0]
-            if (t.dtype == torch.float32 and t.device.type == "cpu" and
-                    t.is_contiguous() and t.numel() == w.gradient.numel()):
-                w.allreduce_(t)
-                t.mul_(self.size())
-                return _completed_work(tensors)
+            return self._gloo.allreduce(tensors)
         return self._gloo.allreduce(tensors, opts)
+
+    def allreduce_gradient_(self, flat):
+        """The SUM of every rank's `flat` (float32, CPU, the attached
+        model's gradient size) over DBLP, under the server's policy: what
+        the DDP hook does, for a gradient of your own."""
+        w = self.worker
+        if w is None:
+            raise DblpError("no DBLP job yet: build a DistributedDataParallel"
+                            " on this group first (that joins it)")
+        w.allreduce_(flat)
+        flat.mul_(self.size())
+        return flat
 
     # ---- the DBLP job ----------------------------------------------------
     def attach(self, ddp):
@@ -127,6 +126,7 @@ class ProcessGroupDBLP(dist.ProcessGroup):
         params = {id(p) for p in model.parameters() if p.requires_grad}
         self.worker = Worker(model=model, optimizer=lambda: _optimizers_of(
             params), state_group=self._gloo, **kwargs)
+        self._resources()["worker"] = self.worker
         ddp.register_comm_hook(self.worker, _hook.comm_hook)
 
     def _check_same_model(self, model):
@@ -159,6 +159,15 @@ class ProcessGroupDBLP(dist.ProcessGroup):
         timeout_flag = f"--round_timeout_ms={int(timeout_s * 1000)}"
         out = env.get("DBLP_OUT") or None
         server = env.get("DBLP_SERVER")
+        if server and not env.get("DBLP_SECRET_FILE"):
+            raise DblpError("DBLP_SERVER names a running dblp-server: give "
+                            "its job secret in DBLP_SECRET_FILE (rank 0 "
+                            "hands one out only for a server it starts)")
+        if env.get("DBLP_EAL") and not server:
+            raise DblpError("DBLP_EAL puts the workers on a NIC, and the "
+                            "server rank 0 would start is on the memif "
+                            "cluster: start a dblp-server on the NIC and "
+                            "name it in DBLP_SERVER (with DBLP_SECRET_FILE)")
         if server is None and rank == 0:
             self._start_server(transport, model, timeout_flag, out)
         if server is None:
@@ -191,8 +200,8 @@ class ProcessGroupDBLP(dist.ProcessGroup):
 
     def _start_server(self, transport, model, timeout_flag, out):
         size = self.size()
-        if transport == "dpdk" and not os.environ.get("DBLP_EAL"):
-            local = int(os.environ.get("LOCAL_WORLD_SIZE", size))
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", size))
+        if transport == "dpdk":
             if local != size:
                 msg = (f"the memif cluster is one host, and this job has "
                        f"{size} ranks of which {local} here: set "
@@ -204,15 +213,26 @@ class ProcessGroupDBLP(dist.ProcessGroup):
         flags = ["--rank_order=name", timeout_flag] + shlex.split(
             os.environ.get("DBLP_SERVER_FLAGS", ""))
         secret = os.environ.get("DBLP_SECRET_FILE")
-        host = os.environ.get("MASTER_ADDR", "127.0.0.1") \
-            if transport == "udp" else "127.0.0.1"
+        host = "127.0.0.1"
+        if transport == "udp":
+            host = _resolve(os.environ.get("MASTER_ADDR", "127.0.0.1"))
+            if local != size and host.startswith("127."):
+                msg = (f"MASTER_ADDR resolves to {host} on rank 0, which the "
+                       "other hosts cannot reach: give MASTER_ADDR as this "
+                       "host's address on their network")
+                self._store.set("server", "error:" + msg)
+                raise DblpError(msg)
         try:
             self._server = LocalServer(
                 size, transport, flags, out_dir=out, secret_file=secret,
-                host=_resolve(host), memory_mb=_server_memory_mb(floats))
+                host=host, memory_mb=_server_memory_mb(floats),
+                timeout=self._timeout.total_seconds())
         except Exception as e:
             self._store.set("server", f"error:{e}")
             raise
+        res = self._resources()
+        res["server"] = self._server
+        res["server_wait_s"] = min(300.0, self._timeout.total_seconds())
         if not secret:
             with open(self._server.secret_file, "rb") as f:
                 self._store.set("secret", f.read())
@@ -240,33 +260,35 @@ class ProcessGroupDBLP(dist.ProcessGroup):
         return self._res
 
     def shutdown(self):
-        """Ends this rank's part of the DBLP job (also at exit)."""
-        res = self._resources()
-        if self.worker is not None:
-            res["worker"] = self.worker
-            self.worker = None
-        if self._server is not None:
-            res["server"] = self._server
-            self._server = None
-        ProcessGroupDBLP._release(res)
+        """Ends this rank's part of the DBLP job (also when the group is
+        collected, or at exit)."""
+        self.worker = None
+        self._server = None
+        ProcessGroupDBLP._release(self._resources())
 
     @staticmethod
     def _release(res):
+        """Each resource whatever became of the one before it."""
         w = res.pop("worker", None)
-        if w is not None:
-            w.close()
         s = res.pop("server", None)
-        if s is not None:
-            try:
-                s.wait(timeout=30)
-            finally:
-                s.close()
         tmp = res.pop("secret", None)
-        if tmp:
+        try:
+            if w is not None:
+                w.close()
+        finally:
             try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
+                if s is not None:
+                    try:
+                        # The slowest rank's BYE ends the server.
+                        s.wait(timeout=res.get("server_wait_s", 300))
+                    finally:
+                        s.close()
+            finally:
+                if tmp:
+                    try:
+                        os.unlink(tmp)
+                    except FileNotFoundError:
+                        pass
 
 
 def _delegate(name):

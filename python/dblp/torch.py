@@ -7,14 +7,11 @@ whole mean, as the paper's does), and every bucket's future completes with
 its slice of the mean, which DDP copies into the parameters' .grad.
 """
 
-import torch as _torch
 
 
 def comm_hook(state, bucket):
     """DDP communication hook; `state` is a dblp.Worker built on the same
-    model. Buckets must be float32 CPU tensors."""
-    flat = bucket.buffer()
-    if flat.dtype != _torch.float32 or flat.device.type != "cpu":
-        raise TypeError("dblp.torch.comm_hook moves float32 CPU buckets (got "
-                        f"{flat.dtype} on {flat.device}); docs/PYTORCH.md")
-    return state.push_bucket(flat, bucket.is_last(), in_backward=True)
+    model (float32 parameters, checked when it was built), on the CPU or
+    a CUDA device (staged through pinned host memory)."""
+    return state.push_bucket(bucket.buffer(), bucket.is_last(),
+                             in_backward=True, index=bucket.index())

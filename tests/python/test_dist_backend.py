@@ -42,11 +42,16 @@ def backend_rank(rank, kind, port, env):
         dist.broadcast(b, src=1)
         out["bcast"] = b.item()
         dist.barrier()
-        # A gradient-sized all_reduce goes over DBLP: SUM = mean * W.
+        # A gradient-sized all_reduce is exact too (a parameter average
+        # must not be lossy); allreduce_gradient_ goes over DBLP.
         n = w.gradient.numel()
         before = len(w.history)
         g = torch.full((n,), float(rank + 1))
         dist.all_reduce(g)
+        out["exact_over_dblp"] = len(w.history) - before
+        out["exact_sum"] = (g.min().item(), g.max().item())
+        g = torch.full((n,), float(rank + 1))
+        pg.allreduce_gradient_(g)
         out["big_sum"] = (g.min().item(), g.max().item())
         out["big_over_dblp"] = len(w.history) - before
         pg.shutdown()
@@ -83,4 +88,5 @@ def test_backend_reliable_equals_gloo(transport, kind):
         assert g["small_sum"] == [3.0, 10.0]
         assert g["gathered"] == [[0.0, 1.0], [1.0, 1.0]]
         assert g["bcast"] == 1.0
+        assert g["exact_over_dblp"] == 0 and g["exact_sum"] == (3.0, 3.0)
         assert g["big_over_dblp"] == 1 and g["big_sum"] == (3.0, 3.0)

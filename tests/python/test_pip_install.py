@@ -48,5 +48,14 @@ def test_pip_install_into_a_venv(tmp_path):
                        capture_output=True, text=True, timeout=120, env=env,
                        cwd=str(tmp_path))
     assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr
-    # tools/dblp-run came along as a script.
-    assert os.access(venv / "bin" / "dblp-run", os.X_OK)
+    # tools/dblp-run came along as a script, and runs the venv's python.
+    run = venv / "bin" / "dblp-run"
+    assert os.access(run, os.X_OK)
+    probe = tmp_path / "probe.py"
+    probe.write_text("import sys, dblp\n"
+                     "print('prefix', sys.prefix, dblp.__file__)\n")
+    r = subprocess.run([str(run), "--standalone", "--nproc-per-node", "1",
+                        str(probe)], capture_output=True, text=True,
+                       timeout=120, env=env, cwd=str(tmp_path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"prefix {venv}" in r.stdout, r.stdout
