@@ -248,14 +248,13 @@ const JoinMsg& ServerControl::AdmitWorkers(const std::string& listen,
       std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   while (!joined_.load(std::memory_order_acquire)) {
     if (quit.load() || std::chrono::steady_clock::now() > deadline) {
-      size_t have;
+      std::string shortfall;
       {
         std::lock_guard<std::mutex> lock(mu_);
-        have = admission_.desk().members().size();
+        shortfall = admission_.desk().Shortfall();
       }
       Stop();
-      Die("only " + std::to_string(have) + " of " +
-              std::to_string(cfg_.workers) + " workers joined",
+      Die(shortfall,
           "start all workers with --server=" + listen + " or lower --workers");
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));

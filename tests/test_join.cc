@@ -88,6 +88,19 @@ TEST(JoinDesk, RankByNameOrdersMembersNaturallyAtClose) {
   EXPECT_EQ(desk.members()[3].name, "rank10");
 }
 
+TEST(JoinDesk, ShortfallCountsThoseWhoJoinedAndLeft) {
+  JoinDesk desk(JoinPolicy{3, 1500, 1 << 20});
+  EXPECT_EQ(desk.Shortfall(), "only 0 of 3 workers joined");
+  ASSERT_EQ(desk.Admit(1, Join("a")), "");
+  ASSERT_EQ(desk.Admit(2, Join("b")), "");
+  EXPECT_EQ(desk.Shortfall(), "only 2 of 3 workers joined");
+  desk.Leave(1);
+  desk.Leave(2);
+  EXPECT_EQ(desk.Shortfall(),
+            "only 0 of 3 workers joined (2 had joined; the others left "
+            "again, e.g. at their own --join_timeout_ms)");
+}
+
 TEST(JoinDesk, JoinOrderIsTheDefault) {
   JoinDesk desk(JoinPolicy{2, 1500, 1 << 20});
   ASSERT_EQ(desk.Admit(1, Join("w9")), "");

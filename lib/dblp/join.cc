@@ -51,7 +51,19 @@ std::string JoinDesk::Admit(ConnId c, const JoinMsg& j) {
   }
   members_.push_back(
       Member{c, j.worker_name, j.data_mac, j.data_ipv4, j.data_udp_port});
+  most_members_ = std::max(most_members_, members_.size());
   return "";
+}
+
+std::string JoinDesk::Shortfall() const {
+  std::string s = "only " + std::to_string(members_.size()) + " of " +
+                  std::to_string(policy_.workers) + " workers joined";
+  if (most_members_ > members_.size()) {
+    s += " (" + std::to_string(most_members_) +
+         " had joined; the others left again, e.g. at their own "
+         "--join_timeout_ms)";
+  }
+  return s;
 }
 
 void JoinDesk::Close() {

@@ -60,6 +60,10 @@ class JoinDesk {
   void Close();
 
   const std::vector<Member>& members() const { return members_; }
+  // Why the job did not start: "only K of N workers joined", and how many
+  // had joined at most when some left again (a worker gives up at its own
+  // join timeout, which may be shorter than the server's).
+  std::string Shortfall() const;
   // The job's layout: the first admitted JOIN.
   const JoinMsg& first() const { return first_; }
   // WELCOME for `rank`: its rank, the worker count and the first JOIN's
@@ -70,6 +74,7 @@ class JoinDesk {
  private:
   JoinPolicy policy_;
   std::vector<Member> members_;
+  size_t most_members_ = 0;
   JoinMsg first_;
   bool closed_ = false;
 };

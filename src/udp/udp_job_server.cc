@@ -396,13 +396,12 @@ std::string JobServer::AwaitWorkers() {
                    o_.join_timeout_ms)) {
     return "";
   }
-  size_t have;
+  std::string shortfall;
   {
     std::lock_guard<std::mutex> lock(join_mu_);
-    have = desk_.members().size();
+    shortfall = desk_.Shortfall();
   }
-  return "only " + std::to_string(have) + " of " + std::to_string(o_.workers) +
-         " workers joined within " + std::to_string(o_.join_timeout_ms) +
+  return shortfall + " within " + std::to_string(o_.join_timeout_ms) +
          " ms: start the workers with the server's control address";
 }
 
