@@ -145,7 +145,9 @@ def lossy_job(build, tmp):
               "--seed=5", "--dump_dir=" + dump,
               "--dump_iterations=%d" % DUMP_ITERS]
     try:
-        job.server("--policy=fixed", "--p_fixed=%g" % P, *common)
+        # The zero fill the means are recomputed with, and no resync.
+        job.server("--policy=fixed", "--p_fixed=%g" % P, "--push_fill=zero",
+                   "--resync_every=0", *common)
         time.sleep(0.3)
         for w in range(WORKERS):
             job.worker(w, "--iterations=%d" % ITERATIONS, *common)

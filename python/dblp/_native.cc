@@ -72,7 +72,10 @@ py::dict Info(const ShmChannel& ch) {
 
 PYBIND11_MODULE(_native, m) {
   m.doc() = "DBLP trainer <-> dblp-worker shared-memory hand-off";
-  py::register_exception<std::runtime_error>(m, "ShmError", PyExc_OSError);
+  // Local: a global translator would turn every std::runtime_error of
+  // another pybind11 module (torch's c10d store, ...) into ours.
+  py::register_local_exception<std::runtime_error>(m, "ShmError",
+                                                   PyExc_OSError);
   m.def("monotonic_ns", &dblp::MonotonicNs,
         "CLOCK_MONOTONIC in ns (the clock the worker stamps with)");
   m.def("process_alive", [](int pid) { return dblp::ProcessAlive(pid); });

@@ -82,9 +82,11 @@ def mismatched_rank(rank, port, kwargs):
     t0 = time.monotonic()
     try:
         dblp.Worker(model=model, **kwargs[rank])
-        return dict(error=None)
+        out = dict(error=None)
     except dblp.DblpError as e:
-        return dict(message=str(e), seconds=time.monotonic() - t0)
+        out = dict(message=str(e), seconds=time.monotonic() - t0)
+    torch.distributed.barrier()  # rank 0 holds the store: leave together
+    return out
 
 
 def test_world_size_mismatch_fails_fast_naming_both():
