@@ -127,12 +127,6 @@ int main(int argc, char** argv) {
         "--resync_every needs a broadcast: drop "
         "--bcast_tolerance=none or --resync_every");
   }
-  if (o.resync_every > 0 && o.push_fill == dblp::FillMode::kPrevious) {
-    dblp::FlagError(
-        "--resync_every with --push_fill=prev would fill "
-        "gradients from an averaged model: use --push_fill=zero "
-        "or rescale");
-  }
   if (FLAGS_on_worker_loss != "abort" && FLAGS_on_worker_loss != "continue") {
     dblp::FlagError("--on_worker_loss=" + FLAGS_on_worker_loss +
                     ": use abort or continue");

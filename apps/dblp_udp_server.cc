@@ -57,11 +57,6 @@ dblp::UdpJobServerOptions OptionsFromFlags() {
   o.policy = dblp::PolicyFromFlags();
   o.push_fill = dblp::PushFillFromFlags();
   o.resync_every = dblp::ResyncEveryFromFlags(true, o.policy, o.push_fill);
-  if (o.resync_every > 0 && o.push_fill == dblp::FillMode::kPrevious) {
-    dblp::FlagError(
-        "--resync_every with --push_fill=prev would fill gradients from an "
-        "averaged model: use --push_fill=zero or rescale");
-  }
   dblp::LossFromFlags();  // exits naming the flag when the spec is bad
   o.loss = FLAGS_loss;
   o.bursts = dblp::BurstsFromFlags();

@@ -143,6 +143,11 @@ inline uint32_t ResyncEveryFromFlags(bool broadcast_per_worker,
     FlagError("--resync_every=" + std::to_string(FLAGS_resync_every) +
               ": use 0 (never), N >= 1, or -1 (automatic)");
   }
+  if (FLAGS_resync_every > 0 && push_fill == FillMode::kPrevious) {
+    FlagError(
+        "--resync_every with --push_fill=prev would fill gradients from an "
+        "averaged model: use --push_fill=zero or rescale");
+  }
   if (FLAGS_resync_every >= 0) return static_cast<uint32_t>(FLAGS_resync_every);
   const bool drifts = broadcast_per_worker &&
                       policy.kind != PolicyKind::kReliable &&

@@ -28,7 +28,8 @@ from . import _native
 from ._launch import (IDLE_DEEP_SLEEP_US, LocalServer, find_app,  # noqa
                       remove_runtime_dir, stop, worker_command, worker_prefix)
 
-__all__ = ["Worker", "DblpError", "LocalServer", "find_app"]
+__all__ = ["Worker", "DblpError", "LocalServer", "find_app",
+           "check_same_model"]
 
 _SLICE_MS = 100
 _names = itertools.count()
@@ -63,6 +64,42 @@ def _check_world_size(expect_workers):
                 f"with --workers={ranks} (dblp.LocalServer({ranks}))")
 
 
+def _exact_group(group=None):
+    """`group`, or torch.distributed's default one when initialised (else
+    None); never DBLP itself: the dblp backend's inner gloo group."""
+    dist = _torch().distributed
+    if group is None:
+        if not (dist.is_available() and dist.is_initialized()):
+            return None
+        group = dist.distributed_c10d._get_default_group()
+    return getattr(group, "exact_group", group)
+
+
+def check_same_model(model, group=None):
+    """Every rank of `group` (torch.distributed's default one) has the same
+    trainable layout, or every rank raises DblpError naming both sides, at
+    once: not a wait for the server's join, which would refuse the odd one
+    out and leave the others waiting. A collective: every rank calls it."""
+    torch = _torch()
+    group = _exact_group(group)
+    if group is None:
+        return
+    module = getattr(model, "module", model)
+    shapes = [tuple(p.shape) for p in module.parameters() if p.requires_grad]
+    floats = sum(int(torch.Size(s).numel()) for s in shapes)
+    digest = hash(tuple(shapes)) & 0x7FFFFFFFFFFF  # ints: the same anywhere
+    mine = torch.tensor([floats, len(shapes), digest], dtype=torch.int64)
+    every = [torch.zeros_like(mine) for _ in range(group.size())]
+    group.allgather([every], [mine]).wait()
+    for r, theirs in enumerate(every):
+        if not torch.equal(theirs, every[0]):
+            raise DblpError(
+                f"the ranks' models differ: rank 0 has {int(every[0][0])} "
+                f"trainable floats in {int(every[0][1])} tensors, rank {r} "
+                f"{int(theirs[0])} in {int(theirs[1])}; every rank must build"
+                " the same model")
+
+
 def _check_params(named_params):
     """Refuses, at registration, a model whose gradient DBLP cannot move
     (rather than at the first backward)."""
@@ -86,6 +123,9 @@ class Worker:
     model:        an nn.Module (or DDP's): the gradient is its parameters with
                   requires_grad, flattened in named_parameters() order; also
                   used for the server's parameter re-synchronisation.
+    check_ranks:  with model= under torch.distributed, first compare the
+                  model across the ranks (a collective: every rank builds
+                  its Worker), so a mismatch fails at once on all of them.
     optimizer:    the model's optimizer (or a list, or a callable returning
                   them): at each of the server's resyncs its per-parameter
                   state (momentum, Adam's moments) is averaged too, exactly,
@@ -110,7 +150,8 @@ class Worker:
                  secret_file=None, insecure=False, name=None, worker_flags=(),
                  out_dir=None, shm=None, join_timeout=60.0,
                  answer_timeout=1800.0, lcore=None, expect_workers=None,
-                 round_timeout=None, optimizer=None, state_group=None):
+                 round_timeout=None, optimizer=None, state_group=None,
+                 check_ranks=True):
         torch = _torch()
         _check_world_size(expect_workers)
         if transport not in ("dpdk", "udp"):
@@ -121,6 +162,8 @@ class Worker:
         params = self._params()
         if params is not None:
             _check_params(params)
+            if check_ranks:
+                check_same_model(model, state_group)
             layers = _layers_of(params)
             n = sum(f for _, f in layers)
             if floats is not None and floats != n:
@@ -372,18 +415,13 @@ class Worker:
                             v.shape == p.shape and id(v) not in seen):
                         seen.add(id(v))
                         tensors.append(v)
-        dist = torch.distributed
-        group = self._state_group
+        group = _exact_group(self._state_group)
         if group is None:
-            if not (dist.is_available() and dist.is_initialized()):
-                if not tensors:
-                    return
-                raise DblpError(
-                    "optimizer= needs torch.distributed initialised (or "
-                    "state_group=) to average its state at a resync")
-            group = dist.distributed_c10d._get_default_group()
-        # The dblp backend's exact inner group, never DBLP itself.
-        group = getattr(group, "exact_group", group)
+            if not tensors:
+                return
+            raise DblpError(
+                "optimizer= needs torch.distributed initialised (or "
+                "state_group=) to average its state at a resync")
         # The ranks agree on what they average, or all say so: never a sum
         # of unlike tensors.
         sig = torch.tensor([len(tensors), sum(t.numel() for t in tensors)],

@@ -49,7 +49,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from . import DblpError, Worker
+from . import DblpError, Worker, check_same_model
 from ._launch import LocalServer
 from . import torch as _hook
 
@@ -79,8 +79,10 @@ class ProcessGroupDBLP(dist.ProcessGroup):
         self.exact_group = self._gloo  # what must never lose a float
         self.worker = None     # the Worker, once a DDP model is attached
         self._server = None    # rank 0's LocalServer
-        self._secret_tmp = None
-        weakref.finalize(self, ProcessGroupDBLP._release, self._resources())
+        # What to release (worker, server, secret copy): held apart from
+        # self, so the finalizer can release it when the group is gone.
+        self._res = {}
+        weakref.finalize(self, ProcessGroupDBLP._release, self._res)
 
     def getBackendName(self):
         return BACKEND
@@ -121,31 +123,14 @@ class ProcessGroupDBLP(dist.ProcessGroup):
                             "model's gradients: give the second model its "
                             "own group (dist.new_group(backend='dblp'))")
         model = ddp.module
-        self._check_same_model(model)
+        # Before rank 0 starts a server for a job that cannot run.
+        check_same_model(model, self._gloo)
         kwargs = self._job(model)
         params = {id(p) for p in model.parameters() if p.requires_grad}
         self.worker = Worker(model=model, optimizer=lambda: _optimizers_of(
-            params), state_group=self._gloo, **kwargs)
-        self._resources()["worker"] = self.worker
+            params), state_group=self._gloo, check_ranks=False, **kwargs)
+        self._res["worker"] = self.worker
         ddp.register_comm_hook(self.worker, _hook.comm_hook)
-
-    def _check_same_model(self, model):
-        """Every rank has the same trainable layout, or every rank raises
-        naming both sides, within seconds (not at the server's join)."""
-        shapes = [tuple(p.shape) for p in model.parameters()
-                  if p.requires_grad]
-        floats = sum(int(torch.Size(s).numel()) for s in shapes)
-        digest = hash(tuple(shapes)) & 0x7FFFFFFFFFFF
-        mine = torch.tensor([floats, len(shapes), digest], dtype=torch.int64)
-        every = [torch.zeros_like(mine) for _ in range(self.size())]
-        self._gloo.allgather([every], [mine]).wait()
-        for r, theirs in enumerate(every):
-            if not torch.equal(theirs, every[0]):
-                raise DblpError(
-                    f"the ranks' models differ: rank 0 has {int(every[0][0])}"
-                    f" trainable floats in {int(every[0][1])} tensors, rank "
-                    f"{r} {int(theirs[0])} in {int(theirs[1])}; every rank "
-                    "must build the same model")
 
     def _job(self, model):
         """The Worker's arguments: the server (started here on rank 0 unless
@@ -230,7 +215,7 @@ class ProcessGroupDBLP(dist.ProcessGroup):
         except Exception as e:
             self._store.set("server", f"error:{e}")
             raise
-        res = self._resources()
+        res = self._res
         res["server"] = self._server
         res["server_wait_s"] = min(300.0, self._timeout.total_seconds())
         if not secret:
@@ -250,21 +235,15 @@ class ProcessGroupDBLP(dist.ProcessGroup):
         os.fchmod(fd, stat.S_IRUSR | stat.S_IWUSR)
         with os.fdopen(fd, "wb") as f:
             f.write(self._store.get("secret"))
-        self._secret_tmp = tmp
-        self._resources()["secret"] = tmp
+        self._res["secret"] = tmp
         return dict(secret_file=tmp)
-
-    def _resources(self):
-        if not hasattr(self, "_res"):
-            self._res = {}
-        return self._res
 
     def shutdown(self):
         """Ends this rank's part of the DBLP job (also when the group is
         collected, or at exit)."""
         self.worker = None
         self._server = None
-        ProcessGroupDBLP._release(self._resources())
+        ProcessGroupDBLP._release(self._res)
 
     @staticmethod
     def _release(res):

@@ -2,6 +2,7 @@
 loss.backward() (catchable, DDP left consistent), and at registration for a
 model it cannot move."""
 
+import glob
 import os
 import time
 
@@ -125,3 +126,51 @@ def test_a_60s_pause_survives_the_default_timeout():
         assert srv.wait(60) == 0, srv.log_tail()
     for r in range(W):
         assert res[r].get("steps") == 6, res[r]
+
+
+def odd_model_rank(rank, port, kwargs):
+    """Rank 1 builds another model; through the hook (kwargs) or the dblp
+    backend (kwargs None), every rank must fail at once, naming both. Under
+    the backend DDP's own check (torch's) speaks first: no server starts."""
+    ddp_cases.set_threads()
+    t0 = time.monotonic()
+    if kwargs is None:
+        os.environ["DBLP_SERVER_FLAGS"] = "--policy=reliable"
+        torch.distributed.init_process_group(
+            "dblp", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+            world_size=W)
+    else:
+        ddp_cases.init_gloo(rank, W, port)
+    model = ddp_cases.make_model("one" if rank == 0 else "several")
+    try:
+        if kwargs is None:
+            torch.nn.parallel.DistributedDataParallel(model)
+        else:
+            dblp.Worker(model=model, **kwargs[rank])
+        out = dict(error=None)
+    except (dblp.DblpError, RuntimeError) as e:
+        out = dict(message=str(e), seconds=time.monotonic() - t0,
+                   kind=type(e).__name__)
+    torch.distributed.barrier()
+    return out
+
+
+@pytest.mark.parametrize("path", ["hook", "backend"])
+def test_model_mismatch_fails_fast_naming_both(path):
+    port = ddp_cases.free_port_pair()
+    if path == "hook":
+        with dblp.LocalServer(W, "dpdk", ["--policy=reliable"]) as srv:
+            kw = [srv.worker_kwargs(r) for r in range(W)]
+            res = ddp_cases.run_ranks(W, odd_model_rank, (port, kw))
+    else:
+        res = ddp_cases.run_ranks(W, odd_model_rank, (port, None))
+    for r in range(W):
+        assert "message" in res[r], res[r]
+        m = res[r]["message"]
+        if path == "hook":
+            assert res[r]["kind"] == "DblpError"
+            assert "rank 0 has 27596" in m and "rank 1 329058" in m, m
+        else:
+            assert "6 params" in m and "8 params" in m, m
+        assert res[r]["seconds"] < 10, res[r]
+    assert not glob.glob("/dev/shm/dblp-[0-9]*")
