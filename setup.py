@@ -1,6 +1,6 @@
 """The native part of `pip install .` (pyproject.toml): dblp._native, the
 trainer's end of the shared-memory hand-off, from the same sources meson
-builds (python/dblp/_native.cc, lib/dblp/shm_channel.cc), against Debian's
+builds (python/dblp/_native.cc, lib/dblp/handoff/shm_channel.cc), against Debian's
 pybind11-dev headers; and dblp/_paths.py, which tells the package where
 the apps are."""
 
@@ -43,7 +43,7 @@ class BuildPyWithPaths(build_py):
 
 native = Extension(
     "dblp._native",
-    sources=["python/dblp/_native.cc", "lib/dblp/shm_channel.cc"],
+    sources=["python/dblp/_native.cc", "lib/dblp/handoff/shm_channel.cc"],
     include_dirs=["lib", pybind11_include(),
                   sysconfig.get_paths()["include"]],
     extra_compile_args=["-std=c++20", "-O2", "-fvisibility=hidden"],

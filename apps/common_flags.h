@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "app_options.h"
-#include "dblp/version.h"
+#include "dblp/base/version.h"
 #include "eal_app.h"
 #include "job_flags.h"
 

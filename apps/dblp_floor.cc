@@ -26,12 +26,12 @@
 #include <string>
 #include <vector>
 
-#include "dblp/log.h"
-#include "dblp/version.h"
-#include "dblp/chunking.h"
-#include "dblp/float_ops.h"
-#include "dblp/send_order.h"
-#include "dblp/wire.h"
+#include "dblp/base/log.h"
+#include "dblp/base/version.h"
+#include "dblp/wire/chunking.h"
+#include "dblp/wire/float_ops.h"
+#include "dblp/round/send_order.h"
+#include "dblp/wire/wire.h"
 
 DEFINE_double(size_mb, 1,
               "gradient size in MiB (rounded down to whole float32 values)");

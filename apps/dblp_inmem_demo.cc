@@ -3,7 +3,7 @@
 //
 // The protocol is real (frames, bitmaps, control messages, early stop, stale
 // rejection, the CLR detector on the mean's norm); the network and the clock
-// are modelled (dblp/memory_cluster.h), so this runs anywhere and is
+// are modelled (sim/memory_cluster.h), so this runs anywhere and is
 // deterministic for a seed. The DPDK apps measure real time.
 #include <gflags/gflags.h>
 
@@ -15,12 +15,13 @@
 #include <string>
 #include <vector>
 
-#include "dblp/log.h"
-#include "dblp/version.h"
-#include "dblp/analytic.h"
-#include "dblp/latency_stats.h"
-#include "dblp/memory_cluster.h"
-#include "dblp/synthetic_gradient.h"
+#include "dblp/base/log.h"
+#include "dblp/base/version.h"
+#include "dblp/policy/analytic.h"
+#include "dblp/obs/latency_stats.h"
+#include "dblp/obs/records.h"
+#include "sim/memory_cluster.h"
+#include "dblp/handoff/synthetic_gradient.h"
 
 DEFINE_uint32(workers, 3, "number of workers");
 DEFINE_uint32(iterations, 60, "training iterations to run per policy");

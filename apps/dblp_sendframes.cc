@@ -21,9 +21,9 @@
 #include <string>
 #include <vector>
 
-#include "dblp/log.h"
-#include "dblp/version.h"
-#include "dblp/wire.h"
+#include "dblp/base/log.h"
+#include "dblp/base/version.h"
+#include "dblp/wire/wire.h"
 #include "eal_app.h"
 #include "frame_builder.h"
 #include "port.h"

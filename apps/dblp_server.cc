@@ -8,9 +8,9 @@
 #include <exception>
 #include <memory>
 
-#include "dblp/log.h"
+#include "dblp/base/log.h"
 #include "common_flags.h"
-#include "dblp/control_sidecar.h"
+#include "dblp/control/control_sidecar.h"
 #include "eal_app.h"
 #include "runtime_flags.h"
 #include "server_engine.h"

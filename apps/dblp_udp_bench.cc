@@ -15,10 +15,10 @@
 #include <optional>
 #include <string>
 
-#include "dblp/log.h"
-#include "dblp/version.h"
-#include "dblp/chunking.h"
-#include "dblp/loss_model.h"
+#include "dblp/base/log.h"
+#include "dblp/base/version.h"
+#include "dblp/wire/chunking.h"
+#include "dblp/emul/loss_model.h"
 #include "udp/udp_push.h"
 
 DEFINE_string(role, "both",

@@ -15,10 +15,10 @@
 #include <stdexcept>
 #include <string>
 
-#include "dblp/log.h"
-#include "dblp/version.h"
-#include "dblp/chunking.h"
-#include "dblp/gradient_source.h"
+#include "dblp/base/log.h"
+#include "dblp/base/version.h"
+#include "dblp/wire/chunking.h"
+#include "dblp/handoff/gradient_source.h"
 #include "job_flags.h"
 #include "udp/udp_job.h"
 #include "worker_flags.h"

@@ -8,9 +8,9 @@
 #include <stdexcept>
 #include <string>
 
-#include "dblp/log.h"
+#include "dblp/base/log.h"
 #include "common_flags.h"
-#include "dblp/gradient_source.h"
+#include "dblp/handoff/gradient_source.h"
 #include "eal_app.h"
 #include "runtime_flags.h"
 #include "worker_engine.h"

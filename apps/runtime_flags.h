@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "app_telemetry.h"
-#include "dblp/app_state.h"
-#include "dblp/tolerance.h"
+#include "dblp/obs/app_state.h"
+#include "dblp/policy/tolerance.h"
 #include "prompt.h"
 
 DEFINE_bool(interactive, false,

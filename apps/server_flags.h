@@ -11,11 +11,11 @@
 #include <stdexcept>
 #include <string>
 
-#include "dblp/control_sidecar.h"
-#include "dblp/frame_auth.h"
-#include "dblp/job_auth.h"
-#include "dblp/loss_fill.h"
-#include "dblp/tolerance.h"
+#include "dblp/control/control_sidecar.h"
+#include "dblp/security/frame_auth.h"
+#include "dblp/control/job_auth.h"
+#include "dblp/policy/loss_fill.h"
+#include "dblp/policy/tolerance.h"
 #include "job_flags.h"
 
 DEFINE_uint32(workers, 3, "number of workers in the job");

@@ -12,10 +12,10 @@
 #include <stdexcept>
 #include <string>
 
-#include "dblp/gradient_source.h"
-#include "dblp/loss_fill.h"
-#include "dblp/shm_source.h"
-#include "dblp/synthetic_gradient.h"
+#include "dblp/handoff/gradient_source.h"
+#include "dblp/policy/loss_fill.h"
+#include "dblp/handoff/shm_source.h"
+#include "dblp/handoff/synthetic_gradient.h"
 #include "job_flags.h"
 
 DECLARE_string(gradient);

@@ -5,9 +5,9 @@
 #include <cstdint>
 #include <string>
 
-#include "dblp/deep_idle.h"
-#include "dblp/loss_model.h"
-#include "dblp/send_order.h"
+#include "dblp/base/deep_idle.h"
+#include "dblp/emul/loss_model.h"
+#include "dblp/round/send_order.h"
 #include "port.h"
 
 namespace dblp {

@@ -11,7 +11,7 @@
 #include <cstring>
 #include <string>
 
-#include "dblp/log.h"
+#include "dblp/base/log.h"
 
 namespace dblp {
 namespace {
@@ -29,7 +29,7 @@ void FillDict(const StateDict& d, rte_tel_data* t) {
   }
 }
 
-// The callbacks: snapshots only (lib/dblp/app_state.h), never a lock the
+// The callbacks: snapshots only (lib/dblp/obs/app_state.h), never a lock the
 // datapath takes, so the telemetry thread may call them at any rate.
 int OnStats(const char*, const char* params, rte_tel_data* d) {
   // "/dblp/stats,total": since the start, ignoring `clear stats`.

@@ -3,7 +3,7 @@
 // dpdk-dumpcap (rte_pdump) and the ports' extended statistics.
 //
 // The telemetry callbacks run on DPDK's telemetry thread. They read only
-// GlobalAppState() (lib/dblp/app_state.h): snapshots and atomics the
+// GlobalAppState() (lib/dblp/obs/app_state.h): snapshots and atomics the
 // engines publish at round boundaries, so any request rate is safe and
 // nothing the datapath owns is touched.
 #pragma once
@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-#include "dblp/app_state.h"
+#include "dblp/obs/app_state.h"
 
 namespace dblp {
 

@@ -1,5 +1,5 @@
 #include "datapath.h"
-#include "dblp/log.h"
+#include "dblp/base/log.h"
 
 #include <rte_errno.h>
 #include <rte_ethdev.h>

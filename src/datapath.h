@@ -24,16 +24,16 @@
 #include <utility>
 #include <vector>
 
-#include "dblp/bitmap.h"
-#include "dblp/chunking.h"
-#include "dblp/control.h"
-#include "dblp/control_sidecar.h"
-#include "dblp/loss_model.h"
-#include "dblp/round_events.h"
-#include "dblp/rx_loss.h"
-#include "dblp/sender_round.h"
-#include "dblp/token_bucket.h"
-#include "dblp/wire.h"
+#include "dblp/wire/bitmap.h"
+#include "dblp/wire/chunking.h"
+#include "dblp/control/control.h"
+#include "dblp/control/control_sidecar.h"
+#include "dblp/emul/loss_model.h"
+#include "dblp/round/round_events.h"
+#include "dblp/emul/rx_loss.h"
+#include "dblp/round/sender_round.h"
+#include "dblp/emul/token_bucket.h"
+#include "dblp/wire/wire.h"
 #include "eal_app.h"
 #include "frame_builder.h"
 #include "run_report.h"  // DumpBinary

@@ -17,8 +17,8 @@
 #include <cstring>
 #include <string>
 
-#include "dblp/log.h"
-#include "dblp/version.h"
+#include "dblp/base/log.h"
+#include "dblp/base/version.h"
 #include "eal_cleanup.h"
 
 namespace dblp {

@@ -11,7 +11,7 @@
 #include <thread>
 #include <vector>
 
-#include "dblp/deep_idle.h"
+#include "dblp/base/deep_idle.h"
 
 namespace dblp {
 

@@ -4,7 +4,7 @@
 #include <string>
 
 #include "datapath.h"  // NowNs
-#include "dblp/log.h"
+#include "dblp/base/log.h"
 
 namespace dblp {
 namespace {

@@ -1,5 +1,5 @@
 // The engines' side of runtime visibility and control: what they publish
-// into GlobalAppState() (lib/dblp/app_state.h) for telemetry and the
+// into GlobalAppState() (lib/dblp/obs/app_state.h) for telemetry and the
 // prompt, and the prompt's commands applied at a round boundary. One per
 // engine; every method runs on the engine's coordinating thread (the
 // server's lcore 0 coordinator, the worker's iteration loop), never per
@@ -11,8 +11,8 @@
 #include <memory>
 #include <vector>
 
-#include "dblp/app_state.h"
-#include "dblp/tolerance.h"
+#include "dblp/obs/app_state.h"
+#include "dblp/policy/tolerance.h"
 #include "lcore_loop.h"
 
 namespace dblp {

@@ -4,7 +4,7 @@
 
 #include <cstring>
 
-#include "dblp/checksum.h"
+#include "dblp/wire/checksum.h"
 
 namespace dblp {
 

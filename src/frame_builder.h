@@ -13,8 +13,8 @@
 
 #include <cstdint>
 
-#include "dblp/frame_auth.h"
-#include "dblp/wire.h"
+#include "dblp/security/frame_auth.h"
+#include "dblp/wire/wire.h"
 #include "port.h"
 
 namespace dblp {

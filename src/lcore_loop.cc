@@ -1,5 +1,5 @@
 #include "lcore_loop.h"
-#include "dblp/log.h"
+#include "dblp/base/log.h"
 
 #include <rte_pause.h>
 

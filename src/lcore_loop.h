@@ -2,11 +2,11 @@
 // runs, in this order: RX (frames into the receive sides), control events,
 // the receive sides' steps (STOP, BITMAP answers), TX (the send sides'
 // steps), then the idle back-off. Rounds themselves live in the sides
-// (lib/dblp/send_side.h, receive_side.h); the engines (worker_engine.cc,
+// (lib/dblp/round/send_side.h, receive_side.h); the engines (worker_engine.cc,
 // server_engine.cc) set up, join, and report.
 //
 // Several lcores (EAL -l/--lcores): a round's chunks are sharded over them
-// (lib/dblp/shards.h). Lcore k owns shard k: RX and TX queue k of every
+// (lib/dblp/round/shards.h). Lcore k owns shard k: RX and TX queue k of every
 // port, and shard k's side of every round, so each bitmap word and each sum
 // slice has one writer. A sender puts chunk `seq` on TX queue ShardOf(seq);
 // memif maps a client's TX queue k to the server's RX queue k.
@@ -25,14 +25,14 @@
 #include <vector>
 
 #include "datapath.h"
-#include "dblp/chunking.h"
-#include "dblp/loss_fill.h"
-#include "dblp/receive_side.h"
-#include "dblp/send_order.h"
-#include "dblp/send_side.h"
-#include "dblp/shards.h"
-#include "dblp/token_bucket.h"
-#include "dblp/tolerance.h"
+#include "dblp/wire/chunking.h"
+#include "dblp/policy/mean_reducer.h"
+#include "dblp/round/receive_side.h"
+#include "dblp/round/send_order.h"
+#include "dblp/round/send_side.h"
+#include "dblp/round/shards.h"
+#include "dblp/emul/token_bucket.h"
+#include "dblp/policy/tolerance.h"
 #include "frame_builder.h"
 #include "port.h"
 #include "server_control.h"

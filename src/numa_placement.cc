@@ -1,5 +1,5 @@
 #include "numa_placement.h"
-#include "dblp/log.h"
+#include "dblp/base/log.h"
 
 #include <numa.h>
 #include <numaif.h>

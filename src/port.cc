@@ -1,5 +1,5 @@
 #include "port.h"
-#include "dblp/log.h"
+#include "dblp/base/log.h"
 
 #include <rte_cycles.h>
 #include <rte_errno.h>

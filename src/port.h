@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string>
 
-#include "dblp/chunking.h"  // kMinMtu, kMaxMtu
+#include "dblp/wire/chunking.h"  // kMinMtu, kMaxMtu
 
 namespace dblp {
 

@@ -24,8 +24,8 @@
 #include <thread>
 
 #include "datapath.h"  // InstallQuitHandlers
-#include "dblp/app_state.h"
-#include "dblp/runtime_command.h"
+#include "dblp/obs/app_state.h"
+#include "dblp/obs/runtime_command.h"
 
 namespace dblp {
 namespace {

@@ -1,5 +1,7 @@
 #include "run_report.h"
 
+#include "dblp/obs/latency_stats.h"
+
 #include <fcntl.h>
 #include <unistd.h>
 

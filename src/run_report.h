@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-#include "dblp/latency_stats.h"
+#include "dblp/obs/records.h"
 
 namespace dblp {
 

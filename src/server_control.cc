@@ -1,5 +1,5 @@
 #include "server_control.h"
-#include "dblp/log.h"
+#include "dblp/base/log.h"
 
 #include <chrono>
 #include <cstdio>
@@ -7,7 +7,7 @@
 #include <thread>
 #include <variant>
 
-#include "dblp/round_control.h"
+#include "dblp/round/round_control.h"
 #include "eal_app.h"
 
 namespace dblp {

@@ -11,13 +11,13 @@
 #include <vector>
 
 #include "datapath.h"
-#include "dblp/admission.h"
-#include "dblp/control.h"
-#include "dblp/control_sidecar.h"
-#include "dblp/job_auth.h"
-#include "dblp/receive_side.h"
-#include "dblp/send_side.h"
-#include "dblp/shards.h"
+#include "dblp/control/admission.h"
+#include "dblp/control/control.h"
+#include "dblp/control/control_sidecar.h"
+#include "dblp/control/job_auth.h"
+#include "dblp/round/receive_side.h"
+#include "dblp/round/send_side.h"
+#include "dblp/round/shards.h"
 #include "port.h"
 
 namespace dblp {

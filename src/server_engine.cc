@@ -1,4 +1,4 @@
-#include "dblp/log.h"
+#include "dblp/base/log.h"
 #include "server_engine.h"
 
 #include <rte_ethdev.h>
@@ -11,10 +11,11 @@
 
 #include "app_telemetry.h"
 #include "datapath.h"
-#include "dblp/broadcast_carry.h"
-#include "dblp/clr_detector.h"  // L2Norm
-#include "dblp/loss_fill.h"
-#include "dblp/resync.h"
+#include "dblp/policy/broadcast_carry.h"
+#include "dblp/wire/float_ops.h"  // L2Norm
+#include "dblp/policy/loss_fill.h"
+#include "dblp/policy/mean_reducer.h"
+#include "dblp/policy/resync.h"
 #include "eal_app.h"
 #include "engine_runtime.h"
 #include "lcore_loop.h"

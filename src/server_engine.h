@@ -7,10 +7,10 @@
 #include <string>
 
 #include "app_options.h"
-#include "dblp/control_sidecar.h"
-#include "dblp/job_auth.h"
-#include "dblp/loss_fill.h"
-#include "dblp/tolerance.h"
+#include "dblp/control/control_sidecar.h"
+#include "dblp/control/job_auth.h"
+#include "dblp/policy/loss_fill.h"
+#include "dblp/policy/tolerance.h"
 
 namespace dblp {
 

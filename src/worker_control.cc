@@ -5,7 +5,7 @@
 #include <thread>
 #include <variant>
 
-#include "dblp/round_control.h"
+#include "dblp/round/round_control.h"
 #include "eal_app.h"
 
 namespace dblp {

@@ -11,11 +11,11 @@
 #include <vector>
 
 #include "datapath.h"
-#include "dblp/control.h"
-#include "dblp/control_sidecar.h"
-#include "dblp/job_auth.h"
-#include "dblp/receive_side.h"
-#include "dblp/send_side.h"
+#include "dblp/control/control.h"
+#include "dblp/control/control_sidecar.h"
+#include "dblp/control/job_auth.h"
+#include "dblp/round/receive_side.h"
+#include "dblp/round/send_side.h"
 
 namespace dblp {
 

@@ -1,4 +1,4 @@
-#include "dblp/log.h"
+#include "dblp/base/log.h"
 #include "worker_engine.h"
 
 #include <rte_ethdev.h>
@@ -12,8 +12,8 @@
 
 #include "app_telemetry.h"
 #include "datapath.h"
-#include "dblp/receive_side.h"
-#include "dblp/send_side.h"
+#include "dblp/round/receive_side.h"
+#include "dblp/round/send_side.h"
 #include "eal_app.h"
 #include "engine_runtime.h"
 #include "frame_builder.h"

@@ -8,9 +8,9 @@
 #include <string>
 
 #include "app_options.h"
-#include "dblp/gradient_source.h"
-#include "dblp/job_auth.h"
-#include "dblp/loss_fill.h"
+#include "dblp/handoff/gradient_source.h"
+#include "dblp/control/job_auth.h"
+#include "dblp/policy/loss_fill.h"
 
 namespace dblp {
 

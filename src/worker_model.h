@@ -11,13 +11,13 @@
 #include <string>
 #include <vector>
 
-#include "dblp/bitmap.h"
-#include "dblp/chunking.h"
-#include "dblp/control.h"
-#include "dblp/gradient_source.h"
-#include "dblp/loss_fill.h"
-#include "dblp/push_feedback.h"
-#include "dblp/resync.h"
+#include "dblp/wire/bitmap.h"
+#include "dblp/wire/chunking.h"
+#include "dblp/control/control.h"
+#include "dblp/handoff/gradient_source.h"
+#include "dblp/policy/loss_fill.h"
+#include "dblp/policy/push_feedback.h"
+#include "dblp/policy/resync.h"
 
 namespace dblp {
 

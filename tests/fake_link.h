@@ -15,9 +15,9 @@
 #include <numeric>
 #include <vector>
 
-#include "dblp/receive_side.h"
-#include "dblp/round_control.h"
-#include "dblp/send_side.h"
+#include "dblp/round/receive_side.h"
+#include "dblp/round/round_control.h"
+#include "dblp/round/send_side.h"
 
 namespace dblp::testing_link {
 

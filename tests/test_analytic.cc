@@ -6,8 +6,8 @@
 #include <limits>
 #include <stdexcept>
 
-#include "dblp/analytic.h"
-#include "dblp/tolerance.h"
+#include "dblp/policy/analytic.h"
+#include "dblp/policy/tolerance.h"
 
 namespace dblp {
 namespace {

@@ -9,8 +9,8 @@
 #include <thread>
 #include <vector>
 
-#include "dblp/bitmap.h"
-#include "dblp/rng.h"
+#include "dblp/wire/bitmap.h"
+#include "dblp/base/rng.h"
 
 namespace dblp {
 namespace {

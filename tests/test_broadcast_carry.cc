@@ -7,9 +7,9 @@
 #include <algorithm>
 #include <set>
 
-#include "dblp/broadcast_carry.h"
-#include "dblp/rng.h"
-#include "dblp/stop_decision.h"
+#include "dblp/policy/broadcast_carry.h"
+#include "dblp/base/rng.h"
+#include "dblp/round/stop_decision.h"
 #include "fake_link.h"
 
 namespace dblp {

@@ -8,7 +8,7 @@
 #include <random>
 #include <vector>
 
-#include "dblp/checksum.h"
+#include "dblp/wire/checksum.h"
 
 namespace dblp {
 namespace {

@@ -5,8 +5,8 @@
 #include <stdexcept>
 #include <string>
 
-#include "dblp/chunking.h"
-#include "dblp/wire.h"
+#include "dblp/wire/chunking.h"
+#include "dblp/wire/wire.h"
 
 namespace dblp {
 namespace {

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "dblp/clr_detector.h"
-#include "dblp/tolerance.h"
+#include "dblp/policy/clr_detector.h"
+#include "dblp/policy/tolerance.h"
 
 namespace dblp {
 namespace {

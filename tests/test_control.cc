@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "dblp/control.h"
+#include "dblp/control/control.h"
 
 // Largest single allocation while tracking is on: proves that a lying count
 // is rejected before anything is reserved for it.

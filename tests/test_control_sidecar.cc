@@ -28,9 +28,9 @@
 #include <utility>
 #include <vector>
 
-#include "dblp/control.h"
-#include "dblp/control_sidecar.h"
-#include "dblp/hmac.h"
+#include "dblp/control/control.h"
+#include "dblp/control/control_sidecar.h"
+#include "dblp/security/hmac.h"
 
 namespace dblp {
 namespace {

@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "dblp/wire.h"
+#include "dblp/wire/wire.h"
 #include "eal_app.h"
 #include "frame_builder.h"
 #include "port.h"

@@ -1,4 +1,4 @@
-// Authenticated jobs (lib/dblp/job_auth.h): the secret file, the mutual
+// Authenticated jobs (lib/dblp/control/job_auth.h): the secret file, the mutual
 // handshake, the WELCOME's MAC and what a worker checks in a WELCOME.
 #include <gtest/gtest.h>
 #include <openssl/evp.h>
@@ -9,8 +9,8 @@
 #include <fstream>
 #include <string>
 
-#include "dblp/chunking.h"
-#include "dblp/job_auth.h"
+#include "dblp/wire/chunking.h"
+#include "dblp/control/job_auth.h"
 
 namespace dblp {
 namespace {

@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "dblp/chunking.h"
-#include "dblp/join.h"
+#include "dblp/wire/chunking.h"
+#include "dblp/control/join.h"
 
 namespace dblp {
 namespace {

@@ -11,7 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "dblp/latency_stats.h"
+#include "dblp/obs/latency_stats.h"
+#include "dblp/obs/records.h"
 
 namespace dblp {
 namespace {

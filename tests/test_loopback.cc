@@ -1,6 +1,6 @@
 // The in-memory loopback fabric: ordered delivery, loss only where the
 // injector or a full ring says so, and the test hooks (tap, Inject).
-#include "dblp/loopback_transport.h"
+#include "dblp/transport/loopback_transport.h"
 
 #include <gtest/gtest.h>
 
@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "dblp/loss_model.h"
+#include "dblp/emul/loss_model.h"
 
 namespace dblp {
 namespace {

@@ -9,9 +9,10 @@
 #include <thread>
 #include <vector>
 
-#include "dblp/float_ops.h"
-#include "dblp/loss_fill.h"
-#include "dblp/rng.h"
+#include "dblp/wire/float_ops.h"
+#include "dblp/policy/loss_fill.h"
+#include "dblp/policy/mean_reducer.h"
+#include "dblp/base/rng.h"
 
 namespace dblp {
 namespace {

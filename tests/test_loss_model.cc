@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "dblp/loss_model.h"
-#include "dblp/rx_loss.h"
-#include "dblp/wire.h"
+#include "dblp/emul/loss_model.h"
+#include "dblp/emul/rx_loss.h"
+#include "dblp/wire/wire.h"
 
 namespace dblp {
 namespace {

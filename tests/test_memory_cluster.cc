@@ -4,8 +4,9 @@
 // Gradients are small integers, so every partial sum the server forms is
 // exact in float whatever the arrival order, and the expected mean can be
 // computed independently from the arrival bitmaps and compared bit for bit.
-#include "dblp/clr_detector.h"
-#include "dblp/memory_cluster.h"
+#include "dblp/wire/float_ops.h"
+#include "dblp/policy/clr_detector.h"
+#include "sim/memory_cluster.h"
 
 #include <gtest/gtest.h>
 
@@ -16,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "dblp/stop_decision.h"
+#include "dblp/round/stop_decision.h"
 
 namespace dblp {
 namespace {

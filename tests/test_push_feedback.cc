@@ -10,9 +10,9 @@
 #include <numeric>
 #include <random>
 
-#include "dblp/push_feedback.h"
-#include "dblp/rng.h"
-#include "dblp/stop_decision.h"
+#include "dblp/policy/push_feedback.h"
+#include "dblp/base/rng.h"
+#include "dblp/round/stop_decision.h"
 #include "fake_link.h"
 
 namespace dblp {

@@ -14,11 +14,11 @@
 #include <thread>
 #include <vector>
 
-#include "dblp/chunking.h"
-#include "dblp/receiver_round.h"
-#include "dblp/rng.h"
-#include "dblp/stop_decision.h"
-#include "dblp/wire.h"
+#include "dblp/wire/chunking.h"
+#include "dblp/round/receiver_round.h"
+#include "dblp/base/rng.h"
+#include "dblp/round/stop_decision.h"
+#include "dblp/wire/wire.h"
 
 namespace dblp {
 namespace {

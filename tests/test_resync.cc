@@ -5,7 +5,7 @@
 
 #include <vector>
 
-#include "dblp/resync.h"
+#include "dblp/policy/resync.h"
 
 namespace dblp {
 namespace {

@@ -12,12 +12,12 @@
 #include <numeric>
 #include <vector>
 
-#include "dblp/loss_model.h"
-#include "dblp/receive_side.h"
-#include "dblp/rng.h"
-#include "dblp/round_control.h"
-#include "dblp/send_order.h"
-#include "dblp/send_side.h"
+#include "dblp/emul/loss_model.h"
+#include "dblp/round/receive_side.h"
+#include "dblp/base/rng.h"
+#include "dblp/round/round_control.h"
+#include "dblp/round/send_order.h"
+#include "dblp/round/send_side.h"
 #include "fake_link.h"
 
 namespace dblp {

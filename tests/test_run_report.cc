@@ -19,9 +19,9 @@
 #include <string>
 #include <vector>
 
-#include "dblp/latency_stats.h"
-#include "dblp/receiver_round.h"
-#include "dblp/wire.h"
+#include "dblp/obs/records.h"
+#include "dblp/round/receiver_round.h"
+#include "dblp/wire/wire.h"
 #include "run_report.h"
 #include "udp/udp_push.h"
 

@@ -9,11 +9,11 @@
 #include <thread>
 #include <vector>
 
-#include "dblp/app_state.h"
-#include "dblp/loss_model.h"
-#include "dblp/runtime_command.h"
-#include "dblp/rx_loss.h"
-#include "dblp/wire.h"
+#include "dblp/obs/app_state.h"
+#include "dblp/emul/loss_model.h"
+#include "dblp/obs/runtime_command.h"
+#include "dblp/emul/rx_loss.h"
+#include "dblp/wire/wire.h"
 
 namespace dblp {
 namespace {

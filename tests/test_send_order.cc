@@ -1,7 +1,7 @@
 // SendOrder: every kind is a permutation, deterministic per seed, and - the
 // point of the module - the default order spreads early-stop loss evenly
 // over the buffer instead of starving its tail.
-#include "dblp/send_order.h"
+#include "dblp/round/send_order.h"
 
 #include <gtest/gtest.h>
 
@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "dblp/stop_decision.h"
+#include "dblp/round/stop_decision.h"
 
 namespace dblp {
 namespace {

@@ -9,13 +9,13 @@
 #include <thread>
 #include <vector>
 
-#include "dblp/bitmap.h"
-#include "dblp/chunking.h"
-#include "dblp/receiver_round.h"
-#include "dblp/rng.h"
-#include "dblp/sender_round.h"
-#include "dblp/stop_decision.h"
-#include "dblp/wire.h"
+#include "dblp/wire/bitmap.h"
+#include "dblp/wire/chunking.h"
+#include "dblp/round/receiver_round.h"
+#include "dblp/base/rng.h"
+#include "dblp/round/sender_round.h"
+#include "dblp/round/stop_decision.h"
+#include "dblp/wire/wire.h"
 
 namespace dblp {
 namespace {

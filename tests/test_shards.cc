@@ -7,11 +7,11 @@
 #include <thread>
 #include <vector>
 
-#include "dblp/chunking.h"
-#include "dblp/receive_side.h"
-#include "dblp/round_control.h"
-#include "dblp/shards.h"
-#include "dblp/wire.h"
+#include "dblp/wire/chunking.h"
+#include "dblp/round/receive_side.h"
+#include "dblp/round/round_control.h"
+#include "dblp/round/shards.h"
+#include "dblp/wire/wire.h"
 
 namespace dblp {
 namespace {

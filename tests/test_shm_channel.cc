@@ -13,8 +13,8 @@
 #include <thread>
 #include <vector>
 
-#include "dblp/shm_channel.h"
-#include "dblp/shm_source.h"
+#include "dblp/handoff/shm_channel.h"
+#include "dblp/handoff/shm_source.h"
 
 namespace dblp {
 namespace {

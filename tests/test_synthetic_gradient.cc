@@ -1,6 +1,6 @@
 // The synthetic gradient source: the mean over ranks follows the norm
 // trace, ranks differ, everything is deterministic per seed.
-#include "dblp/synthetic_gradient.h"
+#include "dblp/handoff/synthetic_gradient.h"
 
 #include <gtest/gtest.h>
 

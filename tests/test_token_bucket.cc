@@ -1,4 +1,4 @@
-#include "dblp/token_bucket.h"
+#include "dblp/emul/token_bucket.h"
 
 #include <gtest/gtest.h>
 

@@ -13,11 +13,12 @@
 #include <thread>
 #include <vector>
 
-#include "dblp/chunking.h"
-#include "dblp/clr_detector.h"
-#include "dblp/frame_auth.h"
-#include "dblp/gradient_source.h"
-#include "dblp/tolerance.h"
+#include "dblp/wire/float_ops.h"
+#include "dblp/wire/chunking.h"
+#include "dblp/policy/clr_detector.h"
+#include "dblp/security/frame_auth.h"
+#include "dblp/handoff/gradient_source.h"
+#include "dblp/policy/tolerance.h"
 #include "udp/udp_job.h"
 
 namespace dblp {

@@ -12,8 +12,8 @@
 #include <thread>
 #include <vector>
 
-#include "dblp/chunking.h"
-#include "dblp/udp_transport.h"
+#include "dblp/wire/chunking.h"
+#include "dblp/transport/udp_transport.h"
 #include "udp/udp_push.h"
 
 namespace dblp {

@@ -10,9 +10,9 @@
 #include <utility>
 #include <vector>
 
-#include "dblp/chunking.h"
-#include "dblp/rng.h"
-#include "dblp/wire.h"
+#include "dblp/wire/chunking.h"
+#include "dblp/base/rng.h"
+#include "dblp/wire/wire.h"
 
 namespace dblp {
 namespace {

@@ -25,7 +25,7 @@ PACKET_OUTGOING = 4
 DBLP_MAGIC = 0xDB1F
 DBLP_VERSION = 1
 DBLP_PUSH = 1
-DBLP_HDR = struct.Struct("!HBBIHHII")  # 20 bytes, see lib/dblp/wire.h
+DBLP_HDR = struct.Struct("!HBBIHHII")  # 20 bytes, see lib/dblp/wire/wire.h
 assert DBLP_HDR.size == 20
 
 

@@ -16,9 +16,9 @@ Definitions (the same as README / DESIGN.md section 5):
   * burst iteration = listed in --burst_iters, flagged `burst` in a row, or
     listed in a summary.json `bursts` array; clean = every other iteration;
   * percentiles are nearest-rank (the q-th percentile of n samples is the
-    ceil(q/100 n)-th smallest), like lib/dblp/latency_stats.h, so p50 is an
+    ceil(q/100 n)-th smallest), like lib/dblp/obs/latency_stats.h, so p50 is an
     observed value and p99 of 60 samples is the maximum;
-  * analytic model = lib/dblp/analytic.h (see ExpectedPasses below).
+  * analytic model = lib/dblp/policy/analytic.h (see ExpectedPasses below).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ DEFAULT_MARGIN = 0.35
 
 
 # --------------------------------------------------------------------------
-# Chunking and the analytic model (mirrors lib/dblp/chunking.cc,
+# Chunking and the analytic model (mirrors lib/dblp/wire/chunking.cc,
 # stop_decision.h and analytic.cc; keep them in step).
 # --------------------------------------------------------------------------
 
@@ -83,7 +83,7 @@ def _smallest_passes(n: float, loss: float, target: float, strict: bool) -> int:
 
 
 def expected_passes(n: int, loss: float, p: float) -> Dict[str, float]:
-    """Expected passes and packets of one round (lib/dblp/analytic.h).
+    """Expected passes and packets of one round (lib/dblp/policy/analytic.h).
 
     a = floor(p n) chunks may be lost. a >= 1: smallest k with L^k n <= a;
     a == 0: smallest k with L^k n < 0.5. packets = (n - a) / (1 - L).
@@ -110,7 +110,7 @@ def expected_passes(n: int, loss: float, p: float) -> Dict[str, float]:
 def expected_round_us(estimate: Dict[str, float], us_per_packet: float,
                       rtt_us: float) -> float:
     """Round time of the analytic model (ExpectedRoundTimeNs in
-    lib/dblp/analytic.h): packets * us_per_packet + (passes - 1) * rtt +
+    lib/dblp/policy/analytic.h): packets * us_per_packet + (passes - 1) * rtt +
     rtt / 2. Every send costs a frame's time: the apps' loss injector drops
     frames at the receiver, after they crossed the link, as a lossy wire
     does.

@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "dblp/control.h"
-#include "dblp/gradient_source.h"
+#include "dblp/control/control.h"
+#include "dblp/handoff/gradient_source.h"
 #include "training/fashion_mnist.h"
 
 namespace dblp::training {

@@ -1,5 +1,5 @@
 // dblp._native: the trainer's end of the shared-memory hand-off
-// (lib/dblp/shm_channel.h), for python/dblp. The same layout code as the
+// (lib/dblp/handoff/shm_channel.h), for python/dblp. The same layout code as the
 // dblp-worker's end, so the two can never disagree on an offset. Waits
 // release the GIL: other Python threads (a DataLoader) run meanwhile.
 #include <pybind11/pybind11.h>
@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "dblp/shm_channel.h"
+#include "dblp/handoff/shm_channel.h"
 
 namespace py = pybind11;
 

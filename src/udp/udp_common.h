@@ -13,10 +13,10 @@
 #include <utility>
 #include <vector>
 
-#include "dblp/chunking.h"
-#include "dblp/control_sidecar.h"
-#include "dblp/deep_idle.h"
-#include "dblp/round_events.h"
+#include "dblp/wire/chunking.h"
+#include "dblp/control/control_sidecar.h"
+#include "dblp/base/deep_idle.h"
+#include "dblp/round/round_events.h"
 #include "run_report.h"
 
 namespace dblp::udp {

@@ -23,17 +23,17 @@
 #include <string>
 #include <vector>
 
-#include "dblp/bitmap.h"
-#include "dblp/control_sidecar.h"
-#include "dblp/deep_idle.h"
-#include "dblp/frame_auth.h"
-#include "dblp/gradient_source.h"
-#include "dblp/job_auth.h"
-#include "dblp/latency_stats.h"
-#include "dblp/loss_fill.h"
-#include "dblp/loss_model.h"
-#include "dblp/send_order.h"
-#include "dblp/tolerance.h"
+#include "dblp/wire/bitmap.h"
+#include "dblp/control/control_sidecar.h"
+#include "dblp/base/deep_idle.h"
+#include "dblp/security/frame_auth.h"
+#include "dblp/handoff/gradient_source.h"
+#include "dblp/control/job_auth.h"
+#include "dblp/obs/records.h"
+#include "dblp/policy/loss_fill.h"
+#include "dblp/emul/loss_model.h"
+#include "dblp/round/send_order.h"
+#include "dblp/policy/tolerance.h"
 
 namespace dblp {
 
@@ -68,7 +68,7 @@ struct UdpJobServerOptions {
   PolicyConfig policy;
   FillMode push_fill = FillMode::kZero;  // the mean of a missing chunk
   // Every K training steps one reliable iteration of parameters whose
-  // average every worker loads (lib/dblp/resync.h; 0 = never).
+  // average every worker loads (lib/dblp/policy/resync.h; 0 = never).
   uint32_t resync_every = 0;
   // No broadcast: the workers only push (the push bench, udp_push.h).
   bool push_only = false;

@@ -12,21 +12,21 @@
 #include <variant>
 #include <vector>
 
-#include "dblp/chunking.h"
-#include "dblp/control.h"
-#include "dblp/control_sidecar.h"
-#include "dblp/job_auth.h"
-#include "dblp/loss_fill.h"
-#include "dblp/packet_frames.h"
-#include "dblp/receive_side.h"
-#include "dblp/resync.h"
-#include "dblp/rng.h"
-#include "dblp/round_control.h"
-#include "dblp/rx_loss.h"
-#include "dblp/send_order.h"
-#include "dblp/send_side.h"
-#include "dblp/udp_transport.h"
-#include "dblp/wire.h"
+#include "dblp/wire/chunking.h"
+#include "dblp/control/control.h"
+#include "dblp/control/control_sidecar.h"
+#include "dblp/control/job_auth.h"
+#include "dblp/policy/loss_fill.h"
+#include "dblp/transport/packet_frames.h"
+#include "dblp/round/receive_side.h"
+#include "dblp/policy/resync.h"
+#include "dblp/base/rng.h"
+#include "dblp/round/round_control.h"
+#include "dblp/emul/rx_loss.h"
+#include "dblp/round/send_order.h"
+#include "dblp/round/send_side.h"
+#include "dblp/transport/udp_transport.h"
+#include "dblp/wire/wire.h"
 #include "run_report.h"
 #include "udp/udp_common.h"
 #include "udp/udp_job.h"
@@ -385,7 +385,7 @@ std::string JobWorker::StartSource() {
 // Compute, exchange, absorb, until the iterations or the trainer end.
 std::string JobWorker::RunIterations(Outbox& out) {
   // The server's re-synchronisation schedule (WELCOME): its iterations
-  // push the parameters and load the average (lib/dblp/resync.h).
+  // push the parameters and load the average (lib/dblp/policy/resync.h).
   const ResyncSchedule resync(welcome_.resync_every);
   const uint64_t iterations = resync.ProtocolIterations(o_.iterations);
   for (uint64_t it = 0; source_.Unbounded() || it < iterations; ++it) {

@@ -11,9 +11,9 @@
 #include <thread>
 #include <utility>
 
-#include "dblp/chunking.h"
-#include "dblp/ipv4_endpoint.h"
-#include "dblp/udp_transport.h"
+#include "dblp/wire/chunking.h"
+#include "dblp/base/ipv4_endpoint.h"
+#include "dblp/transport/udp_transport.h"
 #include "run_report.h"
 #include "udp/udp_common.h"
 

@@ -1,4 +1,4 @@
-// libFuzzer target: the control-channel decoder (lib/dblp/control.h) fed a
+// libFuzzer target: the control-channel decoder (lib/dblp/control/control.h) fed a
 // byte stream split at points taken from the input.
 //
 // Input: u8 max_frame selector, u8 n, n split sizes (u8 each; 0 = an empty
@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "dblp/control.h"
+#include "dblp/control/control.h"
 #include "fuzz_input.h"
 
 namespace dblp::fuzz {

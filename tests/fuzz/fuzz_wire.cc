@@ -1,4 +1,4 @@
-// libFuzzer target: the data-frame decoder (lib/dblp/wire.h) against a
+// libFuzzer target: the data-frame decoder (lib/dblp/wire/wire.h) against a
 // chunk layout taken from the input.
 //
 // Input: u16 chunk selector, u8 + u32 total-bytes selector, then the frame
@@ -18,8 +18,8 @@
 #include <stdexcept>
 #include <vector>
 
-#include "dblp/chunking.h"
-#include "dblp/wire.h"
+#include "dblp/wire/chunking.h"
+#include "dblp/wire/wire.h"
 #include "fuzz_input.h"
 
 namespace dblp::fuzz {

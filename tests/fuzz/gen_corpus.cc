@@ -15,9 +15,9 @@
 #include <variant>
 #include <vector>
 
-#include "dblp/chunking.h"
-#include "dblp/control.h"
-#include "dblp/wire.h"
+#include "dblp/wire/chunking.h"
+#include "dblp/control/control.h"
+#include "dblp/wire/wire.h"
 #include "fuzz_input.h"
 
 namespace dblp::fuzz {

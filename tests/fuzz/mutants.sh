@@ -25,14 +25,14 @@ trap 'rm -rf "$TMP"' EXIT
 # then happens inside libcrypto's CRYPTO_memcmp, which ASan does not see,
 # and the verdict is the same (bad tag), so no fuzzer can notice it.
 MUTANTS=(
-  "payload_len_off_by_two|lib/dblp/wire.cc|wire|s/payload_len > len - kDataHeaderBytes/payload_len > len - kDataHeaderBytes + 2/"
-  "last_chunk_length_unchecked|lib/dblp/wire.cc|wire|s/h.payload_len != layout.Length(h.seq)/h.payload_len > layout.chunk_payload()/"
-  "flag_not_canonical|lib/dblp/control.cc|control|s/if (b > 1) {/if (b > 2) {/"
-  "unknown_type_accepted|lib/dblp/control.cc|control|s/\\(t <= static_cast<uint8_t>(ControlType::k[A-Za-z]*)\\);/\\1 + 1;/"
-  "compaction_drops_a_byte|lib/dblp/control.cc|control|s/buf_.begin() + static_cast<std::ptrdiff_t>(read_));/buf_.begin() + static_cast<std::ptrdiff_t>(read_) + 1);/"
-  "stale_round_accepted|lib/dblp/receiver_round.cc|receiver|s/if (ahead < 0) return/if (ahead < -1) return/"
-  "shard_end_inclusive|lib/dblp/receiver_round.cc|receiver|s/>= seq_span_) {/> seq_span_) {/"
-  "duplicate_accepted|lib/dblp/receiver_round.cc|receiver|s/if (!bitmap_.Set(hdr->seq)) return Count(Verdict::kDuplicate);/bitmap_.Set(hdr->seq);/"
+  "payload_len_off_by_two|lib/dblp/wire/wire.cc|wire|s/payload_len > len - kDataHeaderBytes/payload_len > len - kDataHeaderBytes + 2/"
+  "last_chunk_length_unchecked|lib/dblp/wire/wire.cc|wire|s/h.payload_len != layout.Length(h.seq)/h.payload_len > layout.chunk_payload()/"
+  "flag_not_canonical|lib/dblp/control/control.cc|control|s/if (b > 1) {/if (b > 2) {/"
+  "unknown_type_accepted|lib/dblp/control/control.cc|control|s/\\(t <= static_cast<uint8_t>(ControlType::k[A-Za-z]*)\\);/\\1 + 1;/"
+  "compaction_drops_a_byte|lib/dblp/control/control.cc|control|s/buf_.begin() + static_cast<std::ptrdiff_t>(read_));/buf_.begin() + static_cast<std::ptrdiff_t>(read_) + 1);/"
+  "stale_round_accepted|lib/dblp/round/receiver_round.cc|receiver|s/if (ahead < 0) return/if (ahead < -1) return/"
+  "shard_end_inclusive|lib/dblp/round/receiver_round.cc|receiver|s/>= seq_span_) {/> seq_span_) {/"
+  "duplicate_accepted|lib/dblp/round/receiver_round.cc|receiver|s/if (!bitmap_.Set(hdr->seq)) return Count(Verdict::kDuplicate);/bitmap_.Set(hdr->seq);/"
 )
 
 # The library's compile command for `src`, re-pointed at the mutant copy.

@@ -1,0 +1,61 @@
+// A server's door: the authenticated JOIN (job_auth.h) in front of the
+// JoinDesk. Strangers, wrong secrets, surplus or duplicate workers and
+// messages out of order are refused with a reason (ERROR, then the
+// connection closes) and counted; a worker takes a slot only once it proved
+// the secret, and its connection is then Trust()ed by the sidecar (no join
+// deadline, full-size frames). Shared by dblp-server and the kernel-UDP
+// server. Sidecar thread only.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "dblp/control/control.h"
+#include "dblp/control/control_sidecar.h"
+#include "dblp/control/job_auth.h"
+#include "dblp/control/join.h"
+
+namespace dblp {
+
+class Admission {
+ public:
+  // `secret` must outlive this.
+  Admission(const JoinPolicy& policy, const JobSecret& secret, const char* app)
+      : desk_(policy), handshake_(secret), app_(app) {}
+
+  enum class Step {
+    kHandled,   // a handshake step (answered or refused): nothing to do
+    kAdmitted,  // a worker took a slot: WELCOME everyone once desk().full()
+    kMember,    // a round message of an admitted worker: the caller's
+  };
+  // Every message of connection `c` goes here first.
+  Step OnMessage(ControlSidecar& sc, ConnId c, const ControlMessage& m);
+  // A connection closed: forgets its handshake and, before the job
+  // started, frees its slot. Returns its rank, or -1.
+  int OnClose(ConnId c);
+
+  // After desk().full(): closes the desk and seals w's WELCOME.
+  void SealWelcome(uint32_t w, WelcomeMsg* wm) const {
+    handshake_.SealWelcome(desk_.members()[w].conn, wm);
+  }
+
+  JoinDesk& desk() { return desk_; }
+  const JoinDesk& desk() const { return desk_; }
+  uint64_t auth_failures() const { return auth_failures_.load(); }
+  uint64_t refused_joins() const { return refused_joins_.load(); }
+  uint64_t out_of_state() const { return out_of_state_.load(); }
+
+ private:
+  void Refuse(ControlSidecar& sc, ConnId c, const std::string& why,
+              std::atomic<uint64_t>* counter);
+
+  JoinDesk desk_;
+  ServerHandshake handshake_;
+  const char* app_;
+  uint64_t refusals_ = 0;  // sidecar only
+  // Sidecar: wo; any thread (the report): ro.
+  std::atomic<uint64_t> auth_failures_{0}, refused_joins_{0}, out_of_state_{0};
+};
+
+}  // namespace dblp

@@ -1,0 +1,305 @@
+// TCP control channel codec: length-prefixed, typed messages.
+//
+// Frame layout (all integers big-endian):
+//   u32 L      bytes of type + body, 1 <= L <= decoder's max_frame
+//   u8  type   ControlType
+//   body       L - 1 bytes, fields in declaration order of the struct
+// Doubles travel as their IEEE-754 bits in a u64, strings as u16 length +
+// bytes, vectors as u32 count + items, std::array<uint8_t, N> as N raw bytes.
+// The encoding is canonical: decoding a frame and re-encoding the message
+// yields the same bytes.
+//
+// The decoder never trusts a length: the frame length is checked against
+// max_frame as soon as its 4 bytes arrive, and every string length or vector
+// count is checked against its limit and against the bytes left in the body
+// before anything is allocated.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "dblp/security/auth_bytes.h"
+
+namespace dblp {
+
+// 2: PROBE and BITMAP name the sender's shard (rounds sharded over lcores).
+// 3: WELCOME carries resync_every (replicas re-synchronised, resync.h) and
+//    push_feedback and consistent_broadcast; ACCEPTED (the push's final
+//    accepted set) is new.
+// 4: authenticated jobs (job_auth.h): JOIN carries the worker's nonce and
+//    its data source; CHALLENGE, PROOF and TAG are new; WELCOME carries the
+//    worker's pinned IPv4, the frame authentication mode, the job nonce and
+//    a MAC over itself.
+// 5: ROUND_BEGIN carries `critical`, the policy's phase (workers report it
+//    in their rows and to a PyTorch trainer).
+inline constexpr uint16_t kControlVersion = 5;
+inline constexpr uint32_t kMaxControlFrame = 1u << 20;  // default decoder limit
+inline constexpr size_t kControlFrameHeader = 4;        // the u32 length
+
+// Field limits, enforced by both the encoder and the decoder.
+inline constexpr size_t kMaxControlString = 4096;
+inline constexpr size_t kMaxLayerName = 256;
+inline constexpr size_t kMaxLayers = 65536;
+inline constexpr size_t kMaxShapeDims = 8;
+
+enum class ControlType : uint8_t {
+  kJoin = 1,
+  kWelcome = 2,
+  kRoundBegin = 3,
+  kProbe = 4,
+  kBitmap = 5,
+  kStop = 6,
+  kBye = 7,
+  kError = 8,
+  kAccepted = 9,
+  kChallenge = 10,
+  kProof = 11,
+  kTag = 12,
+};
+
+struct LayerInfo {
+  std::string name;
+  std::vector<int64_t> shape;  // every dim >= 0, at most kMaxShapeDims dims
+  bool operator==(const LayerInfo&) const = default;
+};
+
+enum class Direction : uint8_t { kPush = 0, kBroadcast = 1 };
+
+// Worker -> server, once: who I am and what buffer I will push.
+struct JoinMsg {
+  uint16_t protocol_version = kControlVersion;
+  uint32_t session = 0;
+  std::string worker_name;
+  uint64_t total_bytes = 0;
+  uint32_t mtu = 0;
+  std::vector<LayerInfo> layers;
+  // Since v4. The worker's fresh random nonce (job_auth.h).
+  AuthBytes nonce{};
+  // Where its data frames will come from, pinned by the server: the port's
+  // MAC and an IPv4 (0 = let the server assign one).
+  std::array<uint8_t, 6> data_mac{};
+  uint32_t data_ipv4 = 0;
+  uint16_t data_udp_port = 0;  // 0: the server's base port + 1 + rank
+  bool operator==(const JoinMsg&) const = default;
+};
+
+// Server -> worker, once: the session's agreed layout.
+struct WelcomeMsg {
+  uint32_t session = 0;
+  uint16_t rank = 0;
+  uint16_t num_workers = 0;
+  uint32_t mtu = 0;
+  uint32_t chunk_payload = 0;
+  uint32_t num_chunks = 0;
+  uint64_t total_bytes = 0;
+  uint16_t udp_base_port = 0;
+  uint16_t num_shards = 1;
+  // Every this many training steps a re-synchronisation iteration (0 =
+  // none; lib/dblp/policy/resync.h). Since protocol v3.
+  uint32_t resync_every = 0;
+  // The server sends ACCEPTED after every push and the worker carries what
+  // was not accepted into its next push (push_feedback.h). Since v3.
+  bool push_feedback = false;
+  // The broadcast sends one subset for every worker and the server carries
+  // the rest (broadcast_carry.h): a worker must zero-fill, never fill from
+  // its previous mean. Since v3.
+  bool consistent_broadcast = false;
+  uint32_t server_ipv4 = 0;  // host order value; sent big-endian like all ints
+  std::array<uint8_t, 6> server_mac{};
+  std::string policy;
+  std::vector<LayerInfo> layers;
+  // Since v4. The IPv4 the worker's data frames must come from (the server
+  // pinned it with the JOIN's MAC and its UDP port).
+  uint32_t worker_ipv4 = 0;
+  // FrameAuthMode (frame_auth.h): 0 none, 1 header, 2 full.
+  uint8_t frame_auth = 0;
+  // The job's random nonce: the frame key and the session derive from it.
+  AuthBytes job_nonce{};
+  // HMAC over this WELCOME (with mac zeroed) and both handshake nonces:
+  // only the server that proved the secret could have sent it.
+  AuthBytes mac{};
+  bool operator==(const WelcomeMsg&) const = default;
+};
+
+// Server -> worker, answering JOIN: the server's nonce and its proof that
+// it holds the job secret (job_auth.h). Since v4.
+struct ChallengeMsg {
+  AuthBytes nonce{};
+  AuthBytes proof{};
+  bool operator==(const ChallengeMsg&) const = default;
+};
+
+// Worker -> server, answering CHALLENGE: the worker's proof. Since v4.
+struct ProofMsg {
+  AuthBytes proof{};
+  bool operator==(const ProofMsg&) const = default;
+};
+
+// Either way, after every message once the channel is authenticated
+// (ControlSidecar::Authenticate): its sequence number and MAC. Since v4.
+struct TagMsg {
+  uint64_t seq = 0;
+  AuthBytes mac{};
+  bool operator==(const TagMsg&) const = default;
+};
+
+// Server -> worker: a round starts, with the tolerance p it must honour.
+struct RoundBeginMsg {
+  uint32_t round = 0;
+  uint32_t iteration = 0;
+  Direction direction = Direction::kPush;
+  double p = 0;  // finite, in [0, 1)
+  uint64_t deadline_ns = 0;
+  double min_fraction = 0;  // finite, in [0, 1]
+  // The policy's phase (dblp: inside a critical learning regime), so a
+  // worker can report it with its rows (v5).
+  bool critical = false;
+  bool operator==(const RoundBeginMsg&) const = default;
+};
+
+// Sender -> receiver after a full pass.
+struct ProbeMsg {
+  uint32_t round = 0;
+  Direction direction = Direction::kPush;
+  uint32_t pass = 0;
+  // The sender's shard that asks (its chunk range, shards.h); the BITMAP
+  // answering it names the same shard.
+  uint16_t shard = 0;
+  bool operator==(const ProbeMsg&) const = default;
+};
+
+// Receiver -> sender: which seqs arrived. words.size() == ceil(num_bits / 64)
+// and the bits beyond num_bits are zero.
+struct BitmapMsg {
+  uint32_t round = 0;
+  Direction direction = Direction::kPush;
+  uint32_t num_bits = 0;
+  std::vector<uint64_t> words;
+  uint16_t shard = 0;  // the PROBE's
+  bool operator==(const BitmapMsg&) const = default;
+};
+
+enum class StopReason : uint8_t {
+  kThreshold = 0,
+  kDeadline = 1,
+  kComplete = 2
+};
+
+// Receiver -> sender: enough arrived, stop sending (early stop).
+struct StopMsg {
+  uint32_t round = 0;
+  Direction direction = Direction::kPush;
+  uint32_t received = 0;
+  StopReason reason = StopReason::kThreshold;
+  bool operator==(const StopMsg&) const = default;
+};
+
+// Server -> worker, after a push round closed (with push feedback): the
+// chunks the server summed, whatever arrived after STOP included. words as
+// in BitmapMsg.
+struct AcceptedMsg {
+  uint32_t round = 0;
+  uint32_t num_bits = 0;
+  std::vector<uint64_t> words;
+  bool operator==(const AcceptedMsg&) const = default;
+};
+
+struct ByeMsg {
+  std::string reason;
+  bool operator==(const ByeMsg&) const = default;
+};
+
+struct ErrorMsg {
+  uint16_t code = 0;
+  std::string text;
+  bool operator==(const ErrorMsg&) const = default;
+};
+
+// Alternative index + 1 == ControlType value (static_assert'ed in the .cc).
+using ControlMessage =
+    std::variant<JoinMsg, WelcomeMsg, RoundBeginMsg, ProbeMsg, BitmapMsg,
+                 StopMsg, ByeMsg, ErrorMsg, AcceptedMsg, ChallengeMsg, ProofMsg,
+                 TagMsg>;
+
+enum class ControlError : uint8_t {
+  kNone,
+  kFrameTooLarge,  // declared length > max_frame
+  kEmptyFrame,     // declared length 0 (no type byte)
+  kUnknownType,    // type byte not a ControlType
+  kTruncatedBody,  // a field, string or vector runs past the frame's end
+  kTrailingBytes,  // bytes left in the frame after the last field
+  kStringTooLong,  // string above kMaxControlString / kMaxLayerName
+  kTooManyItems,   // more than kMaxLayers layers or kMaxShapeDims dims
+  kBadBitmap,      // word count != ceil(num_bits / 64) or bits past the end
+  kBadValue,       // enum out of range, p/min_fraction, negative dim
+};
+
+const char* ControlErrorName(ControlError e);
+const char* ControlTypeName(ControlType t);  // "JOIN", ...; "UNKNOWN"
+const char* ControlTypeName(const ControlMessage& m);
+ControlType TypeOf(const ControlMessage& m);
+// Messages only a server sends (WELCOME, CHALLENGE, ROUND_BEGIN, ACCEPTED)
+// and only a worker sends (JOIN, PROOF): either one arriving at the wrong
+// end is out of order.
+bool IsServerMessage(const ControlMessage& m);
+bool IsWorkerOnlyMessage(const ControlMessage& m);
+
+// Checks a message against the field limits and value rules above. Returns
+// kNone if it may be sent; otherwise the error the decoder would report,
+// with a description in *text when text is non-null.
+ControlError ValidateControl(const ControlMessage& m,
+                             std::string* text = nullptr);
+
+// Appends one frame to `out`. Throws std::invalid_argument (leaving `out`
+// unchanged) if ValidateControl rejects the message, so a bad message fails
+// at the sender instead of poisoning the peer's connection. The frame size is
+// not checked against kMaxControlFrame: the receiver's decoder decides that.
+void EncodeControl(const ControlMessage& m, std::vector<uint8_t>& out);
+std::vector<uint8_t> EncodeControl(const ControlMessage& m);
+
+// The receive side of one control connection. Feed it whatever read()
+// returned (any split), then call Next() until it stops returning kMessage.
+//
+// Errors are fatal: after the first kError the decoder is poisoned. Next()
+// keeps returning kError with the same error()/error_text(), Feed() discards
+// its input, and the caller must close the connection (the byte stream has
+// lost framing, so nothing after the bad frame can be trusted).
+//
+// Memory: the decoder buffers at most what it was fed; it never reserves
+// based on a declared length, so a peer can make it hold at most
+// max_frame + 4 bytes of one incomplete frame (plus whatever the caller feeds
+// without draining Next()).
+class ControlDecoder {
+ public:
+  explicit ControlDecoder(uint32_t max_frame = kMaxControlFrame);
+
+  // Appends bytes. Ignored once poisoned.
+  void Feed(const uint8_t* data, size_t len);
+
+  enum class Status { kMessage, kNeedMore, kError };
+  // Pops one complete message into `out` (assigned only on kMessage).
+  Status Next(ControlMessage& out);
+
+  ControlError error() const { return error_; }
+  // Human-readable description of the error naming the offending field;
+  // empty while error() == kNone.
+  const std::string& error_text() const { return error_text_; }
+  // Bytes fed but not yet consumed as complete messages.
+  size_t buffered() const { return buf_.size() - read_; }
+  uint32_t max_frame() const { return max_frame_; }
+
+ private:
+  Status Fail(ControlError e, std::string text);
+
+  uint32_t max_frame_;
+  std::vector<uint8_t> buf_;
+  size_t read_ = 0;  // consumed prefix of buf_, compacted lazily in Feed()
+  ControlError error_ = ControlError::kNone;
+  std::string error_text_;
+};
+
+}  // namespace dblp

@@ -1,0 +1,1075 @@
+#include "dblp/control/control_sidecar.h"
+#include "dblp/base/log.h"
+
+#include <arpa/inet.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/timerfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <optional>
+#include <stdexcept>
+#include <system_error>
+#include <thread>
+#include <utility>
+
+#include "dblp/security/hmac.h"
+#include "dblp/base/ipv4_endpoint.h"
+#include "dblp/control/job_auth.h"
+
+namespace dblp {
+
+namespace {
+
+// epoll_event.data tags. Connections carry kConnTag | id so that a stale
+// event for a connection closed earlier in the same batch finds nothing
+// (ids are never reused) instead of hitting whatever reused its fd.
+constexpr uint64_t kWakeTag = 1;
+constexpr uint64_t kTimerTag = 2;
+constexpr uint64_t kListenTag = 3;
+constexpr uint64_t kConnTag = uint64_t{1} << 32;
+
+constexpr size_t kReadChunk = 64 * 1024;
+// Reads per readiness event: a peer that floods us cannot starve the other
+// connections (epoll is level-triggered, we come back to it next turn).
+constexpr int kMaxReadsPerEvent = 16;
+constexpr int kMaxAcceptsPerEvent = 64;
+constexpr std::chrono::milliseconds kAcceptPause{100};
+// A refused connection is logged at most once per this period; the lines in
+// between are counted into the next one, so a flood cannot flood stderr.
+constexpr std::chrono::seconds kRefusalLogPeriod{5};
+// A decoder that held more than this for one frame is replaced by a fresh
+// one once the frame is consumed: ControlDecoder keeps its capacity, and a
+// peer's single large frame must not pin that memory for the connection's
+// lifetime. At or below it, reuse saves an allocation per frame.
+constexpr size_t kShrinkAbove = 64 * 1024;
+// malloc_trim once this much peer-controlled buffer memory was freed, at
+// most once per kTrimPeriod (it walks every arena).
+constexpr size_t kTrimAfterBytes = size_t{1} << 20;
+constexpr std::chrono::milliseconds kTrimPeriod{100};
+#ifdef __GLIBC__
+constexpr bool kCanTrim = true;
+#else
+constexpr bool kCanTrim = false;
+#endif
+
+std::string Ms(std::chrono::milliseconds d) {
+  return std::to_string(d.count()) + " ms";
+}
+
+std::string ErrnoText(int err) {
+  return std::error_code(err, std::generic_category()).message();
+}
+
+std::string DescribeIoError(const char* op, int err) {
+  switch (err) {
+    case ECONNRESET:
+      return "connection reset by peer (ECONNRESET)";
+    case EPIPE:
+      return "peer closed the connection (EPIPE on write)";
+    case ETIMEDOUT:
+      return "connection timed out (peer host unreachable or dead)";
+    default:
+      return std::string(op) + " failed: " + ErrnoText(err);
+  }
+}
+
+// Parses "ip:port" (see ParseIpv4Endpoint): any address and port 0 only
+// for a listening socket.
+bool ParseAddr(const std::string& addr, bool listen, sockaddr_in* sa,
+               std::string* error) {
+  return ParseIpv4Endpoint(
+      addr, /*allow_any=*/listen, /*allow_any_port=*/listen,
+      listen ? "127.0.0.1:9100 or 0.0.0.0:9100" : "127.0.0.1:9100", sa, error);
+}
+
+void SetNoDelay(int fd) {
+  // Control messages are small and latency-bound (PROBE -> BITMAP -> STOP);
+  // Nagle would hold them back for an ACK. Failure only costs latency.
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+bool IsSelfConnect(int fd) {
+  // Connecting to a closed port in the ephemeral range can, with retries,
+  // hit TCP simultaneous open with ourselves: the "server" would be us.
+  sockaddr_in local{}, peer{};
+  socklen_t ll = sizeof local, pl = sizeof peer;
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0 ||
+      getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0) {
+    return false;
+  }
+  return local.sin_addr.s_addr == peer.sin_addr.s_addr &&
+         local.sin_port == peer.sin_port;
+}
+
+}  // namespace
+
+struct ControlSidecar::Conn {
+  Conn(ConnId i, int f, std::string p, uint32_t max_frame)
+      : id(i), fd(f), peer(std::move(p)), decoder(max_frame) {}
+
+  size_t pending() const { return out.size() - out_off; }
+
+  // A frame's length prefix or body is still to come.
+  bool in_frame() const { return hdr_have > 0 || body_left > 0; }
+
+  ConnId id;
+  int fd;  // -1 once the socket is closed
+  std::string peer;
+  ControlDecoder decoder;
+  bool accepted = false;        // from our listening socket: max_connections
+  bool trusted = true;          // accepted ones start untrusted (Trust())
+  Clock::time_point opened{};   // the join deadline runs from here
+  Clock::time_point last_rx{};  // the idle timeout runs from here
+  Clock::time_point frame_start{};  // first byte of the frame in progress
+  // Frame boundaries, tracked beside the decoder so each length prefix is
+  // checked against the limit in force when it completes.
+  std::array<uint8_t, kControlFrameHeader> hdr{};
+  size_t hdr_have = 0;       // bytes of the current length prefix seen
+  uint64_t body_left = 0;    // bytes of the current frame still to come
+  size_t rx_peak = 0;        // most bytes the decoder held since it was made
+  std::vector<uint8_t> out;  // encoded frames not yet written
+  size_t out_off = 0;        // written prefix of out
+  bool closing = false;      // logically closed: on_close queued, no Send
+  bool wr_shut = false;      // our FIN sent
+  bool eof = false;          // peer's FIN seen
+  Clock::time_point deadline{};  // closing: close the socket by then
+  uint32_t armed = 0;            // epoll events currently registered
+  // An authenticated channel (Authenticate): each direction's key and
+  // next sequence number, and the message waiting for its TAG.
+  std::unique_ptr<ChannelKeys> keys;
+  uint64_t send_seq = 0, recv_seq = 0;
+  std::optional<ControlMessage> untagged;
+};
+
+ControlSidecar::ControlSidecar(Callbacks cb, uint32_t max_frame,
+                               ControlLimits limits)
+    : cb_(std::move(cb)),
+      max_frame_(max_frame),
+      limits_(limits),
+      max_untrusted_frame_(std::min(limits.max_untrusted_frame, max_frame)) {
+  auto fail = [this](const char* what) {
+    const int err = errno;
+    for (int* fd : {&timer_fd_, &wake_fd_, &epfd_}) {
+      if (*fd >= 0) ::close(*fd);
+      *fd = -1;
+    }
+    throw std::system_error(err, std::generic_category(),
+                            std::string("ControlSidecar: ") + what);
+  };
+  epfd_ = epoll_create1(EPOLL_CLOEXEC);
+  if (epfd_ < 0) fail("epoll_create1");
+  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (wake_fd_ < 0) fail("eventfd");
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = kWakeTag;
+  if (epoll_ctl(epfd_, EPOLL_CTL_ADD, wake_fd_, &ev) != 0) fail("epoll_ctl");
+  if (cb_.tick_ms > 0) {
+    timer_fd_ = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+    if (timer_fd_ < 0) fail("timerfd_create");
+    itimerspec its{};
+    its.it_interval.tv_sec = cb_.tick_ms / 1000;
+    its.it_interval.tv_nsec = static_cast<long>(cb_.tick_ms % 1000) * 1000000;
+    its.it_value = its.it_interval;
+    if (timerfd_settime(timer_fd_, 0, &its, nullptr) != 0) {
+      fail("timerfd_settime");
+    }
+    ev.data.u64 = kTimerTag;
+    if (epoll_ctl(epfd_, EPOLL_CTL_ADD, timer_fd_, &ev) != 0) {
+      fail("epoll_ctl");
+    }
+  }
+}
+
+ControlSidecar::~ControlSidecar() {
+  for (auto& [id, c] : conns_) {
+    if (c->fd >= 0) ::close(c->fd);
+  }
+  for (int fd : {listen_fd_, timer_fd_, wake_fd_, epfd_}) {
+    if (fd >= 0) ::close(fd);
+  }
+}
+
+bool ControlSidecar::Listen(const std::string& addr, std::string* error,
+                            const ServerApp& app) {
+  if (listen_fd_ >= 0) {
+    if (error) {
+      *error = "cannot listen on " + addr + ": already listening on port " +
+               std::to_string(bound_port_);
+    }
+    return false;
+  }
+  sockaddr_in sa{};
+  if (!ParseAddr(addr, /*listen=*/true, &sa, error)) return false;
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    if (error)
+      *error = "cannot listen on " + addr + ": socket(): " + ErrnoText(errno);
+    return false;
+  }
+  auto fail = [&](const std::string& why) {
+    if (error) *error = "cannot listen on " + addr + ": " + why;
+    ::close(fd);
+    return false;
+  };
+  // A restarted server must not wait out TIME_WAIT of its previous run.
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (bind(fd, reinterpret_cast<const sockaddr*>(&sa), sizeof sa) != 0) {
+    const int err = errno;
+    switch (err) {
+      case EADDRINUSE:
+        return fail("address already in use (is another " + app.name +
+                    " running? stop it or choose another " + app.listen_flag +
+                    " port)");
+      case EADDRNOTAVAIL:
+        return fail(
+            "not an address of this host (use 0.0.0.0 or a local IP in " +
+            app.listen_flag + ")");
+      case EACCES:
+        return fail(
+            "permission denied (ports below 1024 need root; use a "
+            "higher port)");
+      default:
+        return fail("bind(): " + ErrnoText(err));
+    }
+  }
+  if (::listen(fd, SOMAXCONN) != 0)
+    return fail("listen(): " + ErrnoText(errno));
+  sockaddr_in bound{};
+  socklen_t len = sizeof bound;
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len) != 0) {
+    return fail("getsockname(): " + ErrnoText(errno));
+  }
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = kListenTag;
+  if (epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev) != 0) {
+    return fail("epoll_ctl(): " + ErrnoText(errno));
+  }
+  listen_fd_ = fd;
+  bound_port_ = ntohs(bound.sin_port);
+  return true;
+}
+
+bool ControlSidecar::Connect(const std::string& addr, uint32_t timeout_ms,
+                             ConnId* id, std::string* error,
+                             const ServerApp& app) {
+  sockaddr_in sa{};
+  if (!ParseAddr(addr, /*listen=*/false, &sa, error)) return false;
+  const auto start = Clock::now();
+  const auto deadline = start + std::chrono::milliseconds(timeout_ms);
+  auto backoff = std::chrono::milliseconds(10);
+  int attempts = 0;
+  std::string last;
+  for (;;) {
+    ++attempts;
+    const int fd =
+        socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+      if (error)
+        *error =
+            "cannot connect to " + addr + ": socket(): " + ErrnoText(errno);
+      return false;
+    }
+    int err = 0;
+    if (connect(fd, reinterpret_cast<const sockaddr*>(&sa), sizeof sa) != 0) {
+      err = errno;
+      if (err == EINPROGRESS || err == EINTR) {
+        // Wait for the handshake within what is left of the timeout.
+        for (;;) {
+          const auto left =
+              std::chrono::duration_cast<std::chrono::milliseconds>(
+                  deadline - Clock::now());
+          pollfd p{fd, POLLOUT, 0};
+          const int n =
+              poll(&p, 1, static_cast<int>(std::max<int64_t>(left.count(), 1)));
+          if (n < 0 && errno == EINTR) continue;
+          if (n <= 0) {
+            err = n == 0 ? ETIMEDOUT : errno;
+          } else {
+            socklen_t len = sizeof err;
+            if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0)
+              err = errno;
+          }
+          break;
+        }
+      }
+    }
+    if (err == 0 && IsSelfConnect(fd)) err = ECONNREFUSED;
+    if (err == 0) {
+      const ConnId cid =
+          AddConn(fd, FormatIpv4Endpoint(sa), /*accepted=*/false);
+      if (cid == 0) {
+        if (error)
+          *error = "cannot connect to " + addr + ": epoll_ctl() failed";
+        return false;
+      }
+      *id = cid;
+      return true;
+    }
+    ::close(fd);
+    last = ErrnoText(err);
+    const auto now = Clock::now();
+    if (now >= deadline) break;
+    // Retry everything: while a cluster starts, refusals and unreachable
+    // routes are expected for a while.
+    std::this_thread::sleep_for(
+        std::min<Clock::duration>(backoff, deadline - now));
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(200));
+  }
+  if (error) {
+    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
+        Clock::now() - start);
+    *error = "cannot connect to " + addr + " (" + std::to_string(attempts) +
+             " attempts in " + std::to_string(waited.count()) +
+             " ms): " + last + "; is " + app.name +
+             " running and listening there? check --server (and the "
+             "server's " +
+             app.listen_flag + ")";
+  }
+  return false;
+}
+
+ConnId ControlSidecar::AddConn(int fd, std::string peer, bool accepted) {
+  SetNoDelay(fd);
+  const ConnId id = next_id_++;
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = kConnTag | id;
+  if (epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev) != 0) {
+    ::close(fd);
+    return 0;
+  }
+  auto c = std::make_unique<Conn>(id, fd, std::move(peer), max_frame_);
+  c->armed = EPOLLIN;
+  c->accepted = accepted;
+  c->trusted = !accepted;
+  c->opened = c->last_rx = Clock::now();
+  if (accepted) {
+    open_accepted_.fetch_add(1, std::memory_order_relaxed);
+    if (limits_.join_deadline.count() > 0) {
+      NoteDeadline(c->opened + limits_.join_deadline);
+    }
+  }
+  if (limits_.idle_timeout.count() > 0) {
+    NoteDeadline(c->last_rx + limits_.idle_timeout);
+  }
+  conns_.emplace(id, std::move(c));
+  return id;
+}
+
+ControlSidecar::Conn* ControlSidecar::Find(ConnId id) const {
+  auto it = conns_.find(id);
+  return it == conns_.end() ? nullptr : it->second.get();
+}
+
+std::string ControlSidecar::PeerAddress(ConnId id) const {
+  const Conn* c = Find(id);
+  return c ? c->peer : std::string();
+}
+
+void ControlSidecar::Trust(ConnId id) {
+  Conn* c = Find(id);
+  if (c == nullptr || c->closing || c->fd < 0) return;
+  c->trusted = true;
+}
+
+void ControlSidecar::Authenticate(ConnId id, const ChannelKeys& keys) {
+  Conn* c = Find(id);
+  if (c == nullptr || c->closing || c->fd < 0) return;
+  c->keys = std::make_unique<ChannelKeys>(keys);
+  c->send_seq = c->recv_seq = 0;
+}
+
+namespace {
+
+// A TAG's MAC: the direction's key over the sequence number and the
+// message's canonical encoding (what was, or would have been, sent).
+AuthBytes TagMac(const AuthBytes& key, uint64_t seq,
+                 std::span<const uint8_t> frame) {
+  uint8_t seq_be[8];
+  for (int i = 0; i < 8; ++i)
+    seq_be[i] = static_cast<uint8_t>(seq >> (56 - 8 * i));
+  return HmacSha256(key, "dblp/4 tag", {seq_be, frame});
+}
+
+}  // namespace
+
+void ControlSidecar::Append(Conn& c, const ControlMessage& m) {
+  const size_t start = c.out.size();
+  EncodeControl(m, c.out);  // leaves out unchanged if it throws
+  if (c.keys) {
+    try {
+      const std::span<const uint8_t> frame(c.out.data() + start,
+                                           c.out.size() - start);
+      const TagMsg tag{c.send_seq, TagMac(c.keys->send, c.send_seq, frame)};
+      EncodeControl(tag, c.out);
+    } catch (...) {
+      c.out.resize(start);  // never a message without its TAG
+      throw;
+    }
+    ++c.send_seq;
+  }
+  messages_out_.fetch_add(1, std::memory_order_relaxed);
+}
+
+// False also if libcrypto fails: the message is not delivered.
+bool ControlSidecar::TagMatches(Conn& c, const TagMsg& tag) {
+  try {
+    return AuthEqual(
+        tag.mac, TagMac(c.keys->recv, c.recv_seq, EncodeControl(*c.untagged)));
+  } catch (const std::exception& e) {
+    Log(std::string("control sidecar: ") + e.what());
+    return false;
+  }
+}
+
+// An authenticated channel delivers a message only with its TAG, in
+// sequence. Returns false (the connection is closing) on anything else.
+bool ControlSidecar::CheckTag(Conn& c, ControlMessage& m, bool* deliver) {
+  *deliver = false;
+  const auto* tag = std::get_if<TagMsg>(&m);
+  std::string why;
+  if (tag == nullptr) {
+    if (!c.untagged) {
+      c.untagged = std::move(m);
+      return true;  // its TAG comes next
+    }
+    why = std::string(ControlTypeName(*c.untagged)) + " without its TAG";
+  } else if (!c.untagged) {
+    why = "TAG without a message";
+  } else if (tag->seq != c.recv_seq || !TagMatches(c, *tag)) {
+    why = std::string(ControlTypeName(*c.untagged)) +
+          " failed authentication (TAG " + std::to_string(tag->seq) +
+          ", expected " + std::to_string(c.recv_seq) +
+          "): injected, changed, replayed or reordered on the way";
+  } else {
+    ++c.recv_seq;
+    m = std::move(*c.untagged);
+    c.untagged.reset();
+    *deliver = true;
+    return true;
+  }
+  protocol_errors_.fetch_add(1, std::memory_order_relaxed);
+  CloseWithError(c, kErrorCodeProtocol, "protocol error: " + why);
+  return false;
+}
+
+bool ControlSidecar::IsTrusted(ConnId id) const {
+  const Conn* c = Find(id);
+  return c != nullptr && c->trusted;
+}
+
+bool ControlSidecar::Send(ConnId id, const ControlMessage& m,
+                          std::string* error) {
+  Conn* c = Find(id);
+  if (c == nullptr || c->closing || c->fd < 0) {
+    if (error) *error = "connection " + std::to_string(id) + " is closed";
+    return false;
+  }
+  // Compact before appending so the buffer does not grow by what was
+  // already written (each byte moves O(1) times on average).
+  if (c->out_off > 0 && c->out_off >= c->pending()) {
+    c->out.erase(c->out.begin(),
+                 c->out.begin() + static_cast<std::ptrdiff_t>(c->out_off));
+    c->out_off = 0;
+  }
+  const bool was_idle = c->pending() == 0;
+  try {
+    Append(*c, m);
+  } catch (const std::exception& e) {
+    // A bad message is the caller's bug, but it must not unwind through
+    // Run() from inside a callback.
+    if (error) *error = e.what();
+    return false;
+  }
+  if (c->pending() > kMaxQueuedOutput) {
+    const std::string why =
+        "peer is not reading: " + std::to_string(c->pending()) +
+        " bytes of output queued";
+    BeginClose(*c, why, /*abort=*/true);
+    if (error) *error = why;
+    return false;
+  }
+  // With output already queued EPOLLOUT is armed and the loop writes it, in
+  // order; writing now would only be attempted to fail with EAGAIN.
+  if (was_idle) {
+    if (!Flush(*c)) {
+      if (error)
+        *error = "connection " + std::to_string(id) + " failed on write";
+      return false;
+    }
+    Update(*c);
+  }
+  return true;
+}
+
+void ControlSidecar::Close(ConnId id, const std::string& reason) {
+  Conn* c = Find(id);
+  if (c == nullptr || c->closing || c->fd < 0) return;
+  BeginClose(*c, reason, /*abort=*/false);
+}
+
+bool ControlSidecar::Flush(Conn& c) {
+  bool progress = false;
+  while (c.pending() > 0) {
+    // MSG_NOSIGNAL: a peer gone away must give EPIPE, not kill the process
+    // with SIGPIPE.
+    const ssize_t n = ::send(c.fd, c.out.data() + c.out_off, c.pending(),
+                             MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      c.out_off += static_cast<size_t>(n);
+      progress = true;
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+    BeginClose(c, DescribeIoError("write", n < 0 ? errno : EPIPE),
+               /*abort=*/true);
+    return false;
+  }
+  if (c.pending() == 0) {
+    c.out.clear();
+    c.out_off = 0;
+  }
+  // A closing connection that still makes progress is a slow reader, not a
+  // dead one: give it the full linger again.
+  if (progress && c.closing) c.deadline = Clock::now() + kLinger;
+  return true;
+}
+
+void ControlSidecar::BeginClose(Conn& c, std::string reason, bool abort) {
+  if (c.fd < 0) return;
+  if (!c.closing) {
+    c.closing = true;
+    c.deadline = Clock::now() + kLinger;
+    pending_closes_.emplace_back(c.id, std::move(reason));
+    lingering_.push_back(c.id);
+    if (c.accepted) open_accepted_.fetch_sub(1, std::memory_order_relaxed);
+    // Input is only drained from now on: a partial frame (up to max_frame)
+    // must not stay buffered while the socket lingers.
+    ReleaseDecoder(c);
+  }
+  if (abort) {
+    CloseSocket(c);
+    return;
+  }
+  if (Flush(c)) Update(c);
+}
+
+void ControlSidecar::Update(Conn& c) {
+  if (c.fd < 0) return;
+  if (c.closing) {
+    // Half-close after the last queued byte, then wait for the peer's FIN
+    // while discarding its input: closing with unread input would send a
+    // RST, which can destroy our ERROR/BYE before the peer reads it.
+    if (c.pending() == 0 && !c.wr_shut) {
+      if (shutdown(c.fd, SHUT_WR) != 0) {
+        CloseSocket(c);
+        return;
+      }
+      c.wr_shut = true;
+    }
+    if (c.wr_shut && c.eof) {
+      CloseSocket(c);
+      return;
+    }
+  }
+  Arm(c);
+}
+
+void ControlSidecar::Arm(Conn& c) {
+  if (c.fd < 0) return;
+  uint32_t want = 0;
+  if (!c.eof) want |= EPOLLIN;
+  if (c.pending() > 0) want |= EPOLLOUT;
+  if (want == c.armed) return;
+  epoll_event ev{};
+  ev.events = want;
+  ev.data.u64 = kConnTag | c.id;
+  if (epoll_ctl(epfd_, EPOLL_CTL_MOD, c.fd, &ev) != 0) {
+    BeginClose(c, "epoll_ctl failed: " + ErrnoText(errno), /*abort=*/true);
+    return;
+  }
+  c.armed = want;
+}
+
+void ControlSidecar::CloseSocket(Conn& c) {
+  if (c.fd < 0) return;
+  ::close(c.fd);  // also removes it from epoll
+  c.fd = -1;
+  freed_bytes_ += c.out.capacity();
+  c.out.clear();
+  c.out.shrink_to_fit();
+  c.out_off = 0;
+  dead_.push_back(c.id);
+}
+
+void ControlSidecar::OnProtocolError(Conn& c) {
+  protocol_errors_.fetch_add(1, std::memory_order_relaxed);
+  CloseWithError(
+      c,
+      static_cast<uint16_t>(kErrorCodeProtocol +
+                            static_cast<uint16_t>(c.decoder.error())),
+      "protocol error: " + c.decoder.error_text());
+}
+
+void ControlSidecar::CloseWithError(Conn& c, uint16_t code,
+                                    const std::string& text) {
+  ErrorMsg reply;
+  reply.code = code;
+  reply.text = text.substr(0, kMaxControlString);
+  try {
+    Append(c, reply);
+  } catch (const std::exception&) {
+    // Best effort: closing is what matters.
+  }
+  BeginClose(c, text, /*abort=*/false);
+}
+
+void ControlSidecar::ReleaseDecoder(Conn& c) {
+  freed_bytes_ += std::max(c.rx_peak, c.decoder.buffered());
+  c.decoder = ControlDecoder(max_frame_);
+  c.rx_peak = 0;
+  c.hdr_have = 0;
+  c.body_left = 0;
+}
+
+void ControlSidecar::Consume(Conn& c, const uint8_t* data, size_t len,
+                             Clock::time_point now) {
+  while (len > 0 && !c.closing) {
+    size_t take;
+    if (c.body_left == 0) {
+      if (c.hdr_have == 0) {
+        c.frame_start = now;
+        if (limits_.partial_message_timeout.count() > 0) {
+          NoteDeadline(now + limits_.partial_message_timeout);
+        }
+      }
+      take = std::min(len, kControlFrameHeader - c.hdr_have);
+      std::memcpy(c.hdr.data() + c.hdr_have, data, take);
+      c.hdr_have += take;
+      if (c.hdr_have == kControlFrameHeader) {
+        const uint32_t frame = (uint32_t{c.hdr[0]} << 24) |
+                               (uint32_t{c.hdr[1]} << 16) |
+                               (uint32_t{c.hdr[2]} << 8) | uint32_t{c.hdr[3]};
+        if (!c.trusted && frame > max_untrusted_frame_) {
+          // Refused on the prefix, before any of the body is buffered.
+          protocol_errors_.fetch_add(1, std::memory_order_relaxed);
+          CloseWithError(
+              c,
+              static_cast<uint16_t>(
+                  kErrorCodeProtocol +
+                  static_cast<uint16_t>(ControlError::kFrameTooLarge)),
+              "protocol error: frame length " + std::to_string(frame) +
+                  " > max_untrusted_frame " +
+                  std::to_string(max_untrusted_frame_) +
+                  " (a connection must authenticate before it may send "
+                  "larger messages)");
+          return;
+        }
+        // A zero length leaves no frame in progress; the decoder reports
+        // it below.
+        c.hdr_have = 0;
+        c.body_left = frame;
+      }
+    } else {
+      take = static_cast<size_t>(std::min<uint64_t>(len, c.body_left));
+      c.body_left -= take;
+    }
+    c.decoder.Feed(data, take);
+    c.rx_peak = std::max(c.rx_peak, c.decoder.buffered());
+    data += take;
+    len -= take;
+    if (!Deliver(c)) return;
+    if (!c.in_frame() && c.rx_peak > kShrinkAbove &&
+        c.decoder.buffered() == 0) {
+      ReleaseDecoder(c);
+    }
+  }
+}
+
+bool ControlSidecar::Deliver(Conn& c) {
+  ControlMessage m;
+  for (;;) {
+    const auto st = c.decoder.Next(m);
+    if (st == ControlDecoder::Status::kNeedMore) return true;
+    if (st == ControlDecoder::Status::kError) {
+      OnProtocolError(c);
+      return false;
+    }
+    if (c.keys) {
+      bool deliver = false;
+      if (!CheckTag(c, m, &deliver)) return false;
+      if (!deliver) continue;
+    }
+    messages_in_.fetch_add(1, std::memory_order_relaxed);
+    if (cb_.on_message) {
+      // A handler that throws (a request it cannot serve) costs this
+      // connection, never the process: the peer is told why.
+      try {
+        cb_.on_message(c.id, m);
+      } catch (const std::exception& e) {
+        const std::string why = std::string("cannot handle ") +
+                                ControlTypeName(m) + ": " + e.what();
+        protocol_errors_.fetch_add(1, std::memory_order_relaxed);
+        Send(c.id, ErrorMsg{kErrorCodeProtocol, why});
+        BeginClose(c, why, /*abort=*/false);
+      }
+    }
+    // The callback closed it (or a Send failed): its decoder is gone.
+    if (c.closing) return false;
+  }
+}
+
+void ControlSidecar::HandleConnEvent(Conn& c, uint32_t events) {
+  if (c.fd < 0) return;
+  if (events & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
+    if (!c.eof) {
+      HandleReadable(c);
+    } else if (events & (EPOLLHUP | EPOLLERR)) {
+      // Both directions are done (or broken); nothing left to flush to.
+      BeginClose(c, "connection hung up", /*abort=*/true);
+    }
+  }
+  if (c.fd >= 0 && (events & EPOLLOUT)) HandleWritable(c);
+}
+
+void ControlSidecar::HandleReadable(Conn& c) {
+  std::array<uint8_t, kReadChunk> buf;
+  const auto now = Clock::now();
+  for (int i = 0; i < kMaxReadsPerEvent && c.fd >= 0; ++i) {
+    const ssize_t n = ::recv(c.fd, buf.data(), buf.size(), 0);
+    if (n > 0) {
+      // A closing connection only drains input so that our close is a FIN.
+      if (c.closing) continue;
+      c.last_rx = now;
+      Consume(c, buf.data(), static_cast<size_t>(n), now);
+      continue;
+    }
+    if (n == 0) {
+      c.eof = true;
+      if (!c.closing) {
+        std::string reason = "peer closed the connection";
+        if (c.decoder.buffered() > 0) {
+          reason += " in the middle of a frame (" +
+                    std::to_string(c.decoder.buffered()) +
+                    " bytes of an incomplete message dropped)";
+        }
+        BeginClose(c, std::move(reason), /*abort=*/false);
+      } else {
+        Update(c);
+      }
+      return;
+    }
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+    BeginClose(c, DescribeIoError("read", errno), /*abort=*/true);
+    return;
+  }
+  Update(c);
+}
+
+void ControlSidecar::HandleWritable(Conn& c) {
+  if (Flush(c)) Update(c);
+}
+
+void ControlSidecar::HandleAccept() {
+  for (int i = 0; i < kMaxAcceptsPerEvent; ++i) {
+    sockaddr_in sa{};
+    socklen_t len = sizeof sa;
+    const int fd = accept4(listen_fd_, reinterpret_cast<sockaddr*>(&sa), &len,
+                           SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      const int err = errno;
+      if (err == EINTR || err == ECONNABORTED || err == EPROTO) continue;
+      if (err == EAGAIN || err == EWOULDBLOCK) return;
+      if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
+        // The pending connection stays in the backlog and keeps the socket
+        // readable; stop polling it for a while instead of spinning.
+        Log("control sidecar: accept() failed: " + ErrnoText(err) +
+            "; pausing accepts for 100 ms (raise `ulimit -n`?)");
+        epoll_ctl(epfd_, EPOLL_CTL_DEL, listen_fd_, nullptr);
+        listen_paused_ = true;
+        listen_paused_until_ = Clock::now() + kAcceptPause;
+        return;
+      }
+      Log("control sidecar: accept() failed: " + ErrnoText(err));
+      return;
+    }
+    if (limits_.max_connections > 0 &&
+        open_accepted_.load(std::memory_order_relaxed) >=
+            limits_.max_connections) {
+      RefuseConnection(fd, FormatIpv4Endpoint(sa));
+      continue;
+    }
+    const ConnId id = AddConn(fd, FormatIpv4Endpoint(sa), /*accepted=*/true);
+    if (id != 0 && cb_.on_accept) cb_.on_accept(id);
+  }
+}
+
+void ControlSidecar::RefuseConnection(int fd, const std::string& peer) {
+  connections_refused_.fetch_add(1, std::memory_order_relaxed);
+  const std::string limit = std::to_string(limits_.max_connections) +
+                            " connections open (max_connections)";
+  // Best effort, one non-blocking write into an empty socket buffer: a
+  // legitimate peer learns why; a peer that already sent data may see a
+  // reset instead (we close without reading).
+  std::vector<uint8_t> frame;
+  try {
+    EncodeControl(ErrorMsg{kErrorCodeLimit,
+                           "too many connections: " + limit + "; try later"},
+                  frame);
+    if (::send(fd, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT) >
+        0) {
+      messages_out_.fetch_add(1, std::memory_order_relaxed);
+    }
+  } catch (const std::invalid_argument&) {
+    // Cannot happen for this message; the close below is what matters.
+  }
+  ::close(fd);
+  const auto now = Clock::now();
+  if (now < next_refusal_log_) {
+    ++refusals_not_logged_;
+    return;
+  }
+  std::string line = "control sidecar: refused a connection from " + peer +
+                     ": " + limit +
+                     "; raise max_connections (the server's "
+                     "--control_max_connections) if these peers are "
+                     "legitimate";
+  if (refusals_not_logged_ > 0) {
+    line += " (" + std::to_string(refusals_not_logged_) +
+            " more refused since the last such line)";
+  }
+  refusals_not_logged_ = 0;
+  next_refusal_log_ = now + kRefusalLogPeriod;
+  Log(line);
+}
+
+void ControlSidecar::ResumeListen() {
+  if (!listen_paused_ || Clock::now() < listen_paused_until_) return;
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = kListenTag;
+  if (epoll_ctl(epfd_, EPOLL_CTL_ADD, listen_fd_, &ev) == 0) {
+    listen_paused_ = false;
+  } else {
+    listen_paused_until_ = Clock::now() + kAcceptPause;
+  }
+}
+
+void ControlSidecar::ExpireLingering() {
+  const auto now = Clock::now();
+  std::erase_if(lingering_, [&](ConnId id) {
+    Conn* c = Find(id);
+    if (c == nullptr || c->fd < 0) return true;
+    if (now < c->deadline) return false;
+    CloseSocket(*c);
+    return true;
+  });
+}
+
+ControlSidecar::Clock::time_point ControlSidecar::LimitDeadline(
+    const Conn& c, LimitKind* which) const {
+  auto t = Clock::time_point::max();
+  *which = LimitKind::kNone;
+  auto consider = [&](Clock::time_point d, LimitKind k) {
+    if (d < t) {
+      t = d;
+      *which = k;
+    }
+  };
+  if (!c.trusted && limits_.join_deadline.count() > 0) {
+    consider(c.opened + limits_.join_deadline, LimitKind::kJoin);
+  }
+  if (c.in_frame() && limits_.partial_message_timeout.count() > 0) {
+    consider(c.frame_start + limits_.partial_message_timeout,
+             LimitKind::kPartial);
+  }
+  if (limits_.idle_timeout.count() > 0) {
+    consider(c.last_rx + limits_.idle_timeout, LimitKind::kIdle);
+  }
+  return t;
+}
+
+void ControlSidecar::ExpireLimits() {
+  const auto now = Clock::now();
+  if (now < next_limit_check_) return;
+  next_limit_check_ = Clock::time_point::max();
+  // Closing only queues on_close and moves ids to lingering_/dead_; conns_
+  // itself is not modified until Reap(), so iterating it here is safe.
+  for (auto& [id, cp] : conns_) {
+    Conn& c = *cp;
+    if (c.closing || c.fd < 0) continue;
+    LimitKind which;
+    const auto t = LimitDeadline(c, &which);
+    if (which == LimitKind::kNone) continue;
+    if (now < t) {
+      NoteDeadline(t);
+      continue;
+    }
+    std::string why;
+    switch (which) {
+      case LimitKind::kJoin:
+        join_timeouts_.fetch_add(1, std::memory_order_relaxed);
+        why = "join deadline: the peer did not authenticate within " +
+              Ms(limits_.join_deadline) + " (join_deadline)";
+        break;
+      case LimitKind::kPartial:
+        partial_timeouts_.fetch_add(1, std::memory_order_relaxed);
+        why = "partial message timeout: a message begun " +
+              Ms(limits_.partial_message_timeout) +
+              " ago is still incomplete (" +
+              std::to_string(c.decoder.buffered()) +
+              " bytes of it arrived; partial_message_timeout)";
+        break;
+      case LimitKind::kIdle:
+        idle_timeouts_.fetch_add(1, std::memory_order_relaxed);
+        why = "idle timeout: nothing received for " + Ms(limits_.idle_timeout) +
+              " (idle_timeout)";
+        break;
+      case LimitKind::kNone:
+        break;
+    }
+    CloseWithError(c, kErrorCodeLimit, why);
+  }
+}
+
+void ControlSidecar::TrimHeap() {
+  if (freed_bytes_ < kTrimAfterBytes) return;
+  const auto now = Clock::now();
+  if (now < next_trim_) return;
+#ifdef __GLIBC__
+  malloc_trim(0);
+#endif
+  freed_bytes_ = 0;
+  next_trim_ = now + kTrimPeriod;
+}
+
+int ControlSidecar::NextTimeoutMs() const {
+  std::optional<Clock::time_point> next;
+  auto consider = [&](Clock::time_point t) {
+    if (!next || t < *next) next = t;
+  };
+  for (ConnId id : lingering_) {
+    if (const Conn* c = Find(id); c != nullptr && c->fd >= 0) {
+      consider(c->deadline);
+    }
+  }
+  if (listen_paused_) consider(listen_paused_until_);
+  if (next_limit_check_ != Clock::time_point::max()) {
+    consider(next_limit_check_);
+  }
+  if (kCanTrim && freed_bytes_ >= kTrimAfterBytes) consider(next_trim_);
+  if (!next) return -1;
+  const auto left = *next - Clock::now();
+  if (left <= Clock::duration::zero()) return 0;
+  // Round up: waking a hair early would just spin once more.
+  return static_cast<int>(
+      std::chrono::ceil<std::chrono::milliseconds>(left).count());
+}
+
+void ControlSidecar::DeliverCloses() {
+  // on_close may close more connections (Send failing, Close): loop until
+  // quiet, never holding a reference into the vector across a callback.
+  while (!pending_closes_.empty()) {
+    auto batch = std::move(pending_closes_);
+    pending_closes_.clear();
+    for (auto& [id, reason] : batch) {
+      if (cb_.on_close) cb_.on_close(id, reason);
+    }
+  }
+}
+
+void ControlSidecar::Reap() {
+  for (ConnId id : dead_) conns_.erase(id);
+  dead_.clear();
+}
+
+void ControlSidecar::Log(const std::string& line) {
+  if (cb_.on_log) {
+    cb_.on_log(line);
+  } else {
+    // Limits hit, accept() and epoll failures: an operator should see them.
+    DBLP_LOG(Warning, "%s", line.c_str());
+  }
+}
+
+void ControlSidecar::Run() {
+  std::array<epoll_event, 64> events;
+  // Closes that happened during setup (a Send failing before Run).
+  DeliverCloses();
+  Reap();
+  while (!stop_.load(std::memory_order_acquire)) {
+    const int n = epoll_wait(epfd_, events.data(),
+                             static_cast<int>(events.size()), NextTimeoutMs());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      // Only a bug (bad fd) gets here; spinning on it would help nobody.
+      Log("control sidecar: epoll_wait failed: " + ErrnoText(errno) +
+          "; event loop stops");
+      break;
+    }
+    for (int i = 0; i < n; ++i) {
+      const uint64_t tag = events[i].data.u64;
+      if (tag == kWakeTag) {
+        uint64_t count = 0;
+        // Reading resets the counter: any number of Wakeup()s since the last
+        // read become one on_wakeup.
+        while (::read(wake_fd_, &count, sizeof count) < 0 && errno == EINTR) {
+        }
+        if (!stop_.load(std::memory_order_acquire) && cb_.on_wakeup) {
+          cb_.on_wakeup();
+        }
+      } else if (tag == kTimerTag) {
+        uint64_t expirations = 0;
+        while (::read(timer_fd_, &expirations, sizeof expirations) < 0 &&
+               errno == EINTR) {
+        }
+        if (cb_.on_tick) cb_.on_tick();
+      } else if (tag == kListenTag) {
+        HandleAccept();
+      } else if (Conn* c = Find(static_cast<ConnId>(tag & 0xffffffffu))) {
+        HandleConnEvent(*c, events[i].events);
+      }
+    }
+    ExpireLimits();
+    ExpireLingering();
+    ResumeListen();
+    DeliverCloses();
+    Reap();
+    TrimHeap();
+  }
+  DeliverCloses();
+  Reap();
+}
+
+void ControlSidecar::Wakeup() {
+  const uint64_t one = 1;
+  // EAGAIN means the counter is saturated: a wakeup is pending anyway.
+  while (::write(wake_fd_, &one, sizeof one) < 0 && errno == EINTR) {
+  }
+}
+
+void ControlSidecar::RequestStop() {
+  stop_.store(true, std::memory_order_release);
+  Wakeup();
+}
+
+}  // namespace dblp

@@ -1,0 +1,166 @@
+#include "dblp/policy/mean_reducer.h"
+
+#include <algorithm>
+#include <cassert>
+#include <cstring>
+#include <new>
+#include <stdexcept>
+#include <string>
+
+#include "dblp/wire/float_ops.h"
+
+namespace dblp {
+namespace {
+
+constexpr size_t kCacheLine = 64;
+constexpr size_t kFloatsPerLine = kCacheLine / sizeof(float);
+// Floats per block in Finalize's loops. A fixed-size inner block is
+// vectorised by GCC's -O2 "very cheap" cost model, which refuses loops whose
+// trip count is unknown; the tail (< 8 floats) is scalar.
+constexpr size_t kBlock = 8;
+
+// out[i] = sum[i] / d. Division (not a multiply by 1/d) so the result is the
+// correctly rounded mean, identical to what a reference computes. In blocks
+// of kBlock; each block is computed into a local before it is stored so
+// that `out` and `sum` need no overlap check.
+void Divide(float* out, const float* sum, size_t n, float d) {
+  size_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) {
+    float tmp[kBlock];
+    for (size_t j = 0; j < kBlock; ++j) tmp[j] = sum[i + j] / d;
+    std::memcpy(out + i, tmp, sizeof(tmp));
+  }
+  for (; i < n; ++i) out[i] = sum[i] / d;
+}
+
+// out[i] = (sum[i] + m * prev[i]) / d; a null `sum` is all zeros.
+void DivideWithPrevious(float* out, const float* sum, const float* prev,
+                        size_t n, float m, float d) {
+  size_t i = 0;
+  if (sum == nullptr) {
+    for (; i < n; ++i) out[i] = (0.0f + m * prev[i]) / d;
+    return;
+  }
+  for (; i + kBlock <= n; i += kBlock) {
+    float tmp[kBlock];
+    for (size_t j = 0; j < kBlock; ++j) {
+      tmp[j] = (sum[i + j] + m * prev[i + j]) / d;
+    }
+    std::memcpy(out + i, tmp, sizeof(tmp));
+  }
+  for (; i < n; ++i) out[i] = (sum[i] + m * prev[i]) / d;
+}
+
+}  // namespace
+
+void MeanReducer::AlignedFree::operator()(float* p) const {
+  ::operator delete[](p, std::align_val_t{kCacheLine});
+}
+
+MeanReducer::MeanReducer(const ChunkLayout& layout, uint32_t num_workers)
+    : layout_(layout),
+      num_workers_(num_workers),
+      stride_floats_(0),
+      counts_(layout.num_chunks()) {
+  if (layout.num_chunks() == 0 || layout.total_bytes() % sizeof(float) != 0) {
+    throw std::invalid_argument(
+        "mean reducer needs a non-empty float32 gradient: " +
+        std::to_string(layout.total_bytes()) +
+        " bytes is not a positive multiple of 4");
+  }
+  if (num_workers == 0) {
+    throw std::invalid_argument("mean reducer needs at least one worker");
+  }
+  const size_t chunk_floats = layout.chunk_payload() / sizeof(float);
+  stride_floats_ =
+      (chunk_floats + kFloatsPerLine - 1) / kFloatsPerLine * kFloatsPerLine;
+  const size_t total = stride_floats_ * layout.num_chunks();
+  sums_.reset(static_cast<float*>(
+      ::operator new[](total * sizeof(float), std::align_val_t{kCacheLine})));
+  std::fill_n(sums_.get(), total, 0.0f);
+  prev_mean_.assign(layout.total_bytes() / sizeof(float), 0.0f);
+}
+
+void MeanReducer::BeginRound() {
+  // Sum slices are not cleared: a chunk's first contribution overwrites its
+  // slice, and Finalize never reads the slice of a chunk nobody sent.
+  for (CountSlot& slot : counts_) slot.n.store(0, std::memory_order_relaxed);
+}
+
+void MeanReducer::Accumulate(uint32_t seq, const uint8_t* payload) {
+  assert(seq < layout_.num_chunks());
+  // Single writer per slot: load + release store instead of a locked RMW.
+  std::atomic<uint32_t>& n = counts_[seq].n;
+  const uint32_t k = n.load(std::memory_order_relaxed);
+  const size_t floats = layout_.Length(seq) / sizeof(float);
+  if (k == 0) {
+    StoreFloats(SumOf(seq), payload, floats);
+  } else {
+    AddFloats(SumOf(seq), payload, floats);
+  }
+  assert(k < num_workers_ && "more contributions than workers: duplicate?");
+  n.store(k + 1, std::memory_order_release);
+}
+
+void MeanReducer::Finalize(FillMode mode, std::span<float> mean_out) {
+  if (mean_out.size() != prev_mean_.size()) {
+    throw std::invalid_argument(
+        "mean output holds " + std::to_string(mean_out.size()) +
+        " floats, the layout needs " + std::to_string(prev_mean_.size()));
+  }
+  const float w = static_cast<float>(num_workers_);
+  float* const out = mean_out.data();
+  const float* const prev = prev_mean_.data();
+  for (uint32_t seq = 0; seq < layout_.num_chunks(); ++seq) {
+    const size_t first = layout_.Offset(seq) / sizeof(float);
+    const size_t n = layout_.Length(seq) / sizeof(float);
+    const float* const sum = SumOf(seq);
+    const uint32_t k = counts_[seq].n.load(std::memory_order_acquire);
+    switch (mode) {
+      case FillMode::kZero:
+        if (k == 0) {
+          std::fill_n(out + first, n, 0.0f);  // 0 / W
+        } else {
+          Divide(out + first, sum, n, w);
+        }
+        break;
+      case FillMode::kRescale:
+        if (k == 0) {
+          std::fill_n(out + first, n, 0.0f);
+        } else {
+          Divide(out + first, sum, n, static_cast<float>(k));
+        }
+        break;
+      case FillMode::kPrevious:
+        if (k >= num_workers_) {
+          // Complete chunk: skip the previous term entirely, so a non-finite
+          // previous mean cannot leak in through 0 * inf.
+          Divide(out + first, sum, n, w);
+        } else if (k == 0) {
+          // The slice holds an older round: the sum is 0.
+          DivideWithPrevious(out + first, nullptr, prev + first, n,
+                             static_cast<float>(num_workers_), w);
+        } else {
+          DivideWithPrevious(out + first, sum, prev + first, n,
+                             static_cast<float>(num_workers_ - k), w);
+        }
+        break;
+    }
+  }
+  std::copy(mean_out.begin(), mean_out.end(), prev_mean_.begin());
+}
+
+uint32_t MeanReducer::CoveredChunks() const {
+  uint32_t covered = 0;
+  for (const CountSlot& slot : counts_) {
+    covered += slot.n.load(std::memory_order_acquire) != 0;
+  }
+  return covered;
+}
+
+void MeanReducer::set_num_workers(uint32_t w) {
+  if (w == 0) throw std::invalid_argument("MeanReducer needs >= 1 worker");
+  num_workers_ = w;
+}
+
+}  // namespace dblp

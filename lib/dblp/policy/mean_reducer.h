@@ -1,0 +1,113 @@
+// The server's mean of a push round: per-chunk sums and contribution
+// counts, and the fill of what no worker delivered (loss_fill.h's modes).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "dblp/policy/loss_fill.h"
+#include "dblp/wire/chunking.h"
+
+namespace dblp {
+
+// The server's reduction of one push round from W workers.
+//
+// Threading contract (the DPDK server shards chunks across RX lcores, each
+// lcore owning a disjoint set of seqs):
+//  - Accumulate(seq, ...) for a given seq must always come from the same
+//    thread during a round (the owner of seq). It writes only that chunk's sum
+//    slice and that chunk's count slot. Slices and slots are padded to
+//    64-byte cache lines, so owners of neighbouring chunks neither race nor
+//    false-share.
+//  - contributions(seq) and CoveredChunks() may be called from any thread
+//    while the round runs (acquire loads of the count slots; a count seen by
+//    a reader implies the matching sum slice update happened before it).
+//  - BeginRound() and Finalize() touch every chunk: the caller must make sure
+//    no Accumulate is in flight and establish happens-before with the owners
+//    (e.g. the round-completion hand-off the control thread already does).
+//  - Accumulate must be called at most once per (worker, seq) per round; the
+//    caller dedups with the worker's arrival bitmap (Bitmap::Set's return
+//    value). A duplicate would be summed twice.
+class MeanReducer {
+ public:
+  // Throws std::invalid_argument if total_bytes is not a multiple of 4 or
+  // num_workers is 0. Starts with a clean round (BeginRound not required).
+  MeanReducer(const ChunkLayout& layout, uint32_t num_workers);
+
+  // Starts a round: zeroes the contribution counts (a chunk's first
+  // contribution then overwrites its sum slice). Keeps the previous
+  // Finalize output.
+  void BeginRound();
+
+  // Adds chunk seq's Length(seq) / 4 floats from `payload` into the sum and
+  // counts one contribution. `payload` need not be aligned. Precondition:
+  // seq < layout().num_chunks().
+  void Accumulate(uint32_t seq, const uint8_t* payload);
+
+  // Writes the round's mean into mean_out (layout().total_bytes() / 4
+  // floats, else std::invalid_argument). For chunk c with k contributions:
+  //  kZero:     sum / W              (missing counted as zero: MLT, DBLP)
+  //  kRescale:  sum / k, 0 if k == 0 (unbiased rescaling: LTP)
+  //  kPrevious: (sum + (W - k) * prev_mean) / W, prev_mean being the previous
+  //             Finalize's output, zeros before the first (LTP's bubble
+  //             filling applied to the mean).
+  // The output is remembered as prev_mean for the next Finalize whatever the
+  // mode, so a job can switch modes between rounds.
+  void Finalize(FillMode mode, std::span<float> mean_out);
+
+  // Hints the caches to fetch chunk seq's sum slice and count slot (the
+  // server calls it for the next frame of a burst while it adds this one).
+  void Prefetch(uint32_t seq) const {
+    if (seq >= layout_.num_chunks()) return;
+    const char* p = reinterpret_cast<const char*>(SumOf(seq));
+    const size_t bytes = layout_.Length(seq);
+    for (size_t off = 0; off < bytes; off += 64) {
+      __builtin_prefetch(p + off, 1, 3);
+    }
+    __builtin_prefetch(&counts_[seq], 1, 3);
+  }
+
+  uint32_t contributions(uint32_t seq) const {
+    return counts_[seq].n.load(std::memory_order_acquire);
+  }
+  uint32_t num_workers() const { return num_workers_; }
+  // Between rounds: the number of workers the mean divides by (a job that
+  // continues after losing a worker). Throws std::invalid_argument on 0.
+  void set_num_workers(uint32_t w);
+  const ChunkLayout& layout() const { return layout_; }
+  // Chunks with at least one contribution this round.
+  uint32_t CoveredChunks() const;
+  // The sum slices' memory (for NUMA placement next to the receiving port).
+  std::span<const float> sum_storage() const {
+    return {sums_.get(), stride_floats_ * layout_.num_chunks()};
+  }
+
+ private:
+  struct alignas(64) CountSlot {
+    std::atomic<uint32_t> n{0};  // writer: owner lcore of the seq; readers: any
+  };
+  struct AlignedFree {
+    void operator()(float* p) const;
+  };
+
+  float* SumOf(uint32_t seq) {
+    return sums_.get() + static_cast<size_t>(seq) * stride_floats_;
+  }
+  const float* SumOf(uint32_t seq) const {
+    return sums_.get() + static_cast<size_t>(seq) * stride_floats_;
+  }
+
+  ChunkLayout layout_;
+  uint32_t num_workers_;
+  // Floats between the starts of consecutive chunks' sum slices: the chunk's
+  // float count rounded up to a cache line, so slices never share a line.
+  size_t stride_floats_;
+  std::unique_ptr<float[], AlignedFree> sums_;  // writer: owner of each slice
+  std::vector<CountSlot> counts_;               // one padded slot per chunk
+  std::vector<float> prev_mean_;                // control thread only
+};
+
+}  // namespace dblp

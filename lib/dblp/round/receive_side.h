@@ -1,0 +1,177 @@
+// The receive side of one direction: what a receiver does for a round, over
+// any transport. It owns the round's ReceiverRound (verdict and bitmap per
+// frame, the STOP decision at the round's current p), the pending PROBE and
+// its drain generation, and emits STOP and BITMAP as typed requests.
+//
+//   datapath: Begin(round, ...) and Announce(ROUND_BEGIN); OnFrame(frame,
+//             consume) per received frame; Step(now, rx, outbox) once per
+//             loop turn; Close() when the round is over.
+//   control:  ProbeArrived(round, shard) when a sender's PROBE comes in, and
+//             reads answer() to send the BITMAP it is asked to (any thread).
+//
+// A PROBE is answered only after an RX poll that *started after* the PROBE
+// was seen came back short (drained): every frame the sender put on the
+// wire before its PROBE is then in the BITMAP, so the next pass re-sends
+// only what was really lost.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+#include "dblp/round/bitmap_mailbox.h"
+#include "dblp/round/receiver_round.h"
+#include "dblp/round/round_events.h"
+#include "dblp/round/send_side.h"  // ControlOutbox
+#include "dblp/round/shards.h"
+
+namespace dblp {
+
+// What the loop's RX step tells the receive sides each turn.
+struct RxProgress {
+  bool arrivals = false;    // frames for this side arrived this turn
+  uint64_t poll_gen = 0;    // the RX poll of this turn
+  uint64_t drained_gen = 0; // the latest poll that left this side's queues
+                            // empty (short)
+};
+
+struct ReceiveSideConfig {
+  ReceiverConfig receiver;
+  Direction direction = Direction::kPush;
+  uint16_t peer = 0;  // the sender, as requests name it
+  // Sharded over lcores (shards.h): this side is shard `shard` of the
+  // round, `receiver`'s seq range its chunk range, and the shards' STOP is
+  // decided together. Null: the side receives the whole round.
+  StopGroup* group = nullptr;
+  uint16_t shard = 0;
+};
+
+class ReceiveSide {
+ public:
+  explicit ReceiveSide(const ReceiveSideConfig& config)
+      : config_(config), rx_(config.receiver) {}
+  ReceiveSide(const ReceiveSide&) = delete;
+  ReceiveSide& operator=(const ReceiveSide&) = delete;
+
+  // Datapath: opens `round` with tolerance `p` and an absolute deadline
+  // (0 = none). A ROUND_BEGIN for this round that came before it is applied
+  // now. A receiver that does not know the round's p yet opens with p = 0:
+  // only a complete buffer, which satisfies any p, can STOP it early.
+  void Begin(uint32_t round, double p, uint64_t deadline_abs_ns,
+             double min_fraction, uint64_t now_ns);
+
+  // Datapath: a ROUND_BEGIN. The open round takes its p (and deadline,
+  // relative to now) at once; a newer round's is kept for its Begin; an
+  // older one is ignored.
+  void Announce(const RoundBeginEvent& e, uint64_t now_ns);
+
+  // Datapath: one frame (bytes after the UDP header). On kAccepted,
+  // `consume(header, payload)` takes the chunk (copy or accumulate).
+  template <class Consume>
+  [[gnu::always_inline]] Verdict OnFrame(const uint8_t* buf, size_t len,
+                                         Consume&& consume) {
+    DataHeader h;
+    const uint8_t* payload = nullptr;
+    const Verdict v = rx_.OnFrame(buf, len, &h, &payload);
+    if (v == Verdict::kAccepted) consume(h, payload);
+    return v;
+  }
+
+  // Datapath, once per loop turn: STOP once the round's current p (or its
+  // deadline) is met; the BITMAP answer to a PROBE once the queues drained.
+  // Returns true if it asked for anything.
+  template <ControlOutbox Outbox>
+  bool Step(uint64_t now_ns, const RxProgress& rx, Outbox& outbox);
+
+  // Datapath: the round is over; its later frames count as late.
+  void Close() { rx_.Close(); }
+
+  // Any thread (control): sender shard `shard`'s PROBE for `round`.
+  // PROBEs of one round that arrive before the datapath picks them up are
+  // answered together, each shard with its own BITMAP.
+  void ProbeArrived(uint32_t round, uint16_t shard = 0) {
+    probe_askers_.fetch_or(uint64_t{1} << (shard % 64),
+                           std::memory_order_relaxed);
+    probe_word_.store((static_cast<uint64_t>(round) << 1) | 1,
+                      std::memory_order_release);
+  }
+  // Control: the BITMAP a BitmapRequest refers to; Release() once sent.
+  BitmapMailbox& answer() { return answer_; }
+  const BitmapMailbox& answer() const { return answer_; }
+
+  // The round's STOP went out (the side needs nothing more).
+  bool stopped() const {
+    return config_.group ? config_.group->taken(rx_.round())
+                         : rx_.stop_taken();
+  }
+  uint64_t stop_ns() const { return stop_ns_; }
+  const ReceiverRound& receiver() const { return rx_; }
+  ReceiverRound& receiver() { return rx_; }
+  const ReceiveSideConfig& config() const { return config_; }
+  uint64_t stops_sent() const { return stops_; }
+
+ private:
+  void Apply(const RoundBeginEvent& e, uint64_t now_ns);
+  StopTrigger PollStop(uint64_t now_ns, uint32_t* received);
+  bool AnswerProbe();
+
+  ReceiveSideConfig config_;
+  ReceiverRound rx_;                     // datapath: owner; control: ro
+  BitmapMailbox answer_;                 // datapath -> control
+  std::atomic<uint64_t> probe_word_{0};  // control: wo; datapath: exchanges
+  std::atomic<uint64_t> probe_askers_{0};  // control: or; datapath: exchanges
+  // Datapath only.
+  bool probe_pending_ = false;
+  uint32_t probe_round_ = 0;
+  uint64_t askers_ = 0;  // sender shards whose PROBE is pending
+  uint64_t probe_gen_ = 0;
+  bool poll_stop_ = false;  // a new p may stop the round with no arrival
+  bool begun_ = false;
+  bool have_early_ = false;
+  RoundBeginEvent early_;   // a ROUND_BEGIN ahead of its Begin
+  uint64_t stop_ns_ = 0;
+  uint64_t stops_ = 0;
+  Bitmap snapshot_;
+};
+
+template <ControlOutbox Outbox>
+bool ReceiveSide::Step(uint64_t now_ns, const RxProgress& rx,
+                       Outbox& outbox) {
+  bool asked = false;
+  if (rx.arrivals || poll_stop_ || rx_.deadline_ns() != 0) {
+    poll_stop_ = false;
+    uint32_t received = 0;
+    const StopTrigger t = PollStop(now_ns, &received);
+    if (t != StopTrigger::kNone) {
+      stop_ns_ = now_ns;
+      ++stops_;
+      outbox.Post(StopRequest{config_.peer, config_.direction, t, rx_.round(),
+                              received});
+      asked = true;
+    }
+  }
+  if (probe_word_.load(std::memory_order_relaxed) != 0) {
+    const uint64_t w = probe_word_.exchange(0, std::memory_order_acquire);
+    if (w != 0) {
+      const uint32_t round = static_cast<uint32_t>(w >> 1);
+      if (!probe_pending_ || round != probe_round_) askers_ = 0;
+      askers_ |= probe_askers_.exchange(0, std::memory_order_acquire);
+      probe_pending_ = true;
+      probe_round_ = round;
+      probe_gen_ = rx.poll_gen;
+    }
+  }
+  // A busy answer slot (the control thread has not sent the last answer
+  // yet) keeps the PROBE pending for the next turn rather than losing it.
+  if (probe_pending_ && rx.drained_gen > probe_gen_ && !answer_.ready()) {
+    probe_pending_ = false;
+    if (askers_ != 0 && AnswerProbe()) {
+      outbox.Post(BitmapRequest{config_.peer, config_.direction, config_.shard,
+                                probe_round_, askers_});
+      asked = true;
+    }
+    askers_ = 0;
+  }
+  return asked;
+}
+
+}  // namespace dblp

@@ -1,0 +1,142 @@
+#include "dblp/round/receiver_round.h"
+
+namespace dblp {
+
+const char* VerdictName(Verdict v) {
+  switch (v) {
+    case Verdict::kAccepted:
+      return "accepted";
+    case Verdict::kDuplicate:
+      return "duplicate";
+    case Verdict::kStaleRound:
+      return "stale_round";
+    case Verdict::kFutureRound:
+      return "future_round";
+    case Verdict::kLate:
+      return "late";
+    case Verdict::kWrongSession:
+      return "wrong_session";
+    case Verdict::kWrongSender:
+      return "wrong_sender";
+    case Verdict::kWrongType:
+      return "wrong_type";
+    case Verdict::kOutOfRange:
+      return "out_of_range";
+    case Verdict::kMalformed:
+      return "malformed";
+    case Verdict::kIdle:
+      return "idle";
+    case Verdict::kMisrouted:
+      return "misrouted";
+    case Verdict::kBadTag:
+      return "bad_tag";
+  }
+  return "unknown";
+}
+
+ReceiverRound::ReceiverRound(const ReceiverConfig& config)
+    : config_(config),
+      auth_(config.frame_key),
+      tag_bytes_(auth_.tag_bytes()),
+      seq_span_(config.seq_end > config.seq_begin
+                    ? config.seq_end - config.seq_begin
+                    : 0) {
+  bitmap_.Reset(config_.layout.num_chunks());
+}
+
+void ReceiverRound::Begin(uint32_t round, double p, uint64_t deadline_ns,
+                          double deadline_min_fraction) {
+  const uint32_t n = config_.layout.num_chunks();
+  const uint32_t threshold = StopThreshold(n, p);  // validates p
+  bitmap_.Reset(n);
+  p_.store(p, std::memory_order_relaxed);
+  threshold_.store(threshold, std::memory_order_relaxed);
+  SetDeadline(deadline_ns, deadline_min_fraction);
+  stop_taken_.store(false, std::memory_order_relaxed);
+  round_.store(round, std::memory_order_release);
+  begun_ = true;
+  open_.store(true, std::memory_order_release);
+}
+
+void ReceiverRound::SetTolerance(double p) {
+  const uint32_t threshold = StopThreshold(config_.layout.num_chunks(), p);
+  p_.store(p, std::memory_order_release);
+  threshold_.store(threshold, std::memory_order_release);
+}
+
+void ReceiverRound::SetDeadline(uint64_t deadline_ns, double min_fraction) {
+  deadline_floor_.store(
+      FractionFloor(config_.layout.num_chunks(), min_fraction),
+      std::memory_order_release);
+  deadline_ns_.store(deadline_ns, std::memory_order_release);
+}
+
+Verdict ReceiverRound::OnFrame(const uint8_t* buf, size_t len, DataHeader* hdr,
+                               const uint8_t** payload) {
+  const DecodeStatus s = DecodeDataHeader(buf, len, hdr);
+  if (s != DecodeStatus::kOk) {
+    Bump(decode_errors_[static_cast<int>(s)]);
+    return Count(Verdict::kMalformed);
+  }
+  if (hdr->session != config_.session) return Count(Verdict::kWrongSession);
+  if (hdr->type != config_.expected_type) return Count(Verdict::kWrongType);
+  if (config_.expected_sender != kAnySender &&
+      hdr->sender_rank != config_.expected_sender) {
+    return Count(Verdict::kWrongSender);
+  }
+  if (!begun_) return Count(Verdict::kIdle);
+  const int32_t ahead =
+      RoundDistance(hdr->round, round_.load(std::memory_order_relaxed));
+  if (ahead < 0) return Count(Verdict::kStaleRound);
+  if (ahead > 0) return Count(Verdict::kFutureRound);
+  if (!open_.load(std::memory_order_relaxed)) return Count(Verdict::kLate);
+  const DecodeStatus v = ValidateChunk(*hdr, config_.layout);
+  if (v != DecodeStatus::kOk) {
+    Bump(decode_errors_[static_cast<int>(v)]);
+    return Count(Verdict::kOutOfRange);
+  }
+  // One unsigned compare: a seq below seq_begin wraps to a huge offset.
+  if (hdr->seq - config_.seq_begin >= seq_span_) {
+    return Count(Verdict::kMisrouted);
+  }
+  if (tag_bytes_ != 0) {
+    // A chunk we hold costs no MAC; anything else must prove its origin
+    // before it can set a bit (the owner is the only writer, so nothing
+    // sets it between the test and the set).
+    if (bitmap_.Test(hdr->seq)) return Count(Verdict::kDuplicate);
+    const size_t body = kDataHeaderBytes + size_t{hdr->payload_len};
+    if (len < body + tag_bytes_ || !auth_.Verify(buf, body, buf + body)) {
+      return Count(Verdict::kBadTag);
+    }
+  }
+  if (!bitmap_.Set(hdr->seq)) return Count(Verdict::kDuplicate);
+  *payload = buf + kDataHeaderBytes;
+  return Count(Verdict::kAccepted);
+}
+
+StopRule ReceiverRound::Rule() const {
+  StopRule rule;
+  rule.threshold = threshold_.load(std::memory_order_acquire);
+  rule.deadline_ns = deadline_ns_.load(std::memory_order_acquire);
+  rule.deadline_floor = deadline_floor_.load(std::memory_order_acquire);
+  return rule;
+}
+
+bool ReceiverRound::StopReached(uint64_t now_ns) const {
+  return Rule().Evaluate(received(), now_ns) != StopTrigger::kNone;
+}
+
+StopTrigger ReceiverRound::PollStop(uint64_t now_ns) {
+  if (!open() || stop_taken_.load(std::memory_order_acquire)) {
+    return StopTrigger::kNone;
+  }
+  const StopTrigger t = Rule().Evaluate(received(), now_ns);
+  if (t == StopTrigger::kNone) return t;
+  // Several threads may poll; only the one that flips the flag sends STOP.
+  if (stop_taken_.exchange(true, std::memory_order_acq_rel)) {
+    return StopTrigger::kNone;
+  }
+  return t;
+}
+
+}  // namespace dblp

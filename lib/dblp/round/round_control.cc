@@ -1,0 +1,70 @@
+#include "dblp/round/round_control.h"
+
+#include <variant>
+
+namespace dblp {
+
+bool DeliverToSides(const ControlMessage& m, std::span<SendSide* const> sends,
+                    std::span<ReceiveSide* const> recvs, uint64_t now_ns) {
+  if (const auto* st = std::get_if<StopMsg>(&m)) {
+    for (SendSide* s : sends) {
+      if (s->config().direction == st->direction) {
+        s->StopArrived(st->round, now_ns, st->received);
+      }
+    }
+    return true;
+  }
+  if (const auto* bm = std::get_if<BitmapMsg>(&m)) {
+    for (SendSide* s : sends) {
+      if (s->config().direction == bm->direction &&
+          s->config().shard == bm->shard) {
+        s->BitmapArrived(*bm, now_ns);
+      }
+    }
+    return true;
+  }
+  if (const auto* pr = std::get_if<ProbeMsg>(&m)) {
+    ReceiveSide* r = recvs.size() == 1 ? recvs[0]
+                     : pr->shard < recvs.size() ? recvs[pr->shard]
+                                                : nullptr;
+    if (r != nullptr && r->config().direction == pr->direction) {
+      r->ProbeArrived(pr->round, pr->shard);
+    }
+    return true;
+  }
+  return false;
+}
+
+bool DeliverToSides(const ControlMessage& m, SendSide* send,
+                    ReceiveSide* recv, uint64_t now_ns) {
+  const size_t ns = send ? 1 : 0, nr = recv ? 1 : 0;
+  return DeliverToSides(m, std::span<SendSide* const>(&send, ns),
+                        std::span<ReceiveSide* const>(&recv, nr), now_ns);
+}
+
+std::vector<ControlMessage> SideRequestMessages(const ControlRequest& r,
+                                                ReceiveSide* answering) {
+  std::vector<ControlMessage> out;
+  if (const auto* p = std::get_if<ProbeRequest>(&r)) {
+    out.emplace_back(ProbeMsg{p->round, p->direction, p->pass, p->shard});
+  } else if (const auto* s = std::get_if<StopRequest>(&r)) {
+    out.emplace_back(StopMsg{s->round, s->direction, s->received,
+                             s->trigger == StopTrigger::kDeadline
+                                 ? StopReason::kDeadline
+                                 : StopReason::kThreshold});
+  } else if (const auto* b = std::get_if<BitmapRequest>(&r)) {
+    if (answering == nullptr) return out;
+    BitmapMailbox& box = answering->answer();
+    const Bitmap& bits = box.slot();
+    for (uint16_t shard = 0; shard < 64; ++shard) {
+      if ((b->askers >> shard & 1) == 0) continue;
+      out.emplace_back(BitmapMsg{b->round, b->direction, bits.size(),
+                                 {bits.words().begin(), bits.words().end()},
+                                 shard});
+    }
+    box.Release();
+  }
+  return out;
+}
+
+}  // namespace dblp

@@ -1,0 +1,38 @@
+// The control thread's half of the round sides (send_side.h,
+// receive_side.h), shared by every app and transport: PROBE, BITMAP and
+// STOP messages handed to the sides they are for, and the sides' requests
+// turned into control messages.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "dblp/control/control.h"
+#include "dblp/round/receive_side.h"
+#include "dblp/round/round_events.h"
+#include "dblp/round/send_side.h"
+
+namespace dblp {
+
+// Control thread: hands a PROBE, BITMAP or STOP to the sides of one peer
+// and direction, and returns true (also when a side turns it away: a stale
+// round, a busy mailbox); false for any other message.
+//  - STOP goes to every send side of its direction (each stops its shard);
+//  - BITMAP to the send side of the shard it names (its PROBE's);
+//  - PROBE to the receive side of the asking shard's chunk range, or to the
+//    only receive side when the receiver is not sharded.
+bool DeliverToSides(const ControlMessage& m, std::span<SendSide* const> sends,
+                    std::span<ReceiveSide* const> recvs, uint64_t now_ns);
+// The same for one send side and one receive side (either may be null).
+bool DeliverToSides(const ControlMessage& m, SendSide* send,
+                    ReceiveSide* recv, uint64_t now_ns);
+
+// Control thread: the messages a PROBE, STOP or BITMAP request becomes. A
+// BITMAP request becomes one BITMAP per asking shard, its words from
+// `answering`'s mailbox, which is released. Empty for the app-level
+// requests (ROUND_BEGIN, finish), or a BITMAP request without a side.
+std::vector<ControlMessage> SideRequestMessages(const ControlRequest& r,
+                                                ReceiveSide* answering);
+
+}  // namespace dblp

@@ -1,0 +1,27 @@
+// The server's per-frame arithmetic on a chunk of float32 gradient: add
+// into the round's sum, or store the first contribution; and the norm the
+// CLR detector is fed. Kept apart from
+// loss_fill.cc so it is built with the vectoriser's dynamic cost model and
+// AVX2 / AVX-512 clones (lib/meson.build), like the checksum loops.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+namespace dblp {
+
+// dst[i] += the float at src + 4 * i, for i < n. `src` may be unaligned and
+// must not overlap `dst`.
+void AddFloats(float* dst, const uint8_t* src, size_t n);
+
+// dst[i] = 0.0f + the float at src + 4 * i: a round's first contribution,
+// bit-identical to adding it into a zeroed slice ("0.0f +" turns -0.0 into
+// +0.0, as that addition did) without reading the slice from memory.
+void StoreFloats(float* dst, const uint8_t* src, size_t n);
+
+// The L2 norm of a gradient, accumulated in double in index order (the CLR
+// detector's input; the order keeps it bit-identical across transports).
+double L2Norm(std::span<const float> v);
+
+}  // namespace dblp

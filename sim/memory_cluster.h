@@ -1,0 +1,112 @@
+// A whole DBLP job in one process: one server and W workers exchanging real
+// DBLP frames over the in-memory loopback fabric, with real control messages
+// (encoded and decoded by the control codec, delivered in pieces), software
+// loss and microbursts, stale-round replays, the tolerance policy and the
+// server's mean.
+//
+// Time is modelled, not measured: every data frame costs `ns_per_frame` on
+// the one link into (or out of) the server, and every control message takes
+// `control_one_way_ns` to arrive. The protocol logic is the real one; only
+// the clock is simulated, so results are deterministic for a seed. The DPDK
+// apps (src/, apps/) measure real time.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "dblp/wire/bitmap.h"
+#include "dblp/wire/chunking.h"
+#include "dblp/obs/records.h"
+#include "dblp/policy/loss_fill.h"
+#include "dblp/emul/loss_model.h"
+#include "dblp/round/send_order.h"
+#include "dblp/policy/tolerance.h"
+#include "dblp/wire/wire.h"
+
+namespace dblp {
+
+struct ClusterConfig {
+  uint32_t num_workers = 3;
+  uint64_t gradient_floats = 1 << 16;
+  uint32_t mtu = 1500;
+  uint32_t session = 0xD0B1F00Du;
+  uint32_t first_round = 0;  // round counter of iteration 0's push
+  PolicyConfig policy;
+  SendOrderKind send_order = kDefaultSendOrder;
+  uint64_t seed = 1;
+  LossSpec push_loss;         // base loss, worker -> server
+  LossSpec bcast_loss;        // base loss, server -> worker
+  BurstSchedule bursts;       // microbursts (both directions if below)
+  bool bursts_on_broadcast = true;
+  FillMode push_fill = FillMode::kZero;   // server's mean
+  FillMode bcast_fill = FillMode::kZero;  // worker's copy of the mean
+  bool reliable_broadcast = false;  // broadcast with p = 0 instead of p
+  uint32_t burst = 32;              // frames per TX burst
+  uint32_t stale_replay = 16;       // frames of the last round replayed
+  size_t ring_size = 1 << 16;       // receive ring per endpoint
+  double ns_per_frame = 1230;       // 1500 B at 10 Gb/s (incl. overhead)
+  double control_one_way_ns = 10000;
+};
+
+// Everything the cluster counted, summed over endpoints and rounds.
+struct ClusterCounters {
+  uint64_t accepted = 0;
+  uint64_t duplicate = 0;
+  uint64_t stale = 0;
+  uint64_t future = 0;
+  uint64_t late = 0;
+  uint64_t malformed = 0;
+  uint64_t rejected_other = 0;  // wrong session/sender/type, out of range
+  uint64_t injected_drops = 0;
+  uint64_t ring_drops = 0;
+  uint64_t control_messages = 0;
+  uint64_t stops_sent = 0;
+};
+
+struct IterationOutcome {
+  uint64_t iteration = 0;
+  uint32_t push_round = 0;
+  uint32_t bcast_round = 0;
+  RoundTolerance push_tolerance;   // p the server used for the pushes
+  RoundTolerance bcast_tolerance;  // p after the CLR check (broadcast)
+  bool burst = false;
+  double grad_norm = 0;          // L2 norm of the server's mean
+  double push_round_ns = 0;      // until the last worker saw STOP
+  double bcast_round_ns = 0;     // until the last worker had enough
+  std::vector<IterationRecord> workers;  // one per rank
+  std::vector<double> bcast_delivered;   // per rank
+};
+
+class MemoryCluster {
+ public:
+  explicit MemoryCluster(const ClusterConfig& config);
+  ~MemoryCluster();
+  MemoryCluster(const MemoryCluster&) = delete;
+  MemoryCluster& operator=(const MemoryCluster&) = delete;
+
+  // One training iteration: every worker pushes grads[rank]; the server
+  // reduces, runs the tolerance policy on the mean's norm and broadcasts the
+  // mean back. grads.size() == num_workers, each gradient_floats long.
+  IterationOutcome RunIteration(std::span<const std::vector<float>> grads);
+
+  const ClusterConfig& config() const;
+  const ChunkLayout& layout() const;
+  // The server's mean of the last iteration (after push fill).
+  const std::vector<float>& server_mean() const;
+  // What worker `rank` received of the mean (after broadcast fill).
+  const std::vector<float>& worker_average(uint32_t rank) const;
+  // Which chunks of worker `rank`'s last push reached the server.
+  const Bitmap& push_arrived(uint32_t rank) const;
+  // Which chunks of the last broadcast reached worker `rank`.
+  const Bitmap& bcast_arrived(uint32_t rank) const;
+  ClusterCounters counters() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+
+}  // namespace dblp
