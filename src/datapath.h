@@ -36,7 +36,7 @@
 #include "dblp/wire/wire.h"
 #include "eal_app.h"
 #include "frame_builder.h"
-#include "run_report.h"  // DumpBinary
+#include "dblp/obs/run_report.h"  // DumpBinary
 
 namespace dblp {
 

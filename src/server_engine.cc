@@ -20,7 +20,7 @@
 #include "engine_runtime.h"
 #include "lcore_loop.h"
 #include "numa_placement.h"
-#include "run_report.h"
+#include "dblp/obs/run_report.h"
 #include "server_control.h"
 #include "server_report.h"
 

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "lcore_loop.h"
-#include "run_report.h"
+#include "dblp/obs/run_report.h"
 #include "server_control.h"
 #include "server_engine.h"
 

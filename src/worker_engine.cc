@@ -19,9 +19,9 @@
 #include "frame_builder.h"
 #include "lcore_loop.h"
 #include "numa_placement.h"
-#include "run_report.h"
+#include "dblp/obs/run_report.h"
 #include "worker_control.h"
-#include "worker_model.h"
+#include "dblp/job/worker_model.h"
 
 namespace dblp {
 namespace {
@@ -282,6 +282,10 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
   }
   RoundPacer pacer(o.dp.idle_spin, o.dp.idle_sleep_us, o.dp.round_timeout_ms,
                    &g_quit, nullptr, o.dp.deep_idle);
+  if (std::string e = WorkerModel::CheckSource(*source); !e.empty()) {
+    control.Finish(false, e);
+    Die(e, "check the trainer's dblp.Worker (same model on both sides)");
+  }
   WorkerModel model(*source, wel, layout, o.bcast_fill);
   const std::span<float> grad = model.grad(), avg = model.avg();
   const auto* grad_bytes = reinterpret_cast<const uint8_t*>(grad.data());

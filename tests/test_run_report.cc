@@ -1,5 +1,5 @@
 // Run reports that survive a crash and name every drop: RowStream
-// (src/run_report.h) puts each row on disk as it happens, in the bytes the
+// (lib/dblp/obs/run_report.h) puts each row on disk as it happens, in the bytes the
 // batch writers produce; the kernel-UDP tools (src/udp/udp_push.h) stream
 // their rows through it and write every receive verdict and decode error.
 // The DPDK apps' rows under kill -9 are tests/crash_rows_test.py.
@@ -22,7 +22,7 @@
 #include "dblp/obs/records.h"
 #include "dblp/round/receiver_round.h"
 #include "dblp/wire/wire.h"
-#include "run_report.h"
+#include "dblp/obs/run_report.h"
 #include "udp/udp_push.h"
 
 namespace dblp {

@@ -290,7 +290,7 @@ def _us_per_packet_clean(run: Dict[str, Any],
     vals = [v for v in vals if v > 0]
     if vals:
         return sum(vals) / len(vals), "summary.json us_per_packet_clean"
-    # Same definition as src/run_report.cc: clean one-pass rows, each
+    # Same definition as lib/dblp/obs/run_report.cc: clean one-pass rows, each
     # packets * t + rtt / 2 (the model's STOP travelling back).
     rtt, _ = _control_rtt(run)
     half = (rtt or 0.0) / 2

@@ -17,7 +17,7 @@
 #include "dblp/control/control_sidecar.h"
 #include "dblp/base/deep_idle.h"
 #include "dblp/round/round_events.h"
-#include "run_report.h"
+#include "dblp/obs/run_report.h"
 
 namespace dblp::udp {
 

@@ -32,7 +32,7 @@
 #include "dblp/policy/tolerance.h"
 #include "dblp/transport/udp_transport.h"
 #include "dblp/wire/wire.h"
-#include "run_report.h"
+#include "dblp/obs/run_report.h"
 #include "udp/udp_common.h"
 #include "udp/udp_job.h"
 

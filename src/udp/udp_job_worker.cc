@@ -16,7 +16,7 @@
 #include "dblp/control/control.h"
 #include "dblp/control/control_sidecar.h"
 #include "dblp/control/job_auth.h"
-#include "dblp/policy/loss_fill.h"
+#include "dblp/job/worker_model.h"
 #include "dblp/transport/packet_frames.h"
 #include "dblp/round/receive_side.h"
 #include "dblp/policy/resync.h"
@@ -27,7 +27,7 @@
 #include "dblp/round/send_side.h"
 #include "dblp/transport/udp_transport.h"
 #include "dblp/wire/wire.h"
-#include "run_report.h"
+#include "dblp/obs/run_report.h"
 #include "udp/udp_common.h"
 #include "udp/udp_job.h"
 
@@ -64,13 +64,14 @@ class JobWorker {
   std::string SetUpJob();
   std::string StartSource();
   std::string RunIterations(Outbox& out);
+  std::string Iterate(uint64_t it, Outbox& out, bool* more);
   bool TakeEvents();
   std::string AwaitRoundBegin(uint32_t round);
   std::string Exchange(uint64_t it, Outbox& out);
   bool ExchangeDone();
   bool Receive(bool* progress);
   std::string Stalled(uint64_t it) const;
-  IterationRecord Absorb(uint64_t it, bool is_resync);
+  IterationRecord Row(uint64_t it, bool is_resync) const;
   void Finish(Outbox& out, const std::string& failure);
   void Report();
 
@@ -108,8 +109,9 @@ class JobWorker {
 
   // Datapath only, from SetUpJob on.
   ChunkLayout layout_;
-  std::span<float> grad_, mean_;  // the source's, or these:
-  std::vector<float> own_grad_, own_mean_, prev_mean_;
+  // The gradient the push sends, the mean the broadcast fills, and what a
+  // worker does with them around each exchange (shared with dblp-worker).
+  std::optional<WorkerModel> model_;
   std::optional<SendOrder> order_;
   std::vector<uint32_t> order_buf_;
   std::unique_ptr<PacketFrames<UdpSocketPort>> frames_;
@@ -324,7 +326,8 @@ std::string JobWorker::SetUpJob() {
   const FrameKey key = DeriveFrameKey(o_.secret, w.job_nonce,
                                       static_cast<FrameAuthMode>(w.frame_auth));
   frames_ = std::make_unique<PacketFrames<UdpSocketPort>>(
-      &port_, kServerEndpoint, reinterpret_cast<const uint8_t*>(grad_.data()),
+      &port_, kServerEndpoint,
+      reinterpret_cast<const uint8_t*>(model_->grad().data()),
       &layout_, o_.burst);
   frames_->set_auth(key);
   SendSideConfig sc;
@@ -349,84 +352,66 @@ std::string JobWorker::SetUpJob() {
   return "";
 }
 
-// Bind, OnJobStart, then the buffers: the source's own when it shares them
-// (a trainer in another process), else ours.
+// Bind, OnJobStart, then the model around the source's buffers (its own
+// when it shares them with a trainer in another process, else ours).
 std::string JobWorker::StartSource() {
   const WelcomeMsg& w = welcome_;
   try {
     source_.Bind(w.rank, w.num_workers);
     source_.OnJobStart(w.resync_every);
-    grad_ = source_.SharedGradient();
-    mean_ = source_.SharedMean();
   } catch (const std::exception& e) {
     return "the gradient source cannot start as rank " +
            std::to_string(w.rank) + " of " + std::to_string(w.num_workers) +
            ": " + e.what();
   }
-  const size_t n = source_.floats();
-  if (grad_.empty()) {
-    own_grad_.assign(n, 0.0f);
-    grad_ = own_grad_;
-  }
-  if (mean_.empty()) {
-    own_mean_.assign(n, 0.0f);
-    mean_ = own_mean_;
-  }
-  if (grad_.size() != n || mean_.size() != n) {
-    return "the gradient source shares buffers of " +
-           std::to_string(grad_.size()) + " and " +
-           std::to_string(mean_.size()) + " floats for a gradient of " +
-           std::to_string(n);
-  }
-  if (o_.bcast_fill == FillMode::kPrevious) prev_mean_.assign(n, 0.0f);
+  if (std::string e = WorkerModel::CheckSource(source_); !e.empty()) return e;
+  model_.emplace(source_, w, layout_, o_.bcast_fill);
   return "";
 }
 
 // Compute, exchange, absorb, until the iterations or the trainer end.
 std::string JobWorker::RunIterations(Outbox& out) {
-  // The server's re-synchronisation schedule (WELCOME): its iterations
-  // push the parameters and load the average (lib/dblp/policy/resync.h).
-  const ResyncSchedule resync(welcome_.resync_every);
-  const uint64_t iterations = resync.ProtocolIterations(o_.iterations);
-  for (uint64_t it = 0; source_.Unbounded() || it < iterations; ++it) {
-    const bool is_resync = resync.IsResync(it);
-    try {
-      if (!source_.AwaitIteration(it, is_resync)) break;
-      if (is_resync) {
-        source_.ExportModel(grad_);
-      } else {
-        source_.Compute(resync.TrainStep(it), grad_);
-      }
-    } catch (const std::exception& e) {
-      return "iteration " + std::to_string(it) +
-             ": the gradient source failed: " + e.what();
-    }
-    if (std::string e = Exchange(it, out); !e.empty()) return e;
-    IterationRecord row = Absorb(it, is_resync);
-    if (is_resync && !o_.push_only && arrived_.MissingCount() != 0) {
-      // Loading less than the whole average would leave a model of two.
-      return "resync iteration " + std::to_string(it) +
-             ": the average model arrived with " +
-             std::to_string(arrived_.MissingCount()) +
-             " chunks missing (run the server and the workers from the same "
-             "build)";
-    }
-    try {
-      source_.Observe(row);
-      if (is_resync) {
-        source_.ImportModel(mean_);
-      } else {
-        source_.Apply(resync.TrainStep(it), mean_);
-      }
-    } catch (const std::exception& e) {
-      return "iteration " + std::to_string(it) +
-             ": applying the mean failed: " + e.what();
-    }
-    report_.rows.push_back(row);
-    res_.rows.push_back(row);
-    row_stream_.Append(row);  // on disk before the next iteration
-    if (o_.on_iteration) o_.on_iteration(row);
+  const uint64_t iterations = model_->iterations(o_.iterations);
+  bool more = true;
+  for (uint64_t it = 0; more && (source_.Unbounded() || it < iterations);
+       ++it) {
+    if (std::string e = Iterate(it, out, &more); !e.empty()) return e;
   }
+  return "";
+}
+
+// One iteration: the model's input, the exchange, the row (the trainer
+// reads it with the mean, so it goes first), then the mean absorbed.
+std::string JobWorker::Iterate(uint64_t it, Outbox& out, bool* more) {
+  if (std::string e = model_->Prepare(it, more); !e.empty() || !*more) {
+    return e;
+  }
+  if (std::string e = Exchange(it, out); !e.empty()) return e;
+  // Each BITMAP the round used started a pass after the first, or showed
+  // nothing missing (ended the round without STOP).
+  const SenderRound& sent = push_->sender();
+  bitmaps_ += sent.passes() - 1 + (sent.stop_requested() ? 0 : 1);
+  const bool is_resync = model_->IsResync(it);
+  const IterationRecord row = Row(it, is_resync);
+  try {
+    source_.Observe(row);
+  } catch (const std::exception& e) {
+    return "iteration " + std::to_string(it) +
+           ": the gradient source refused the row: " + e.what();
+  }
+  // The push bench has no mean to absorb.
+  if (!o_.push_only) {
+    if (std::string e = model_->Absorb(it, arrived_); !e.empty()) return e;
+    if (!o_.dump_dir.empty() && it < o_.dump_iterations) {
+      model_->Dump(o_.dump_dir + "/w" + std::to_string(res_.rank) + "_it" +
+                       std::to_string(it),
+                   it, arrived_);
+    }
+  }
+  report_.rows.push_back(row);
+  res_.rows.push_back(row);
+  row_stream_.Append(row);  // on disk before the next iteration
+  if (o_.on_iteration) o_.on_iteration(row);
   return "";
 }
 
@@ -528,7 +513,7 @@ bool JobWorker::Receive(bool* progress) {
   if (n < udp::kRxBurst) drained_gen_ = poll_gen_;
   auto copy = [&](const DataHeader& h, const uint8_t* payload) {
     std::memcpy(
-        reinterpret_cast<uint8_t*>(mean_.data()) + layout_.Offset(h.seq),
+        reinterpret_cast<uint8_t*>(model_->avg().data()) + layout_.Offset(h.seq),
         payload, h.payload_len);
   };
   const uint64_t now = n > 0 ? NowNs() : 0;
@@ -567,13 +552,9 @@ std::string JobWorker::Stalled(uint64_t it) const {
   return why + ")";
 }
 
-// The broadcast's missing chunks filled, the dumps, and the row.
-IterationRecord JobWorker::Absorb(uint64_t it, bool is_resync) {
+// The iteration's row, from the two sides' rounds.
+IterationRecord JobWorker::Row(uint64_t it, bool is_resync) const {
   const SendSide& push = *push_;
-  // Each BITMAP the round used started a pass after the first, or showed
-  // nothing missing (ended the round without STOP).
-  bitmaps_ +=
-      push.sender().passes() - 1 + (push.sender().stop_requested() ? 0 : 1);
   IterationRecord row;
   row.iteration = it;
   row.rank = res_.rank;
@@ -595,29 +576,15 @@ IterationRecord JobWorker::Absorb(uint64_t it, bool is_resync) {
         static_cast<double>(push.stop_received()) / layout_.num_chunks();
     return row;
   }
-  if (is_resync) {
-    row.delivered_fraction =
-        static_cast<double>(arrived_.Count()) / layout_.num_chunks();
-    return row;  // the average model, whole (checked by the caller)
-  }
-  FillMissing(mean_, arrived_, layout_, o_.bcast_fill, prev_mean_);
-  if (!prev_mean_.empty())
-    std::copy(mean_.begin(), mean_.end(), prev_mean_.begin());
+  row.delivered_fraction =
+      static_cast<double>(arrived_.Count()) / layout_.num_chunks();
+  if (is_resync) return row;
   // From our push's end to holding enough of the mean (waiting for the
   // other workers and the reduction included).
   row.bcast_latency_us =
       bcast_done_ns_ > push.done_ns()
           ? static_cast<double>(bcast_done_ns_ - push.done_ns()) / 1e3
           : 0;
-  row.delivered_fraction =
-      static_cast<double>(arrived_.Count()) / layout_.num_chunks();
-  if (!o_.dump_dir.empty() && it < o_.dump_iterations) {
-    const std::string base = o_.dump_dir + "/w" + std::to_string(res_.rank) +
-                             "_it" + std::to_string(it);
-    DumpBinary(base + "_avg.f32", mean_.data(), mean_.size() * sizeof(float));
-    DumpBinary(base + "_bcast.bits", arrived_.words().data(),
-               arrived_.words().size() * sizeof(uint64_t));
-  }
   return row;
 }
 

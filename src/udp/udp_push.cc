@@ -14,7 +14,7 @@
 #include "dblp/wire/chunking.h"
 #include "dblp/base/ipv4_endpoint.h"
 #include "dblp/transport/udp_transport.h"
-#include "run_report.h"
+#include "dblp/obs/run_report.h"
 #include "udp/udp_common.h"
 
 namespace dblp {

@@ -1,14 +1,23 @@
-#include "worker_model.h"
+#include "dblp/job/worker_model.h"
 
 #include <algorithm>
-#include <chrono>
 #include <exception>
-#include <thread>
 
-#include "datapath.h"  // NowNs, DumpBinary
-#include "worker_control.h"
+#include "dblp/obs/run_report.h"  // DumpBinary
 
 namespace dblp {
+
+std::string WorkerModel::CheckSource(GradientSource& source) {
+  const size_t n = source.floats();
+  const size_t g = source.SharedGradient().size();
+  const size_t m = source.SharedMean().size();
+  if ((g != 0 && g != n) || (m != 0 && m != n)) {
+    return "the gradient source shares buffers of " + std::to_string(g) +
+           " and " + std::to_string(m) + " floats for a gradient of " +
+           std::to_string(n);
+  }
+  return "";
+}
 
 WorkerModel::WorkerModel(GradientSource& source, const WelcomeMsg& wel,
                          const ChunkLayout& layout, FillMode bcast_fill)
@@ -51,13 +60,17 @@ std::string WorkerModel::Prepare(uint64_t it, bool* more) {
   return "";
 }
 
-std::string WorkerModel::Absorb(uint64_t it, WorkerControl& control,
-                                const Bitmap& arrived, uint32_t timeout_ms) {
+std::string WorkerModel::Absorb(uint64_t it, const Bitmap& arrived) {
   if (resync_.IsResync(it)) return LoadAverageModel(it, arrived);
   if (feedback_) {
-    const std::string why = SettleFeedback(it, control, timeout_ms);
-    if (!why.empty()) return why;
+    return "iteration " + std::to_string(it) +
+           ": the job uses push feedback but this worker has no channel for "
+           "the server's ACCEPTED";
   }
+  return ApplyMean(it, arrived);
+}
+
+std::string WorkerModel::ApplyMean(uint64_t it, const Bitmap& arrived) {
   FillMissing(avg_, arrived, layout_, bcast_fill_, prev_avg_);
   try {
     source_.Apply(resync_.TrainStep(it), avg_);
@@ -72,24 +85,7 @@ std::string WorkerModel::Absorb(uint64_t it, WorkerControl& control,
   return "";
 }
 
-// The server sends ACCEPTED as soon as the push closed, but a broadcast that
-// arrives complete can end before it is read: wait for it, bounded.
-std::string WorkerModel::SettleFeedback(uint64_t it, WorkerControl& control,
-                                        uint32_t timeout_ms) {
-  Bitmap accepted;
-  const uint64_t deadline = NowNs() + uint64_t{timeout_ms} * 1'000'000;
-  while (!control.TakeAccepted(PushRound(it), &accepted)) {
-    if (control.server_gone()) {
-      return "the server is gone: " + control.failure();
-    }
-    if (NowNs() > deadline) {
-      return "no ACCEPTED from the server for the push of iteration " +
-             std::to_string(it) + " in " + std::to_string(timeout_ms) +
-             " ms (--push_feedback needs a server and workers of the same "
-             "build)";
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(50));
-  }
+std::string WorkerModel::SettleWith(const Bitmap& accepted) {
   try {
     feedback_->Settle(accepted, grad_);
   } catch (const std::exception& e) {

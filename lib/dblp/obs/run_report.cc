@@ -1,4 +1,4 @@
-#include "run_report.h"
+#include "dblp/obs/run_report.h"
 
 #include "dblp/obs/latency_stats.h"
 
