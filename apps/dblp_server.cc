@@ -21,56 +21,9 @@ DEFINE_string(local_ip, "10.0.0.1", "the server's IPv4 on the data ports");
 DEFINE_uint32(udp_port, 47000,
               "UDP port of pushes (worker r receives the "
               "broadcast on udp_port + 1 + r)");
-DEFINE_string(bcast_tolerance, "same",
-              "broadcast with the same p (same: each worker gets its own "
-              "1-p of the mean), one 1-p subset for every worker sent "
-              "reliably with the rest carried to the next iteration "
-              "(consistent), every chunk (reliable), or no broadcast at all "
-              "(none: a push benchmark, the workers apply a zero mean)");
-DEFINE_bool(push_feedback, false,
-            "after every push tell each worker the "
-            "chunks the server summed, so it carries the rest into its next "
-            "push (error feedback: nothing pushed is lost for good)");
-DEFINE_string(on_worker_loss, "abort",
-              "abort | continue (without the "
-              "lost worker)");
 DEFINE_uint32(session, 0,
               "session id (0 = derived from the job's random "
               "nonce)");
-DEFINE_double(zero_fraction, 0,
-              "experiment: zero this fraction of the mean's "
-              "chunks (the same for every worker) in --zero_iters");
-DEFINE_string(zero_iters, "",
-              "experiment: FIRST,LAST iterations of "
-              "--zero_fraction");
-
-DEFINE_bool(paper_mode, false,
-            "the DBLP paper's loss handling: --push_fill=zero "
-            "--bcast_tolerance=same --resync_every=0 --push_feedback=false "
-            "(each worker applies its own 1-p of a mean divided by W; "
-            "docs/EXPERIMENTS.md measures what it costs)");
-
-namespace {
-
-// --paper_mode sets the loss-handling flags; naming one of them as well is
-// a contradiction, said as such.
-void ApplyPaperMode() {
-  if (!FLAGS_paper_mode) return;
-  for (const char* name :
-       {"push_fill", "bcast_tolerance", "resync_every", "push_feedback"}) {
-    if (!gflags::GetCommandLineFlagInfoOrDie(name).is_default) {
-      dblp::FlagError(std::string("--paper_mode sets --") + name +
-                      "; drop one of the two");
-    }
-  }
-  FLAGS_push_fill = "zero";
-  FLAGS_bcast_tolerance = "same";
-  FLAGS_resync_every = 0;
-  FLAGS_push_feedback = false;
-}
-
-}  // namespace
-
 int main(int argc, char** argv) {
   dblp::ParseAppFlagsOrDie(
       argc, argv,
@@ -79,7 +32,6 @@ int main(int argc, char** argv) {
       "--vdev=net_memif0,role=server,socket=/tmp/dblp-w0.sock -- "
       "--workers=1 --policy=dblp");
 
-  ApplyPaperMode();
   dblp::ServerOptions o;
   o.listen = FLAGS_listen;
   o.workers = FLAGS_workers;
@@ -89,67 +41,10 @@ int main(int argc, char** argv) {
   }
   o.udp_port = static_cast<uint16_t>(FLAGS_udp_port);
   o.dp = dblp::DatapathOptionsFromFlags();
-  o.policy = dblp::PolicyFromFlags();
-  o.push_fill = dblp::PushFillFromFlags();
-  if (FLAGS_bcast_tolerance != "same" && FLAGS_bcast_tolerance != "reliable" &&
-      FLAGS_bcast_tolerance != "consistent" &&
-      FLAGS_bcast_tolerance != "none") {
-    dblp::FlagError("--bcast_tolerance=" + FLAGS_bcast_tolerance +
-                    ": use same, consistent, reliable or none");
-  }
-  o.reliable_broadcast = FLAGS_bcast_tolerance == "reliable";
-  o.consistent_broadcast = FLAGS_bcast_tolerance == "consistent";
-  o.push_only = FLAGS_bcast_tolerance == "none";
-  o.resync_every = dblp::ResyncEveryFromFlags(
-      FLAGS_bcast_tolerance == "same", o.policy, o.push_fill);
-  o.push_feedback = FLAGS_push_feedback;
-  if (o.push_feedback && o.push_fill != dblp::FillMode::kZero) {
-    // Rescale and prev already stand in for a missing chunk; the worker's
-    // carry would then count it twice.
-    if (!gflags::GetCommandLineFlagInfoOrDie("push_fill").is_default) {
-      dblp::FlagError(
-          "--push_feedback needs --push_fill=zero: rescale and "
-          "prev already stand in for a missing chunk, which the "
-          "worker then sends again");
-    }
-    o.push_fill = dblp::FillMode::kZero;
-  }
-  if (o.consistent_broadcast && (o.push_fill == dblp::FillMode::kPrevious ||
-                                 o.policy.kind == dblp::PolicyKind::kLtp)) {
-    dblp::FlagError(
-        "--bcast_tolerance=consistent carries what it does not "
-        "send: not with --push_fill=prev (a carried chunk would "
-        "be filled again) nor --policy=ltp (its deadlines would "
-        "cut the subset); use --bcast_tolerance=same");
-  }
-  if (o.resync_every > 0 && o.push_only) {
-    dblp::FlagError(
-        "--resync_every needs a broadcast: drop "
-        "--bcast_tolerance=none or --resync_every");
-  }
-  if (FLAGS_on_worker_loss != "abort" && FLAGS_on_worker_loss != "continue") {
-    dblp::FlagError("--on_worker_loss=" + FLAGS_on_worker_loss +
-                    ": use abort or continue");
-  }
-  o.continue_on_worker_loss = FLAGS_on_worker_loss == "continue";
+  static_cast<dblp::ServerJobSettings&>(o) = dblp::JobSettingsFromFlags();
   o.session = FLAGS_session;
   o.max_gradient_bytes = dblp::MaxGradientBytesFromFlags();
   o.rank_by_name = dblp::RankByNameFromFlags();
-  if (!(FLAGS_zero_fraction >= 0 && FLAGS_zero_fraction <= 1)) {
-    dblp::FlagError("--zero_fraction must be in [0, 1]");
-  }
-  o.zero_fraction = FLAGS_zero_fraction;
-  if (o.zero_fraction == 0 && !FLAGS_zero_iters.empty()) {
-    dblp::FlagError("--zero_iters needs --zero_fraction > 0");
-  }
-  if (o.zero_fraction > 0) {
-    if (FLAGS_zero_iters.empty()) {
-      dblp::FlagError("--zero_fraction needs --zero_iters=FIRST,LAST");
-    }
-    const auto [first, last] = dblp::ParsePair(FLAGS_zero_iters, "zero_iters");
-    o.zero_first = first;
-    o.zero_last = last;
-  }
   o.join_timeout_ms = FLAGS_join_timeout_ms;
   o.control_limits = dblp::ControlLimitsFromFlags();
   o.secret = dblp::JobSecretFromFlags("dblp-server");

@@ -1,8 +1,10 @@
 // dblp-udp-server [options]: the parameter server of a DBLP job over kernel
 // UDP sockets, where DPDK cannot run. Receives every worker's push under
-// the current loss tolerance, reduces (zero fill), runs the tolerance
-// policy and broadcasts the mean back (src/udp/udp_job.h). Flags mean what
-// dblp-server's of the same name mean.
+// the current loss tolerance, reduces, runs the tolerance policy and
+// broadcasts the mean back (src/udp/udp_job.h), with the same job logic as
+// dblp-server (lib/dblp/job/server_iteration.h). Flags mean what
+// dblp-server's of the same name mean; --push_feedback and
+// --on_worker_loss=continue are refused here for now.
 //
 // Exit codes: 0 done, 1 the job failed (a worker lost, a round without
 // progress), 2 bad flags.
@@ -54,9 +56,7 @@ dblp::UdpJobServerOptions OptionsFromFlags() {
   }
   o.mtu = dblp::MtuFromFlags();
   o.burst = dblp::BurstFromFlags(128);  // frames per sendmmsg()
-  o.policy = dblp::PolicyFromFlags();
-  o.push_fill = dblp::PushFillFromFlags();
-  o.resync_every = dblp::ResyncEveryFromFlags(true, o.policy, o.push_fill);
+  static_cast<dblp::ServerJobSettings&>(o) = dblp::JobSettingsFromFlags();
   dblp::LossFromFlags();  // exits naming the flag when the spec is bad
   o.loss = FLAGS_loss;
   o.bursts = dblp::BurstsFromFlags();

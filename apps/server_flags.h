@@ -1,6 +1,7 @@
 // Flags of both servers (dblp-server over DPDK, dblp-udp-server over
 // kernel UDP) with the same meaning: the job's size, the tolerance policy,
-// frame tags and limits. Include after job_flags.h (or common_flags.h)
+// the broadcast, resync, feedback and the zeroing experiment
+// (JobSettingsFromFlags), frame tags and limits. Include after job_flags.h (or common_flags.h)
 // from the app's single translation unit.
 #pragma once
 
@@ -14,6 +15,7 @@
 #include "dblp/control/control_sidecar.h"
 #include "dblp/security/frame_auth.h"
 #include "dblp/control/job_auth.h"
+#include "dblp/job/server_iteration.h"
 #include "dblp/policy/loss_fill.h"
 #include "dblp/policy/tolerance.h"
 #include "job_flags.h"
@@ -83,6 +85,32 @@ DEFINE_uint32(control_partial_timeout_ms, 5000,
 DEFINE_uint32(control_idle_timeout_ms, 0,
               "close a control connection that sends nothing for this long "
               "(0 = never: workers are quiet while their model computes)");
+
+DEFINE_string(bcast_tolerance, "same",
+              "broadcast with the same p (same: each worker gets its own "
+              "1-p of the mean), one 1-p subset for every worker sent "
+              "reliably with the rest carried to the next iteration "
+              "(consistent), every chunk (reliable), or no broadcast at all "
+              "(none: a push benchmark, the workers apply a zero mean)");
+DEFINE_bool(push_feedback, false,
+            "after every push tell each worker the "
+            "chunks the server summed, so it carries the rest into its next "
+            "push (error feedback: nothing pushed is lost for good)");
+DEFINE_string(on_worker_loss, "abort",
+              "abort | continue (without the "
+              "lost worker)");
+DEFINE_double(zero_fraction, 0,
+              "experiment: zero this fraction of the mean's "
+              "chunks (the same for every worker) in --zero_iters");
+DEFINE_string(zero_iters, "",
+              "experiment: FIRST,LAST iterations of "
+              "--zero_fraction");
+
+DEFINE_bool(paper_mode, false,
+            "the DBLP paper's loss handling: --push_fill=zero "
+            "--bcast_tolerance=same --resync_every=0 --push_feedback=false "
+            "(each worker applies its own 1-p of a mean divided by W; "
+            "docs/EXPERIMENTS.md measures what it costs)");
 
 namespace dblp {
 
@@ -193,6 +221,98 @@ inline ControlLimits ControlLimitsFromFlags() {
       std::chrono::milliseconds(FLAGS_control_partial_timeout_ms);
   l.idle_timeout = std::chrono::milliseconds(FLAGS_control_idle_timeout_ms);
   return l;
+}
+
+// --paper_mode sets the loss-handling flags; naming one of them as well is
+// a contradiction, said as such.
+inline void ApplyPaperMode() {
+  if (!FLAGS_paper_mode) return;
+  for (const char* name :
+       {"push_fill", "bcast_tolerance", "resync_every", "push_feedback"}) {
+    if (!gflags::GetCommandLineFlagInfoOrDie(name).is_default) {
+      FlagError(std::string("--paper_mode sets --") + name +
+                      "; drop one of the two");
+    }
+  }
+  FLAGS_push_fill = "zero";
+  FLAGS_bcast_tolerance = "same";
+  FLAGS_resync_every = 0;
+  FLAGS_push_feedback = false;
+}
+
+// --bcast_tolerance, the broadcast's and the push's checks.
+inline void BroadcastFromFlags(ServerJobSettings* o) {
+  const std::string& b = FLAGS_bcast_tolerance;
+  if (b != "same" && b != "reliable" && b != "consistent" && b != "none") {
+    FlagError("--bcast_tolerance=" + b +
+              ": use same, consistent, reliable or none");
+  }
+  o->reliable_broadcast = b == "reliable";
+  o->consistent_broadcast = b == "consistent";
+  o->push_only = b == "none";
+  if (o->consistent_broadcast && (o->push_fill == FillMode::kPrevious ||
+                                  o->policy.kind == PolicyKind::kLtp)) {
+    FlagError(
+        "--bcast_tolerance=consistent carries what it does not "
+        "send: not with --push_fill=prev (a carried chunk would "
+        "be filled again) nor --policy=ltp (its deadlines would "
+        "cut the subset); use --bcast_tolerance=same");
+  }
+}
+
+// --zero_fraction and --zero_iters (the DBLP paper's Fig. 1 experiment).
+inline void ZeroWindowFromFlags(ServerJobSettings* o) {
+  if (!(FLAGS_zero_fraction >= 0 && FLAGS_zero_fraction <= 1)) {
+    FlagError("--zero_fraction must be in [0, 1]");
+  }
+  o->zero_fraction = FLAGS_zero_fraction;
+  if (o->zero_fraction == 0 && !FLAGS_zero_iters.empty()) {
+    FlagError("--zero_iters needs --zero_fraction > 0");
+  }
+  if (o->zero_fraction > 0) {
+    if (FLAGS_zero_iters.empty()) {
+      FlagError("--zero_fraction needs --zero_iters=FIRST,LAST");
+    }
+    const auto [first, last] = ParsePair(FLAGS_zero_iters, "zero_iters");
+    o->zero_first = first;
+    o->zero_last = last;
+  }
+}
+
+// The job's settings of both servers, checked: a bad value or combination
+// ends the app naming the flag and a value that works.
+inline ServerJobSettings JobSettingsFromFlags() {
+  ApplyPaperMode();
+  ServerJobSettings o;
+  o.policy = PolicyFromFlags();
+  o.push_fill = PushFillFromFlags();
+  o.push_feedback = FLAGS_push_feedback;
+  if (o.push_feedback && o.push_fill != FillMode::kZero) {
+    // Rescale and prev already stand in for a missing chunk; the worker's
+    // carry would then count it twice.
+    if (!gflags::GetCommandLineFlagInfoOrDie("push_fill").is_default) {
+      FlagError(
+          "--push_feedback needs --push_fill=zero: rescale and "
+          "prev already stand in for a missing chunk, which the "
+          "worker then sends again");
+    }
+    o.push_fill = FillMode::kZero;
+  }
+  BroadcastFromFlags(&o);
+  o.resync_every = ResyncEveryFromFlags(FLAGS_bcast_tolerance == "same",
+                                        o.policy, o.push_fill);
+  if (o.resync_every > 0 && o.push_only) {
+    FlagError(
+        "--resync_every needs a broadcast: drop "
+        "--bcast_tolerance=none or --resync_every");
+  }
+  if (FLAGS_on_worker_loss != "abort" && FLAGS_on_worker_loss != "continue") {
+    FlagError("--on_worker_loss=" + FLAGS_on_worker_loss +
+              ": use abort or continue");
+  }
+  o.continue_on_worker_loss = FLAGS_on_worker_loss == "continue";
+  ZeroWindowFromFlags(&o);
+  return o;
 }
 
 }  // namespace dblp

@@ -11,11 +11,9 @@
 
 #include "app_telemetry.h"
 #include "datapath.h"
-#include "dblp/policy/broadcast_carry.h"
-#include "dblp/wire/float_ops.h"  // L2Norm
 #include "dblp/policy/loss_fill.h"
 #include "dblp/policy/mean_reducer.h"
-#include "dblp/policy/resync.h"
+#include "dblp/job/server_iteration.h"
 #include "eal_app.h"
 #include "engine_runtime.h"
 #include "lcore_loop.h"
@@ -26,19 +24,6 @@
 
 namespace dblp {
 namespace {
-
-// The broadcast's tolerance after the policy saw this iteration.
-RoundTolerance BroadcastTolerance(const ServerOptions& o,
-                                  const RoundTolerance& next) {
-  RoundTolerance t = o.reliable_broadcast ? RoundTolerance{} : next;
-  if (o.push_only) {
-    // Closed on arrival: a 1 ns deadline with a floor of zero chunks.
-    t = RoundTolerance{};
-    t.deadline_ns = 1;
-    t.min_fraction = 0;
-  }
-  return t;
-}
 
 RoundBeginRequest Announcement(Direction d, uint32_t round,
                                const RoundTolerance& t) {
@@ -178,20 +163,21 @@ int RunServer(const ServerOptions& o) {
     }
   }
   control.Attach(push_sides, bcast_sides);
-  MeanReducer reducer(layout, W);
-  std::vector<float> mean(layout.total_bytes() / sizeof(float), 0.0f);
+  // What the server decides between a push and its broadcast (the same
+  // object as dblp-udp-server's): mean, policy, broadcast, next push.
+  ServerIteration iteration(o, std::move(policy), layout, W, o.dp.seed);
+  MeanReducer& reducer = iteration.reducer();
+  const std::span<const float> mean = iteration.mean();
   const int node = PortNumaNode(0);
   PlaceOnNodeOrWarn(reducer.sum_storage(), node, "sum buffer");
-  PlaceOnNodeOrWarn(std::span<const float>(mean), node, "mean buffer");
+  PlaceOnNodeOrWarn(mean, node, "mean buffer");
   // Loss on the pushes we receive, applied as frames arrive.
   RxLossInjector loss(o.dp.loss, o.dp.bursts, HashMix(o.dp.seed, 0xB0));
   JobSync job(S, &g_quit);
   ServerDecisions decisions;
-  decisions.next_push = policy->Current();
-  // The consistent broadcast's carry and this iteration's subset.
-  // Built only when used: it holds a copy of the gradient.
-  std::optional<BroadcastCarry> carry;
-  if (o.consistent_broadcast) carry.emplace(layout, HashMix(o.dp.seed, 0xCA));
+  decisions.next_push =
+      iteration.PushTolerance(0, iteration.policy()->Current());
+  // The consistent broadcast's subset of this iteration.
   std::vector<uint32_t> bcast_subset;
   std::vector<std::unique_ptr<ServerLcore>> lcores;
   std::vector<std::vector<TokenBucket>> link_rate(S);
@@ -242,7 +228,7 @@ int RunServer(const ServerOptions& o) {
   });
   RunReport report;
   report.role = "server";
-  report.policy = policy->Describe();
+  report.policy = iteration.policy()->Describe();
   report.burst_iterations = o.dp.bursts.iterations;
 
   RoundTolerance push_tol = decisions.next_push;
@@ -255,42 +241,17 @@ int RunServer(const ServerOptions& o) {
     lcores[0]->outbox().Post(
         Announcement(Direction::kPush, PushRound(it), push_tol));
   };
-  const ResyncSchedule resync(o.resync_every);
   coord.reduce = [&](uint64_t it) {
-    // A resync's "mean" is the average model: no policy, no zeroing, and
-    // both rounds reliable.
-    // The policy and the zeroing window count training steps.
-    const bool sync = resync.IsResync(it);
-    const uint64_t step = resync.TrainStep(it);
-    reducer.Finalize(o.push_fill, mean);
-    if (!sync && step >= o.zero_first && step <= o.zero_last &&
-        o.zero_fraction > 0) {
-      ZeroRandomChunks(mean, layout, o.zero_fraction, HashMix(o.dp.seed, step));
-    }
-    const double norm = L2Norm(mean);
-    if (!sync) policy->OnIterationEnd(step, norm, NowNs() - push_open_ns);
-    const RoundTolerance next = policy->Current();
-    DBLP_LOG(Debug,
-             "dblp-server: iteration %llu: mean norm %.6g, next p %.4g%s%s",
-             static_cast<unsigned long long>(it), norm, next.p,
-             next.critical ? " (critical)" : "", sync ? " (resync)" : "");
-    RoundTolerance bcast_tol =
-        sync ? RoundTolerance{} : BroadcastTolerance(o, next);
-    bcast_subset.clear();
-    if (o.consistent_broadcast && !sync) {
-      // The receiver STOPs with exactly the subset: no deadline may cut it.
-      bcast_tol.deadline_ns = 0;
-      const std::span<const uint32_t> s = carry->Plan(it, bcast_tol.p, mean);
-      bcast_subset.assign(s.begin(), s.end());
-    }
-    AddPushRows(it, links, workers, push_open_ns, push_tol, norm,
+    const ReducedPush r = iteration.Reduce(it, NowNs() - push_open_ns);
+    bcast_subset.assign(r.subset.begin(), r.subset.end());
+    AddPushRows(it, links, workers, push_open_ns, push_tol, r.norm,
                 loss.InBurst(it), o, N, &report);
-    for (uint32_t w = 0; w < W; ++w) report.rows.rbegin()[w].resync = sync;
+    for (uint32_t w = 0; w < W; ++w) report.rows.rbegin()[w].resync = r.resync;
     // Without a broadcast the rows are complete now.
     if (o.push_only) rows.Sync(report.rows);
     // Before the broadcast's announcement, so each worker holds its
     // ACCEPTED when the broadcast begins.
-    if (o.push_feedback && !sync) {
+    if (o.push_feedback && !r.resync) {
       for (uint32_t w = 0; w < W; ++w) {
         const Bitmap b = MergedPushBitmap(links, w, N);
         control.StageAccepted(
@@ -306,17 +267,17 @@ int RunServer(const ServerOptions& o) {
                  mean.data(), mean.size() * sizeof(float));
     }
     lcores[0]->outbox().Post(
-        Announcement(Direction::kBroadcast, BroadcastRound(it), bcast_tol));
+        Announcement(Direction::kBroadcast, BroadcastRound(it), r.broadcast));
     // The prompt's change, at this round boundary: iteration it + 1 on
     // (push and broadcast) runs under it; this broadcast keeps `next`.
+    std::unique_ptr<TolerancePolicy>& live = iteration.policy();
     const RoundTolerance after =
-        runtime.ApplyServerCommand(it + 1, &policy) ? policy->Current() : next;
-    push_tol = resync.IsResync(it + 1) ? RoundTolerance{} : after;
-    runtime.BroadcastOpened(it, bcast_tol, push_tol);
+        runtime.ApplyServerCommand(it + 1, &live) ? live->Current() : r.next;
+    push_tol = iteration.PushTolerance(it + 1, after);
+    runtime.BroadcastOpened(it, r.broadcast, push_tol);
     if (o.push_only) runtime.IterationDone(it);
     runtime.PublishStats();  // the other lcores wait at the barrier
-    reducer.BeginRound();
-    reducer.set_num_workers(lcores[0]->live_count());
+    iteration.set_live_workers(lcores[0]->live_count());
     return push_tol;
   };
   ResourceTrack resources(pool);
@@ -383,7 +344,8 @@ int RunServer(const ServerOptions& o) {
                     : o.consistent_broadcast ? "consistent"
                                              : "same_p"},
       {"resync_every", std::to_string(o.resync_every)}};
-  report.policy = policy->Describe();  // the prompt may have changed it
+  // The prompt may have changed it.
+  report.policy = iteration.policy()->Describe();
   std::fputs(FormatRunSummary(report).c_str(), stdout);
   int exit_code = failure.empty() ? 0 : 1;
   if (rows.is_open()) {

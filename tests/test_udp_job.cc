@@ -19,6 +19,7 @@
 #include "dblp/security/frame_auth.h"
 #include "dblp/handoff/gradient_source.h"
 #include "dblp/policy/tolerance.h"
+#include "dblp/round/stop_decision.h"
 #include "udp/udp_job.h"
 
 namespace dblp {
@@ -292,6 +293,68 @@ TEST(UdpJob, BadOptionsExit2) {
   const UdpJobWorkerResult w = RunUdpJobWorker(wo, src);
   EXPECT_EQ(w.exit_code, 2);
   EXPECT_NE(w.error.find("loss"), std::string::npos) << w.error;
+  // What the kernel-UDP server does not do yet is refused, naming dblp-server.
+  so = SmallServer();
+  so.push_feedback = true;
+  s = RunUdpJobServer(so);
+  EXPECT_EQ(s.exit_code, 2);
+  EXPECT_NE(s.error.find("dblp-server"), std::string::npos) << s.error;
+}
+
+// The job's broadcast settings are the DPDK server's (ServerIteration):
+// under loss, a consistent broadcast hands every worker the same subset of
+// the mean, exactly ceil((1 - p) N) chunks of it, so the replicas apply
+// bit-identical means every iteration.
+TEST(UdpJob, ConsistentBroadcastKeepsReplicasIdentical) {
+  constexpr uint64_t kFloats = 20000, kIters = 6;
+  UdpJobServerOptions so = SmallServer();
+  so.policy.kind = PolicyKind::kFixed;
+  so.policy.p_fixed = 0.2;
+  so.consistent_broadcast = true;
+  so.loss = "bernoulli:0.05";
+  RecordingSource a(kFloats), b(kFloats), c(kFloats);
+  std::vector<UdpJobWorkerOptions> wos(3, SmallWorker(kIters));
+  for (auto& w : wos) w.loss = "bernoulli:0.1";
+  const JobRun run = RunJob(so, wos, {&a, &b, &c});
+  ASSERT_EQ(run.server.exit_code, 0) << run.server.error;
+  const ChunkLayout layout(kFloats * 4, ChunkPayloadForMtu(1500, 16));
+  const double subset = StopThreshold(layout.num_chunks(), 0.2);
+  for (RecordingSource* s : {&a, &b, &c}) {
+    ASSERT_EQ(run.workers[s->rank_].exit_code, 0)
+        << run.workers[s->rank_].error;
+    ASSERT_EQ(s->means.size(), kIters);
+    for (uint64_t it = 0; it < kIters; ++it) {
+      EXPECT_NEAR(s->rows[it].delivered_fraction * layout.num_chunks(), subset,
+                  1e-6)
+          << "iteration " << it;
+      EXPECT_EQ(s->means[it], a.means[it]) << "iteration " << it;
+    }
+  }
+}
+
+// The zeroing experiment (--zero_fraction, --zero_iters) runs on kernel
+// UDP too: every worker applies an all-zero mean in the window, and only
+// there.
+TEST(UdpJob, ZeroWindowZeroesTheMeanInItsStepsOnly) {
+  constexpr uint64_t kFloats = 6000, kIters = 5;
+  UdpJobServerOptions so = SmallServer();
+  so.policy.kind = PolicyKind::kReliable;
+  so.zero_fraction = 1.0;
+  so.zero_first = 1;
+  so.zero_last = 2;
+  RecordingSource a(kFloats), b(kFloats);
+  const JobRun run =
+      RunJob(so, std::vector<UdpJobWorkerOptions>(2, SmallWorker(kIters)),
+             {&a, &b});
+  ASSERT_EQ(run.server.exit_code, 0) << run.server.error;
+  for (RecordingSource* s : {&a, &b}) {
+    ASSERT_EQ(s->means.size(), kIters);
+    for (uint64_t it = 0; it < kIters; ++it) {
+      const bool zero = std::all_of(s->means[it].begin(), s->means[it].end(),
+                                    [](float x) { return x == 0.0f; });
+      EXPECT_EQ(zero, it >= 1 && it <= 2) << "iteration " << it;
+    }
+  }
 }
 
 }  // namespace

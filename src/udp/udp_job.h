@@ -30,6 +30,7 @@
 #include "dblp/handoff/gradient_source.h"
 #include "dblp/control/job_auth.h"
 #include "dblp/obs/records.h"
+#include "dblp/job/server_iteration.h"
 #include "dblp/policy/loss_fill.h"
 #include "dblp/emul/loss_model.h"
 #include "dblp/round/send_order.h"
@@ -56,7 +57,10 @@ struct UdpServerRoundView {
   std::span<const Bitmap> arrived;  // per worker rank
 };
 
-struct UdpJobServerOptions {
+// dblp-udp-server's options: the job's (ServerJobSettings, the same struct
+// as dblp-server's) and the kernel-UDP transport's. push_feedback and
+// continue_on_worker_loss are refused here for now (dblp-server has them).
+struct UdpJobServerOptions : ServerJobSettings {
   JobSecret secret;  // empty: insecure (then frame_auth must be kNone)
   FrameAuthMode frame_auth = FrameAuthMode::kHeader;
   std::string control = "127.0.0.1:0";  // TCP listen ip:port (0: ephemeral)
@@ -64,14 +68,6 @@ struct UdpJobServerOptions {
   uint32_t workers = 1;
   uint32_t mtu = 1500;
   uint32_t burst = 32;  // broadcast frames per sendmmsg() (1..128)
-  // p of every push and broadcast; validated (ValidatePolicyConfig).
-  PolicyConfig policy;
-  FillMode push_fill = FillMode::kZero;  // the mean of a missing chunk
-  // Every K training steps one reliable iteration of parameters whose
-  // average every worker loads (lib/dblp/policy/resync.h; 0 = never).
-  uint32_t resync_every = 0;
-  // No broadcast: the workers only push (the push bench, udp_push.h).
-  bool push_only = false;
   std::string loss = "none";  // ParseLossSpec spelling, on received pushes
   BurstSchedule bursts;       // microbursts on received pushes
   uint64_t seed = 1;          // loss injector and broadcast send order

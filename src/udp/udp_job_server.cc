@@ -15,7 +15,6 @@
 
 #include "dblp/control/admission.h"
 #include "dblp/wire/chunking.h"
-#include "dblp/wire/float_ops.h"  // L2Norm
 #include "dblp/control/control.h"
 #include "dblp/control/control_sidecar.h"
 #include "dblp/control/join.h"
@@ -23,7 +22,6 @@
 #include "dblp/policy/mean_reducer.h"
 #include "dblp/transport/packet_frames.h"
 #include "dblp/round/receive_side.h"
-#include "dblp/policy/resync.h"
 #include "dblp/base/rng.h"
 #include "dblp/round/round_control.h"
 #include "dblp/emul/rx_loss.h"
@@ -85,8 +83,8 @@ class JobServer {
   bool TakeEvents(std::string* failure);
   std::string FinishedEarly() const;
   bool CloseRoundIfStopped(Outbox& out);
-  void AddPushRows(double norm);
-  void BeginBroadcast(Outbox& out);
+  void AddPushRows(double norm, bool resync);
+  void BeginBroadcast(Outbox& out, const ReducedPush& r);
   bool CloseBroadcastIfDone();
   std::string NoProgress() const;
   void Finish(Outbox& out, const std::string& failure);
@@ -132,10 +130,13 @@ class JobServer {
 
   // Datapath only, from SetUpJob on.
   ChunkLayout layout_;
+  // Made by CheckOptions (its description goes into WELCOME), then owned
+  // by iteration_ from SetUpJob on.
   std::unique_ptr<TolerancePolicy> policy_;
-  RoundTolerance push_tol_;  // the open push round's
-  std::unique_ptr<MeanReducer> reducer_;
-  std::vector<float> mean_;
+  // What the server decides between a push and its broadcast (the same
+  // object as dblp-server's): mean, policy, broadcast, next push.
+  std::unique_ptr<ServerIteration> iteration_;
+  RoundTolerance push_tol_;  // the policy's for the next push
   std::vector<Bitmap> arrived_;
   std::unique_ptr<RxLossInjector> loss_;
   std::vector<Packet> pkts_;
@@ -146,7 +147,6 @@ class JobServer {
   std::vector<uint32_t> order_buf_;
   std::vector<std::unique_ptr<PacketFrames<UdpSocketPort>>> frames_;
   uint64_t it_ = 0;            // the open push round's iteration
-  const ResyncSchedule resync_{o_.resync_every};
   RoundTolerance round_tol_;   // the open push round's (reliable: resync)
   bool broadcasting_ = false;  // iteration it_ - 1's mean is going out
   uint64_t unpinned_ = 0;      // frames from an unpinned address
@@ -181,6 +181,15 @@ std::string JobServer::CheckOptions() {
     policy_ = TolerancePolicy::Create(o_.policy);
   } catch (const std::invalid_argument& e) {
     return e.what();
+  }
+  if (o_.push_feedback) {
+    return "push feedback is not built on kernel UDP yet: run dblp-server "
+           "(DPDK, --vdev=net_memif... without a NIC) or drop "
+           "--push_feedback";
+  }
+  if (o_.continue_on_worker_loss) {
+    return "--on_worker_loss=continue is not built on kernel UDP yet: run "
+           "dblp-server or use --on_worker_loss=abort";
   }
   return "";
 }
@@ -314,11 +323,11 @@ void JobServer::Welcome() {
   gone_.resize(o_.workers);
   MakeSides(ChunkLayout(desk_.first().total_bytes, chunk_payload_));
   for (uint32_t w = 0; w < o_.workers; ++w) {
-    // push_feedback and consistent_broadcast stay off: this job broadcasts
-    // each worker its own 1-p of the mean.
+    // push_feedback stays off (refused by CheckOptions).
     WelcomeMsg wm = desk_.Welcome(w, chunk_payload_);
     wm.session = session_;
     wm.resync_every = o_.resync_every;
+    wm.consistent_broadcast = o_.consistent_broadcast;
     wm.udp_base_port = port_.bound_port();
     wm.server_ipv4 = ntohl(port_.bound_addr().sin_addr.s_addr);
     wm.policy = policy_text_;
@@ -410,9 +419,10 @@ std::string JobServer::SetUpJob() {
   const uint32_t W = o_.workers;
   layout_ = ChunkLayout(desk_.first().total_bytes, chunk_payload_);
   res_.chunks = layout_.num_chunks();
+  push_tol_ = policy_->Current();
   try {
-    reducer_ = std::make_unique<MeanReducer>(layout_, W);
-    mean_.assign(layout_.total_bytes() / sizeof(float), 0.0f);
+    iteration_ = std::make_unique<ServerIteration>(o_, std::move(policy_),
+                                                   layout_, W, o_.seed);
   } catch (const std::bad_alloc&) {
     return "cannot allocate the sums of a " +
            std::to_string(layout_.total_bytes()) +
@@ -427,14 +437,14 @@ std::string JobServer::SetUpJob() {
   for (Packet& p : pkts_) p.bytes.reserve(popts_.max_datagram);
   arrivals_.assign(W, 0);
   bye_.assign(W, 0);
-  const auto* mean = reinterpret_cast<const uint8_t*>(mean_.data());
+  const auto* mean =
+      reinterpret_cast<const uint8_t*>(iteration_->mean().data());
   for (uint32_t w = 0; w < W; ++w) {
     orders_.emplace_back(o_.send_order, w, W, HashMix(o_.seed, 0xBC));
     frames_.push_back(std::make_unique<PacketFrames<UdpSocketPort>>(
         &port_, w, mean, &layout_, o_.burst));
     frames_.back()->set_auth(frame_key_);
   }
-  push_tol_ = policy_->Current();
   return "";
 }
 
@@ -471,11 +481,10 @@ std::string JobServer::ServeRounds(Outbox& out) {
 }
 
 void JobServer::OpenPush(Outbox& out) {
-  reducer_->BeginRound();
   const uint32_t round = PushRound(it_);
   const uint64_t now = NowNs();
   // A resync's push is reliable, whatever the policy says.
-  round_tol_ = resync_.IsResync(it_) ? RoundTolerance{} : push_tol_;
+  round_tol_ = iteration_->PushTolerance(it_, push_tol_);
   const RoundTolerance& t = round_tol_;
   const uint64_t deadline = t.deadline_ns ? now + t.deadline_ns : 0;
   const double floor = t.deadline_ns ? t.min_fraction : 0;
@@ -492,8 +501,9 @@ bool JobServer::Receive(bool* progress) {
   const uint16_t n = port_.RxBurst(pkts_.data(), udp::kRxBurst);
   if (n < udp::kRxBurst) drained_gen_ = poll_gen_;
   std::fill(arrivals_.begin(), arrivals_.end(), 0);
+  MeanReducer& reducer = iteration_->reducer();
   auto accumulate = [&](const DataHeader& h, const uint8_t* payload) {
-    reducer_->Accumulate(h.seq, payload);
+    reducer.Accumulate(h.seq, payload);
   };
   const uint64_t now = n > 0 ? NowNs() : 0;
   for (uint16_t i = 0; i < n; ++i) {
@@ -599,28 +609,24 @@ bool JobServer::CloseRoundIfStopped(Outbox& out) {
     res_.rounds.push_back(
         UdpServerRound{it_, w, push_[w]->receiver().delivered_fraction()});
   }
-  reducer_->Finalize(o_.push_fill, mean_);
-  const double norm = L2Norm(mean_);
-  AddPushRows(norm);
-  // A resync's "mean" is the average model: the policy (the CLR detector)
-  // sees training steps only, counted as such.
-  if (!resync_.IsResync(it_)) {
-    policy_->OnIterationEnd(resync_.TrainStep(it_), norm, push_ns);
-  }
+  const ReducedPush r = iteration_->Reduce(it_, push_ns);
+  AddPushRows(r.norm, r.resync);
   // Without a broadcast the rows are complete: on disk before on_round.
   if (o_.push_only) row_stream_.Sync(report_.rows);
-  if (o_.on_round) o_.on_round(UdpServerRoundView{it_, mean_, arrived_});
+  if (o_.on_round) {
+    o_.on_round(UdpServerRoundView{it_, iteration_->mean(), arrived_});
+  }
   res_.iterations = ++it_;
-  push_tol_ = policy_->Current();
+  push_tol_ = r.next;
   // The broadcast before the push: its ROUND_BEGIN goes out first.
-  if (!o_.push_only) BeginBroadcast(out);
+  if (!o_.push_only) BeginBroadcast(out, r);
   OpenPush(out);
   return true;
 }
 
 // The push half of the iteration's rows (the DPDK server's columns), and
 // the dumps of the test hook.
-void JobServer::AddPushRows(double norm) {
+void JobServer::AddPushRows(double norm, bool resync) {
   const bool dump = !o_.dump_dir.empty() && it_ < o_.dump_iterations;
   const std::string base = o_.dump_dir + "/";
   for (uint32_t w = 0; w < o_.workers; ++w) {
@@ -635,7 +641,7 @@ void JobServer::AddPushRows(double norm) {
     row.delivered_fraction = side.receiver().delivered_fraction();
     row.p = round_tol_.p;
     row.critical = round_tol_.critical;
-    row.resync = resync_.IsResync(it_);
+    row.resync = resync;
     row.grad_norm = norm;
     row.burst = loss_->InBurst(it_);
     report_.rows.push_back(row);
@@ -647,24 +653,28 @@ void JobServer::AddPushRows(double norm) {
     }
   }
   if (dump) {
-    DumpBinary(base + "mean_it" + std::to_string(it_) + ".f32", mean_.data(),
-               mean_.size() * sizeof(float));
+    const std::span<const float> mean = iteration_->mean();
+    DumpBinary(base + "mean_it" + std::to_string(it_) + ".f32", mean.data(),
+               mean.size() * sizeof(float));
   }
 }
 
-// Iteration it_'s mean to every worker, under the p the policy just chose
-// (each worker's receiver STOPs at its own 1-p of it).
-void JobServer::BeginBroadcast(Outbox& out) {
-  const uint64_t it = it_ - 1;
-  const uint32_t round = BroadcastRound(it);
-  const RoundTolerance t =
-      resync_.IsResync(it) ? RoundTolerance{} : push_tol_;
+// Iteration it_ - 1's mean to every worker under the broadcast's
+// tolerance: each worker's receiver STOPs at its own 1-p of it, or, for a
+// consistent broadcast, every worker gets the one subset, reliably.
+void JobServer::BeginBroadcast(Outbox& out, const ReducedPush& r) {
+  const uint32_t round = BroadcastRound(it_ - 1);
+  const RoundTolerance& t = r.broadcast;
   out.Post(RoundBeginRequest{Direction::kBroadcast, round, t.p, t.deadline_ns,
                              t.deadline_ns ? t.min_fraction : 0, t.critical});
   const uint64_t now = NowNs();
   for (uint32_t w = 0; w < o_.workers; ++w) {
-    orders_[w].Fill(round, layout_.num_chunks(), order_buf_);
-    bcast_[w]->Begin(round, order_buf_, now);
+    if (r.subset.empty()) {
+      orders_[w].Fill(round, layout_.num_chunks(), order_buf_);
+      bcast_[w]->Begin(round, order_buf_, now);
+    } else {
+      bcast_[w]->Begin(round, r.subset, now, layout_.num_chunks());
+    }
   }
   broadcasting_ = true;
 }

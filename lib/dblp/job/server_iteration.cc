@@ -1,0 +1,65 @@
+#include "dblp/job/server_iteration.h"
+
+#include "dblp/base/log.h"
+#include "dblp/base/rng.h"
+#include "dblp/wire/float_ops.h"  // L2Norm
+
+namespace dblp {
+
+ServerIteration::ServerIteration(const ServerJobSettings& s,
+                                 std::unique_ptr<TolerancePolicy> policy,
+                                 const ChunkLayout& layout, uint32_t workers,
+                                 uint64_t seed)
+    : s_(s),
+      policy_(std::move(policy)),
+      layout_(layout),
+      resync_(s.resync_every),
+      seed_(seed),
+      reducer_(layout, workers),
+      mean_(layout.total_bytes() / sizeof(float), 0.0f) {
+  if (s.consistent_broadcast) carry_.emplace(layout, HashMix(seed, 0xCA));
+}
+
+// A resync's broadcast is reliable; a push bench's is announced with a 1 ns
+// deadline and a floor of zero chunks, so every worker closes it at once.
+RoundTolerance ServerIteration::BroadcastTolerance(
+    bool resync, const RoundTolerance& next) const {
+  if (resync) return RoundTolerance{};
+  RoundTolerance t = s_.reliable_broadcast ? RoundTolerance{} : next;
+  if (s_.push_only) {
+    t = RoundTolerance{};
+    t.deadline_ns = 1;
+    t.min_fraction = 0;
+  }
+  return t;
+}
+
+ReducedPush ServerIteration::Reduce(uint64_t it, uint64_t push_ns) {
+  ReducedPush r;
+  // A resync's "mean" is the average model: no policy, no zeroing, and
+  // both rounds reliable. The policy and the zeroing window count
+  // training steps.
+  r.resync = resync_.IsResync(it);
+  const uint64_t step = resync_.TrainStep(it);
+  reducer_.Finalize(s_.push_fill, mean_);
+  if (!r.resync && s_.zero_fraction > 0 && step >= s_.zero_first &&
+      step <= s_.zero_last) {
+    ZeroRandomChunks(mean_, layout_, s_.zero_fraction, HashMix(seed_, step));
+  }
+  r.norm = L2Norm(mean_);
+  if (!r.resync) policy_->OnIterationEnd(step, r.norm, push_ns);
+  r.next = policy_->Current();
+  r.broadcast = BroadcastTolerance(r.resync, r.next);
+  if (carry_ && !r.resync) {
+    // The receiver STOPs with exactly the subset: no deadline may cut it.
+    r.broadcast.deadline_ns = 0;
+    r.subset = carry_->Plan(it, r.broadcast.p, mean_);
+  }
+  DBLP_LOG(Debug, "server: iteration %llu: mean norm %.6g, next p %.4g%s%s",
+           static_cast<unsigned long long>(it), r.norm, r.next.p,
+           r.next.critical ? " (critical)" : "", r.resync ? " (resync)" : "");
+  reducer_.BeginRound();
+  return r;
+}
+
+}  // namespace dblp

@@ -1,0 +1,106 @@
+// What the server decides between a push and its broadcast, written once
+// for every transport (dblp-server over DPDK, dblp-udp-server over kernel
+// UDP): the mean of the push (with its fill), the zeroing experiment, the
+// norm and the tolerance policy, the broadcast's tolerance and, for a
+// consistent broadcast, its one subset; and the tolerance of the next push
+// (a resync's is reliable). The transports move frames; this decides what
+// the rounds are.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "dblp/policy/broadcast_carry.h"
+#include "dblp/policy/loss_fill.h"
+#include "dblp/policy/mean_reducer.h"
+#include "dblp/policy/resync.h"
+#include "dblp/policy/tolerance.h"
+#include "dblp/wire/chunking.h"
+
+namespace dblp {
+
+// The job's settings of a server, whatever its transport: one struct that
+// both servers' options extend (ServerOptions, UdpJobServerOptions).
+struct ServerJobSettings {
+  PolicyConfig policy;                   // p of every push and broadcast
+  FillMode push_fill = FillMode::kZero;  // the mean of a missing chunk
+  // The broadcast: each worker its own 1-p of the mean (the default), every
+  // chunk (reliable), one subset for every worker sent reliably with the
+  // rest carried (consistent, dblp/policy/broadcast_carry.h), or none at
+  // all (push_only: a push benchmark).
+  bool reliable_broadcast = false;
+  bool consistent_broadcast = false;
+  bool push_only = false;
+  // Every K training steps one reliable iteration of parameters whose
+  // average every worker loads (dblp/policy/resync.h; 0 = never).
+  uint32_t resync_every = 0;
+  // After every push the server tells each worker the chunks it summed
+  // (ACCEPTED) and the worker carries the rest into its next push.
+  bool push_feedback = false;
+  bool continue_on_worker_loss = false;
+  // Experiment hook (DBLP paper, Fig. 1): zero this fraction of the mean's
+  // chunks in training steps [zero_first, zero_last].
+  double zero_fraction = 0;
+  uint64_t zero_first = 0;
+  uint64_t zero_last = 0;
+};
+
+// What one closed push decided.
+struct ReducedPush {
+  bool resync = false;    // the "mean" is the average model
+  double norm = 0;        // the mean's L2 norm (what the policy saw)
+  RoundTolerance broadcast;  // the broadcast of this mean
+  // The consistent broadcast's chunks, in send order (empty: the usual
+  // per-worker order). Valid until the next Reduce.
+  std::span<const uint32_t> subset;
+  RoundTolerance next;  // the policy's tolerance after this iteration
+};
+
+class ServerIteration {
+ public:
+  // `policy` is the job's (made from s.policy before the join, so that the
+  // WELCOME can describe it). Throws std::bad_alloc when the sums do not
+  // fit.
+  ServerIteration(const ServerJobSettings& s,
+                  std::unique_ptr<TolerancePolicy> policy,
+                  const ChunkLayout& layout, uint32_t workers, uint64_t seed);
+
+  // Iteration `it`'s push is closed (every worker's STOP, its chunks in
+  // the reducer), after push_ns: the mean, the policy's next p, and the
+  // broadcast. Then the reducer starts the next round's sums.
+  ReducedPush Reduce(uint64_t it, uint64_t push_ns);
+  // The tolerance of iteration `it`'s push, the policy's (or a prompt's
+  // change) being `t`: a resync's push is reliable, whatever the policy.
+  RoundTolerance PushTolerance(uint64_t it, const RoundTolerance& t) const {
+    return resync_.IsResync(it) ? RoundTolerance{} : t;
+  }
+  // Between rounds: the workers the next mean divides by (a job that
+  // continues after losing one).
+  void set_live_workers(uint32_t w) { reducer_.set_num_workers(w); }
+
+  MeanReducer& reducer() { return reducer_; }
+  std::span<float> mean() { return mean_; }
+  std::span<const float> mean() const { return mean_; }
+  const ResyncSchedule& resync() const { return resync_; }
+  // The runtime prompt may replace it between iterations.
+  std::unique_ptr<TolerancePolicy>& policy() { return policy_; }
+
+ private:
+  RoundTolerance BroadcastTolerance(bool resync,
+                                    const RoundTolerance& next) const;
+
+  const ServerJobSettings s_;
+  std::unique_ptr<TolerancePolicy> policy_;
+  const ChunkLayout layout_;
+  const ResyncSchedule resync_;
+  const uint64_t seed_;
+  MeanReducer reducer_;
+  std::vector<float> mean_;
+  // Built only for a consistent broadcast: it holds a copy of the gradient.
+  std::optional<BroadcastCarry> carry_;
+};
+
+}  // namespace dblp
