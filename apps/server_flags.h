@@ -57,8 +57,7 @@ DEFINE_int32(resync_every, -1,
              "reliably and all load the average, so replicas a truncated "
              "broadcast drifted apart are identical again (0 = never; -1 = "
              "10 when the broadcast gives each worker its own subset "
-             "(dblp-server's --bcast_tolerance=same; always for "
-             "dblp-udp-server) under a policy that loses chunks and "
+             "(--bcast_tolerance=same) under a policy that loses chunks and "
              "--push_fill is not prev, else never)");
 DEFINE_string(rank_order, "join",
               "how workers get their ranks: join (the order their JOINs "

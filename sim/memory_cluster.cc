@@ -5,9 +5,6 @@
 // (the pipes with their codec and delay, round_control.h's glue).
 #include "sim/memory_cluster.h"
 
-#include "dblp/wire/float_ops.h"
-#include "dblp/policy/mean_reducer.h"
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -16,7 +13,6 @@
 #include <stdexcept>
 #include <string>
 
-#include "dblp/policy/clr_detector.h"
 #include "dblp/control/control.h"
 #include "dblp/transport/loopback_transport.h"
 #include "dblp/transport/packet_frames.h"
@@ -103,7 +99,7 @@ class SimFrames {
     clock_->now += sent * clock_->ns_per_frame;
     return sent;
   }
-  void set_buffer(const std::vector<float>& v) {
+  void set_buffer(std::span<const float> v) {
     frames_.set_buffer(reinterpret_cast<const uint8_t*>(v.data()));
   }
 
@@ -117,11 +113,17 @@ struct SimSender {
   SimSender(const SendSideConfig& c, SendOrder o, SimFrames f)
       : side(c), frames(std::move(f)), order(o) {}
 
-  void Begin(uint32_t round, const std::vector<float>& data,
-             uint32_t num_chunks, uint64_t now_ns) {
-    order.Fill(round, num_chunks, order_buf);
+  // The first pass in this sender's order, or in `subset`'s when it is
+  // not empty (the consistent broadcast's chunks).
+  void Begin(uint32_t round, std::span<const float> data, uint32_t num_chunks,
+             uint64_t now_ns, std::span<const uint32_t> subset = {}) {
     frames.set_buffer(data);
-    side.Begin(round, order_buf, now_ns);
+    if (subset.empty()) {
+      order.Fill(round, num_chunks, order_buf);
+      side.Begin(round, order_buf, now_ns);
+    } else {
+      side.Begin(round, subset, now_ns, num_chunks);
+    }
   }
 
   SendSide side;
@@ -181,14 +183,13 @@ struct MemoryCluster::Impl {
       : cfg(Validated(c)),
         layout(ChunkLayout::ForMtu(c.gradient_floats * sizeof(float), c.mtu)),
         fabric(c.num_workers + 1, c.ring_size),
-        policy(TolerancePolicy::Create(c.policy)),
-        reducer(layout, c.num_workers),
+        job(c, TolerancePolicy::Create(c.policy), layout, c.num_workers,
+            c.seed),
         bcast_loss(c.bcast_loss,
                    c.bursts_on_broadcast ? c.bursts : BurstSchedule{},
                    HashMix(c.seed, 0xB0)),
         round(c.first_round) {
     clock.ns_per_frame = c.ns_per_frame;
-    mean.assign(c.gradient_floats, 0.0f);
     fabric.port(kServerEndpoint).set_loss(&bcast_loss);
     // Every frame a worker sends is a push frame: the first stale_replay of
     // a push are kept to replay at the server in the next one.
@@ -327,7 +328,7 @@ struct MemoryCluster::Impl {
       links[p.src - 1]->push.OnFrame(
           p.bytes.data(), p.bytes.size(),
           [&](const DataHeader& h, const uint8_t* payload) {
-            reducer.Accumulate(h.seq, payload);
+            job.reducer().Accumulate(h.seq, payload);
           });
     });
     for (uint32_t w = 0; w < links.size(); ++w) {
@@ -485,7 +486,6 @@ struct MemoryCluster::Impl {
         push_start_ns + static_cast<double>(tol.deadline_ns);
     const uint64_t deadline_abs =
         tol.deadline_ns ? static_cast<uint64_t>(deadline) : 0;
-    reducer.BeginRound();
     for (uint32_t w = 0; w < workers.size(); ++w) {
       Worker& wk = *workers[w];
       links[w]->push.Begin(out.push_round, tol.p, deadline_abs,
@@ -513,23 +513,21 @@ struct MemoryCluster::Impl {
       ln->push.Close();
       ln->push.receiver().SnapshotBitmap(ln->push_arrived);
     }
-    reducer.Finalize(cfg.push_fill, mean);
-    out.grad_norm = L2Norm(mean);
-    policy->OnIterationEnd(iteration, out.grad_norm,
-                           static_cast<uint64_t>(out.push_round_ns));
+    // What the servers decide (ServerIteration): mean, policy, broadcast.
+    reduced = job.Reduce(iteration, static_cast<uint64_t>(out.push_round_ns));
+    out.grad_norm = reduced.norm;
   }
 
   // Broadcast: server -> every worker; each worker decides STOP with the p
   // its ROUND_BEGIN announces.
   void BeginBroadcast(IterationOutcome& out) {
-    RoundTolerance tol = policy->Current();
-    if (cfg.reliable_broadcast) tol = RoundTolerance{};
+    const RoundTolerance& tol = reduced.broadcast;
     out.bcast_tolerance = tol;
     bcast_start_ns = clock.now;
     for (uint32_t w = 0; w < workers.size(); ++w) {
       AnnounceRound(*workers[w], Direction::kBroadcast, out.bcast_round, tol);
-      links[w]->bcast.Begin(out.bcast_round, mean, layout.num_chunks(),
-                            clock.ns());
+      links[w]->bcast.Begin(out.bcast_round, job.mean(), layout.num_chunks(),
+                            clock.ns(), reduced.subset);
     }
   }
 
@@ -582,7 +580,8 @@ struct MemoryCluster::Impl {
     for (auto& l : push_loss) l->SetIteration(iteration);
     bcast_loss.SetIteration(iteration);
     out.burst = push_loss[0]->InBurst();
-    out.push_tolerance = policy->Current();
+    out.push_tolerance =
+        job.PushTolerance(iteration, job.policy()->Current());
 
     BeginPush(out, grads);
     RunRound(Direction::kPush);
@@ -599,13 +598,12 @@ struct MemoryCluster::Impl {
   ClusterConfig cfg;
   ChunkLayout layout;
   LoopbackFabric fabric;
-  std::unique_ptr<TolerancePolicy> policy;
-  MeanReducer reducer;
+  ServerIteration job;  // the server's decisions, as dblp-server's
+  ReducedPush reduced;  // this iteration's
   LossInjector bcast_loss;
   std::vector<std::unique_ptr<LossInjector>> push_loss;
   std::vector<std::unique_ptr<Worker>> workers;
   std::vector<std::unique_ptr<ServerLink>> links;
-  std::vector<float> mean;
   uint32_t round;
   uint64_t iteration = 0;
   SimClock clock;
@@ -630,7 +628,8 @@ IterationOutcome MemoryCluster::RunIteration(
 const ClusterConfig& MemoryCluster::config() const { return impl_->cfg; }
 const ChunkLayout& MemoryCluster::layout() const { return impl_->layout; }
 const std::vector<float>& MemoryCluster::server_mean() const {
-  return impl_->mean;
+  const ServerIteration& job = impl_->job;
+  return job.mean();
 }
 const std::vector<float>& MemoryCluster::worker_average(uint32_t rank) const {
   return impl_->workers.at(rank)->average;

@@ -24,25 +24,26 @@
 #include "dblp/round/send_order.h"
 #include "dblp/policy/tolerance.h"
 #include "dblp/wire/wire.h"
+#include "dblp/job/server_iteration.h"
 
 namespace dblp {
 
-struct ClusterConfig {
+// The job's settings are the servers' own (ServerJobSettings: policy, push
+// fill, broadcast, resync, zeroing; the same ServerIteration decides), the
+// rest models the network.
+struct ClusterConfig : ServerJobSettings {
   uint32_t num_workers = 3;
   uint64_t gradient_floats = 1 << 16;
   uint32_t mtu = 1500;
   uint32_t session = 0xD0B1F00Du;
   uint32_t first_round = 0;  // round counter of iteration 0's push
-  PolicyConfig policy;
   SendOrderKind send_order = kDefaultSendOrder;
   uint64_t seed = 1;
   LossSpec push_loss;         // base loss, worker -> server
   LossSpec bcast_loss;        // base loss, server -> worker
   BurstSchedule bursts;       // microbursts (both directions if below)
   bool bursts_on_broadcast = true;
-  FillMode push_fill = FillMode::kZero;   // server's mean
   FillMode bcast_fill = FillMode::kZero;  // worker's copy of the mean
-  bool reliable_broadcast = false;  // broadcast with p = 0 instead of p
   uint32_t burst = 32;              // frames per TX burst
   uint32_t stale_replay = 16;       // frames of the last round replayed
   size_t ring_size = 1 << 16;       // receive ring per endpoint

@@ -1,5 +1,7 @@
 #include "server_report.h"
 
+#include "dblp/job/counters.h"
+
 #include <algorithm>
 #include <string>
 
@@ -110,21 +112,11 @@ void AddServerCounters(const std::vector<std::unique_ptr<LcoreConf>>& lcs,
     }
     return t;
   };
-  for (int v = 0; v < kNumVerdicts; ++v) {
-    report->counters.emplace_back(
-        std::string("push_") + VerdictName(static_cast<Verdict>(v)),
-        over_links([v](const ServerLink& l) {
-          return l.push.receiver().verdict_count(static_cast<Verdict>(v));
-        }));
+  std::vector<const ReceiverRound*> receivers;
+  for (const auto& shard : links) {
+    for (const auto& l : shard) receivers.push_back(&l->push.receiver());
   }
-  for (int s = 1; s < kNumDecodeStatus; ++s) {
-    report->counters.emplace_back(
-        std::string("decode_") + DecodeStatusName(static_cast<DecodeStatus>(s)),
-        over_links([s](const ServerLink& l) {
-          return l.push.receiver().decode_error_count(
-              static_cast<DecodeStatus>(s));
-        }));
-  }
+  AddReceiverCounters("push_", receivers, true, &report->counters);
   for (int s = 1; s < kNumFrameStatus; ++s) {
     uint64_t t = 0;
     for (const auto& lc : lcs) t += lc->counters.frame_drops[s].load();

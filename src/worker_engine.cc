@@ -21,6 +21,7 @@
 #include "numa_placement.h"
 #include "dblp/obs/run_report.h"
 #include "worker_control.h"
+#include "dblp/job/counters.h"
 #include "dblp/job/worker_model.h"
 
 namespace dblp {
@@ -139,12 +140,8 @@ void AddWorkerCounters(const LcoreConf& lc, const WorkerControl& control,
       {"device_oerrors", drops.oerrors},
       {"frames_unpinned_source", ctr.unpinned_source.load()},
   };
-  // Every verdict by index, so one added to the enum is written too.
-  for (int v = 0; v < kNumVerdicts; ++v) {
-    report->counters.emplace_back(
-        std::string("bcast_") + VerdictName(static_cast<Verdict>(v)),
-        rx.verdict_count(static_cast<Verdict>(v)));
-  }
+  const ReceiverRound* receivers[] = {&rx};
+  AddReceiverCounters("bcast_", receivers, false, &report->counters);
   for (int s = 1; s < kNumFrameStatus; ++s) {
     report->counters.emplace_back(
         std::string("frame_") + FrameStatusName(static_cast<FrameStatus>(s)),

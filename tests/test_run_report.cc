@@ -197,7 +197,7 @@ TEST(UdpServerReport, EveryVerdictAndDecodeErrorIsWrittenByName) {
   // By index: a verdict or decode status added to the enums must show up
   // here without a change to this test.
   for (int v = 0; v < kNumVerdicts; ++v) {
-    names.push_back(VerdictName(static_cast<Verdict>(v)));
+    names.push_back(std::string("push_") + VerdictName(static_cast<Verdict>(v)));
   }
   for (int s = 1; s < kNumDecodeStatus; ++s) {
     names.push_back(std::string("decode_") +
@@ -220,18 +220,18 @@ TEST(UdpServerReport, EveryVerdictAndDecodeErrorIsWrittenByName) {
   // A server that pins each worker's source address turns the stranger's
   // datagrams away before the receiver looks at them; one that does not
   // counts each by what is wrong with it.
-  const auto unpinned = r.counters.find("unpinned_source");
+  const auto unpinned = r.counters.find("frames_unpinned_source");
   if (unpinned != r.counters.end() && unpinned->second > 0) {
     EXPECT_EQ(unpinned->second, 3u);
-    EXPECT_EQ(r.counters.at("malformed"), 0u);
-    EXPECT_EQ(r.counters.at("wrong_session"), 0u);
+    EXPECT_EQ(r.counters.at("push_malformed"), 0u);
+    EXPECT_EQ(r.counters.at("push_wrong_session"), 0u);
   } else {
     EXPECT_EQ(r.counters.at("decode_short_buffer"), 1u);
     EXPECT_EQ(r.counters.at("decode_bad_magic"), 1u);
-    EXPECT_EQ(r.counters.at("malformed"), 2u);
-    EXPECT_EQ(r.counters.at("wrong_session"), 1u);
+    EXPECT_EQ(r.counters.at("push_malformed"), 2u);
+    EXPECT_EQ(r.counters.at("push_wrong_session"), 1u);
   }
-  EXPECT_EQ(r.counters.at("accepted"), uint64_t{o.iterations} * r.chunks);
+  EXPECT_EQ(r.counters.at("push_accepted"), uint64_t{o.iterations} * r.chunks);
 }
 
 TEST(UdpRows, EachRoundIsOnDiskBeforeTheNextBegins) {

@@ -222,7 +222,7 @@ TEST(UdpPushBench, LossyRoundsMeetTheToleranceAndTheMeanIsExact) {
   EXPECT_EQ(mismatches, 0u);
   EXPECT_EQ(nonzero_missing, 0u);
   EXPECT_GT(r.counters.at("injected_drops"), 0u);
-  EXPECT_EQ(r.counters.at("malformed"), 0u);
+  EXPECT_EQ(r.counters.at("push_malformed"), 0u);
 }
 
 TEST(UdpPushBench, ZeroToleranceDeliversEveryChunkDespiteLoss) {
@@ -281,8 +281,8 @@ TEST(UdpPushBench, DatagramsFromAStrangerAreCountedUnpinned) {
   const UdpPushBenchResult r = RunUdpPushBench(o);
   ASSERT_EQ(r.exit_code, 0) << r.error;
   EXPECT_EQ(sent, 3);
-  EXPECT_EQ(r.counters.at("unpinned_source"), 3u);
-  EXPECT_EQ(r.counters.at("malformed"), 0u);
+  EXPECT_EQ(r.counters.at("frames_unpinned_source"), 3u);
+  EXPECT_EQ(r.counters.at("push_malformed"), 0u);
   ASSERT_EQ(r.rounds.size(), 3u);
   for (const UdpRoundRecord& x : r.rounds) {
     EXPECT_EQ(x.delivered_fraction, 1.0);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "dblp/control/admission.h"
+#include "dblp/job/counters.h"
 #include "dblp/wire/chunking.h"
 #include "dblp/control/control.h"
 #include "dblp/control/control_sidecar.h"
@@ -738,15 +739,12 @@ void JobServer::Finish(Outbox& out, const std::string& failure) {
   std::this_thread::sleep_for(std::chrono::milliseconds(5));
 }
 
+// The DPDK server's names (src/server_report.cc) for what both count, so
+// tools and tests read one set.
 void JobServer::FillCounters() {
-  auto sum = [&](Verdict v) {
-    uint64_t s = 0;
-    for (const auto& side : push_) s += side->receiver().verdict_count(v);
-    return s;
-  };
   uint64_t probes = 0;
   for (const auto& side : bcast_) probes += side->probes_sent();
-  res_.counters = {
+  NamedCounters c = {
       {"rx_frames", port_.rx_frames()},
       {"tx_frames", port_.tx_frames()},
       {"tx_eagain", port_.tx_eagain()},
@@ -756,23 +754,15 @@ void JobServer::FillCounters() {
       {"socket_drops", port_.socket_drops()},
       {"rx_truncated", port_.rx_truncated()},
       {"rcvbuf_bytes", static_cast<uint64_t>(port_.rcvbuf_bytes())},
-      {"unpinned_source", unpinned_},
+      {"frames_unpinned_source", unpinned_},
       {"control_auth_failures", admission_.auth_failures()},
       {"control_refused_joins", admission_.refused_joins()},
       {"control_out_of_state", admission_.out_of_state()},
   };
-  // Every verdict and decode error by index, so one added to the enums is
-  // written without a change here.
-  for (int v = 0; v < kNumVerdicts; ++v) {
-    res_.counters[VerdictName(static_cast<Verdict>(v))] =
-        sum(static_cast<Verdict>(v));
-  }
-  for (int d = 1; d < kNumDecodeStatus; ++d) {
-    const auto s = static_cast<DecodeStatus>(d);
-    uint64_t n = 0;
-    for (const auto& side : push_) n += side->receiver().decode_error_count(s);
-    res_.counters[std::string("decode_") + DecodeStatusName(s)] = n;
-  }
+  std::vector<const ReceiverRound*> receivers;
+  for (const auto& side : push_) receivers.push_back(&side->receiver());
+  AddReceiverCounters("push_", receivers, true, &c);
+  res_.counters.insert(c.begin(), c.end());
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include "dblp/control/control.h"
 #include "dblp/control/control_sidecar.h"
 #include "dblp/control/job_auth.h"
+#include "dblp/job/counters.h"
 #include "dblp/job/worker_model.h"
 #include "dblp/transport/packet_frames.h"
 #include "dblp/round/receive_side.h"
@@ -615,10 +616,11 @@ void JobWorker::Report() {
     res_.counters["bcast_injected_drops"] = loss_ ? loss_->dropped() : 0;
     res_.counters["bcast_unpinned_source"] = unpinned_;
     res_.counters["bcast_socket_drops"] = port_.socket_drops();
-    for (int v = 0; v < kNumVerdicts && bcast_; ++v) {
-      res_.counters[std::string("bcast_") +
-                    VerdictName(static_cast<Verdict>(v))] =
-          bcast_->receiver().verdict_count(static_cast<Verdict>(v));
+    if (bcast_) {
+      NamedCounters c;
+      const ReceiverRound* receivers[] = {&bcast_->receiver()};
+      AddReceiverCounters("bcast_", receivers, false, &c);
+      res_.counters.insert(c.begin(), c.end());
     }
   }
   report_.role = "worker";

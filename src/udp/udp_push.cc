@@ -300,7 +300,7 @@ std::string FormatUdpBenchJson(const UdpPushBenchOptions& o,
   // the run kept, by name: each drop reason of the receive side included.
   const std::vector<std::string> first = {"rx_frames",      "tx_frames",
                                           "injected_drops", "socket_drops",
-                                          "tx_eagain",      "malformed"};
+                                          "tx_eagain",      "push_malformed"};
   s << "],\"counters\":{";
   for (size_t i = 0; i < first.size(); ++i) {
     s << (i ? "," : "") << quote(first[i]) << ":" << counter(first[i].c_str());

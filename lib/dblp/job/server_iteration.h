@@ -83,7 +83,7 @@ class ServerIteration {
 
   MeanReducer& reducer() { return reducer_; }
   std::span<float> mean() { return mean_; }
-  std::span<const float> mean() const { return mean_; }
+  const std::vector<float>& mean() const { return mean_; }
   const ResyncSchedule& resync() const { return resync_; }
   // The runtime prompt may replace it between iterations.
   std::unique_ptr<TolerancePolicy>& policy() { return policy_; }
