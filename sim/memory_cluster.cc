@@ -184,7 +184,7 @@ struct MemoryCluster::Impl {
         layout(ChunkLayout::ForMtu(c.gradient_floats * sizeof(float), c.mtu)),
         fabric(c.num_workers + 1, c.ring_size),
         job(c, TolerancePolicy::Create(c.policy), layout, c.num_workers,
-            c.seed),
+            c.seed, "sim-server"),
         bcast_loss(c.bcast_loss,
                    c.bursts_on_broadcast ? c.bursts : BurstSchedule{},
                    HashMix(c.seed, 0xB0)),

@@ -165,7 +165,8 @@ int RunServer(const ServerOptions& o) {
   control.Attach(push_sides, bcast_sides);
   // What the server decides between a push and its broadcast (the same
   // object as dblp-udp-server's): mean, policy, broadcast, next push.
-  ServerIteration iteration(o, std::move(policy), layout, W, o.dp.seed);
+  ServerIteration iteration(o, std::move(policy), layout, W, o.dp.seed,
+                            "dblp-server");
   MeanReducer& reducer = iteration.reducer();
   const std::span<const float> mean = iteration.mean();
   const int node = PortNumaNode(0);

@@ -655,5 +655,86 @@ TEST(MemoryClusterTest, SingleWorkerAndJumboMtu) {
   for (int it = 0; it < 4; ++it) cc.Step();
 }
 
+
+// The servers' consistent broadcast in the simulator (the same
+// ServerIteration): every worker gets the one subset, exactly the STOP
+// threshold's size, under loss; and what the workers applied plus what is
+// still carried equals the sum of the pushes' means (integer gradients:
+// the sums are exact).
+TEST(MemoryClusterTest, ConsistentBroadcastOneSubsetAndConservation) {
+  ClusterConfig c = SmallConfig(31);
+  c.policy.kind = PolicyKind::kFixed;
+  c.policy.p_fixed = 0.2;
+  c.consistent_broadcast = true;
+  c.push_loss = Bernoulli(0.05);
+  c.bcast_loss = Bernoulli(0.1);
+  MemoryCluster cluster(c);
+  const uint32_t n = cluster.layout().num_chunks();
+  std::vector<double> pushed(c.gradient_floats, 0), applied(c.gradient_floats);
+  std::vector<std::vector<double>> got(c.num_workers, applied);
+  for (uint64_t it = 0; it < 8; ++it) {
+    const auto grads = IntGrads(c.num_workers, c.gradient_floats, it);
+    const IterationOutcome out = cluster.RunIteration(grads);
+    // The mean the pushes make (zero fill), before the carry is added.
+    const ChunkLayout& layout = cluster.layout();
+    for (uint32_t ch = 0; ch < n; ++ch) {
+      const size_t first = layout.Offset(ch) / 4, k = layout.Length(ch) / 4;
+      for (size_t j = first; j < first + k; ++j) {
+        double s = 0;
+        for (uint32_t r = 0; r < c.num_workers; ++r) {
+          if (cluster.push_arrived(r).Test(ch)) s += grads[r][j];
+        }
+        pushed[j] += static_cast<float>(s / c.num_workers);
+      }
+    }
+    for (uint32_t r = 0; r < c.num_workers; ++r) {
+      EXPECT_EQ(cluster.bcast_arrived(r).Count(), StopThreshold(n, 0.2))
+          << "iteration " << it << " rank " << r;
+      EXPECT_TRUE(cluster.bcast_arrived(r) == cluster.bcast_arrived(0))
+          << "iteration " << it << " rank " << r;
+      const std::vector<float>& avg = cluster.worker_average(r);
+      for (size_t j = 0; j < avg.size(); ++j) got[r][j] += avg[j];
+    }
+    EXPECT_EQ(out.bcast_tolerance.deadline_ns, 0u);
+  }
+  // Carried now: the last mean's chunks outside the last subset.
+  const std::vector<float>& mean = cluster.server_mean();
+  const ChunkLayout& layout = cluster.layout();
+  for (uint32_t r = 0; r < c.num_workers; ++r) {
+    for (uint32_t ch = 0; ch < n; ++ch) {
+      if (cluster.bcast_arrived(r).Test(ch)) continue;
+      const size_t first = layout.Offset(ch) / 4, k = layout.Length(ch) / 4;
+      for (size_t j = first; j < first + k; ++j) got[r][j] += mean[j];
+    }
+    for (size_t j = 0; j < pushed.size(); ++j) {
+      ASSERT_NEAR(got[r][j], pushed[j], 1e-3) << "rank " << r << " float " << j;
+    }
+  }
+}
+
+// A resync iteration in the simulator: both rounds reliable whatever the
+// policy (ServerIteration::PushTolerance, the broadcast's), so every
+// worker holds the whole average.
+TEST(MemoryClusterTest, ResyncRoundsAreReliable) {
+  ClusterConfig c = SmallConfig(32);
+  c.policy.kind = PolicyKind::kFixed;
+  c.policy.p_fixed = 0.3;
+  c.resync_every = 2;  // iterations 2, 5, ... are resyncs
+  c.push_loss = Bernoulli(0.1);
+  c.bcast_loss = Bernoulli(0.1);
+  CheckedCluster cc(c);
+  for (uint64_t it = 0; it < 6; ++it) {
+    const IterationOutcome out = cc.Step();
+    const bool resync = it == 2 || it == 5;
+    EXPECT_EQ(out.push_tolerance.p, resync ? 0.0 : 0.3) << "iteration " << it;
+    EXPECT_EQ(out.bcast_tolerance.p, resync ? 0.0 : 0.3) << "iteration " << it;
+    if (!resync) continue;
+    for (uint32_t r = 0; r < c.num_workers; ++r) {
+      EXPECT_EQ(cc.cluster().bcast_arrived(r).MissingCount(), 0u);
+      EXPECT_EQ(cc.cluster().worker_average(r), cc.cluster().server_mean());
+    }
+  }
+}
+
 }  // namespace
 }  // namespace dblp

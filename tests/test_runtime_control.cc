@@ -38,6 +38,9 @@ TEST(Seqlock, ReadersNeverSeeATornValue) {
       }
     });
   }
+  // Both readers running before the writer starts: on a loaded host the
+  // stores could otherwise end before a reader was ever scheduled.
+  while (reads.load() < 2) std::this_thread::yield();
   for (uint64_t i = 1; i <= 200000; ++i) {
     lock.Store(Pair{i, i * 3, static_cast<double>(i)});
   }

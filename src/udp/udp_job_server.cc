@@ -422,8 +422,8 @@ std::string JobServer::SetUpJob() {
   res_.chunks = layout_.num_chunks();
   push_tol_ = policy_->Current();
   try {
-    iteration_ = std::make_unique<ServerIteration>(o_, std::move(policy_),
-                                                   layout_, W, o_.seed);
+    iteration_ = std::make_unique<ServerIteration>(
+        o_, std::move(policy_), layout_, W, o_.seed, "dblp-udp-server");
   } catch (const std::bad_alloc&) {
     return "cannot allocate the sums of a " +
            std::to_string(layout_.total_bytes()) +

@@ -9,12 +9,13 @@ namespace dblp {
 ServerIteration::ServerIteration(const ServerJobSettings& s,
                                  std::unique_ptr<TolerancePolicy> policy,
                                  const ChunkLayout& layout, uint32_t workers,
-                                 uint64_t seed)
+                                 uint64_t seed, std::string app)
     : s_(s),
       policy_(std::move(policy)),
       layout_(layout),
       resync_(s.resync_every),
       seed_(seed),
+      app_(std::move(app)),
       reducer_(layout, workers),
       mean_(layout.total_bytes() / sizeof(float), 0.0f) {
   if (s.consistent_broadcast) carry_.emplace(layout, HashMix(seed, 0xCA));
@@ -55,8 +56,8 @@ ReducedPush ServerIteration::Reduce(uint64_t it, uint64_t push_ns) {
     r.broadcast.deadline_ns = 0;
     r.subset = carry_->Plan(it, r.broadcast.p, mean_);
   }
-  DBLP_LOG(Debug, "server: iteration %llu: mean norm %.6g, next p %.4g%s%s",
-           static_cast<unsigned long long>(it), r.norm, r.next.p,
+  DBLP_LOG(Debug, "%s: iteration %llu: mean norm %.6g, next p %.4g%s%s",
+           app_.c_str(), static_cast<unsigned long long>(it), r.norm, r.next.p,
            r.next.critical ? " (critical)" : "", r.resync ? " (resync)" : "");
   reducer_.BeginRound();
   return r;

@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "dblp/policy/broadcast_carry.h"
@@ -62,11 +63,12 @@ struct ReducedPush {
 class ServerIteration {
  public:
   // `policy` is the job's (made from s.policy before the join, so that the
-  // WELCOME can describe it). Throws std::bad_alloc when the sums do not
-  // fit.
+  // WELCOME can describe it); `app` names the server in the debug log.
+  // Throws std::bad_alloc when the sums do not fit.
   ServerIteration(const ServerJobSettings& s,
                   std::unique_ptr<TolerancePolicy> policy,
-                  const ChunkLayout& layout, uint32_t workers, uint64_t seed);
+                  const ChunkLayout& layout, uint32_t workers, uint64_t seed,
+                  std::string app);
 
   // Iteration `it`'s push is closed (every worker's STOP, its chunks in
   // the reducer), after push_ns: the mean, the policy's next p, and the
@@ -97,6 +99,7 @@ class ServerIteration {
   const ChunkLayout layout_;
   const ResyncSchedule resync_;
   const uint64_t seed_;
+  const std::string app_;
   MeanReducer reducer_;
   std::vector<float> mean_;
   // Built only for a consistent broadcast: it holds a copy of the gradient.
