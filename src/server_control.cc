@@ -161,9 +161,7 @@ void ServerControl::Announce(const RoundBeginRequest& r) {
 }
 
 void ServerControl::StageAccepted(uint32_t w, AcceptedMsg m) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (accepted_.size() <= w) accepted_.resize(w + 1);
-  accepted_[w] = std::move(m);
+  accepted_.Stage(w, std::move(m));
 }
 
 void ServerControl::Fail(const std::string& why) {
@@ -200,12 +198,7 @@ void ServerControl::SendRequests() {
     }
     if (const auto* a = std::get_if<AcceptedRequest>(&r)) {
       AcceptedMsg m;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (a->peer >= accepted_.size()) continue;
-        m = std::move(accepted_[a->peer]);
-      }
-      if (m.round == a->round && alive_[a->peer].load()) {
+      if (accepted_.Take(a->peer, a->round, &m) && alive_[a->peer].load()) {
         sidecar_.Send(admission_.desk().members()[a->peer].conn, m);
       }
       continue;

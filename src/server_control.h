@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "datapath.h"
+#include "dblp/control/accepted_mail.h"
 #include "dblp/control/admission.h"
 #include "dblp/control/control.h"
 #include "dblp/control/control_sidecar.h"
@@ -134,9 +135,9 @@ class ServerControl {
   // reads under mu_ (worker_error).
   std::vector<std::string> errors_;
   std::vector<bool> bye_seen_;  // sidecar only
-  // Per worker: coordinator wo under mu_ (StageAccepted); sidecar: moves it
-  // out under mu_ when the AcceptedRequest comes.
-  std::vector<AcceptedMsg> accepted_;
+  // Per worker: the coordinator stages (StageAccepted); the sidecar takes
+  // it when the AcceptedRequest comes.
+  AcceptedSlots accepted_;
   std::atomic<bool> joined_{false};  // sidecar: wo; datapath: ro
   // Rounds: set by the datapath once (Attach); read by the sidecar.
   std::vector<std::vector<ReceiveSide*>> push_;

@@ -109,9 +109,7 @@ void WorkerControl::OnMessage(const ControlMessage& m) {
   }
   if (std::holds_alternative<ByeMsg>(m)) return gone("server said BYE");
   if (const auto* a = std::get_if<AcceptedMsg>(&m)) {
-    std::lock_guard<std::mutex> lock(accepted_mu_);
-    accepted_ = *a;
-    have_accepted_ = true;
+    accepted_.Put(*a);
     return;
   }
   if (const auto* rb = std::get_if<RoundBeginMsg>(&m)) {
@@ -129,13 +127,7 @@ void WorkerControl::OnMessage(const ControlMessage& m) {
 }
 
 bool WorkerControl::TakeAccepted(uint32_t round, Bitmap* out) {
-  std::lock_guard<std::mutex> lock(accepted_mu_);
-  if (!have_accepted_ || accepted_.round != round) return false;
-  Bitmap b(accepted_.num_bits);
-  b.AssignWords(accepted_.words);
-  *out = std::move(b);
-  have_accepted_ = false;
-  return true;
+  return accepted_.Take(round, out);
 }
 
 void WorkerControl::SendRequests() {

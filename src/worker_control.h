@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "datapath.h"
+#include "dblp/control/accepted_mail.h"
 #include "dblp/control/control.h"
 #include "dblp/control/control_sidecar.h"
 #include "dblp/control/job_auth.h"
@@ -92,11 +93,8 @@ class WorkerControl {
   std::string failure_;                   // sidecar: wo before server_gone_
   std::atomic<bool> server_gone_{false};  // sidecar: wo; datapath: ro
   std::string final_error_;  // datapath: wo before FinishRequest; sidecar: ro
-  // The latest ACCEPTED: sidecar wo, datapath reads, both under
-  // accepted_mu_ (once per iteration, never per packet).
-  std::mutex accepted_mu_;
-  AcceptedMsg accepted_;
-  bool have_accepted_ = false;
+  // The latest ACCEPTED: the sidecar puts it, the datapath's model takes it.
+  AcceptedInbox accepted_;
   std::atomic<bool> closed_{false};      // sidecar: wo; datapath: ro
   std::atomic<uint64_t> stops_sent_{0};  // sidecar: wo; report: ro
   std::atomic<uint64_t> iteration_{0};   // datapath: wo; stats: ro

@@ -295,7 +295,7 @@ TEST(UdpJob, BadOptionsExit2) {
   EXPECT_NE(w.error.find("loss"), std::string::npos) << w.error;
   // What the kernel-UDP server does not do yet is refused, naming dblp-server.
   so = SmallServer();
-  so.push_feedback = true;
+  so.continue_on_worker_loss = true;
   s = RunUdpJobServer(so);
   EXPECT_EQ(s.exit_code, 2);
   EXPECT_NE(s.error.find("dblp-server"), std::string::npos) << s.error;

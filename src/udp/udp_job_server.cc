@@ -13,6 +13,7 @@
 #include <variant>
 #include <vector>
 
+#include "dblp/control/accepted_mail.h"
 #include "dblp/control/admission.h"
 #include "dblp/job/counters.h"
 #include "dblp/wire/chunking.h"
@@ -84,6 +85,7 @@ class JobServer {
   bool TakeEvents(std::string* failure);
   std::string FinishedEarly() const;
   bool CloseRoundIfStopped(Outbox& out);
+  void StageAccepted(Outbox& out);
   void AddPushRows(double norm, bool resync);
   void BeginBroadcast(Outbox& out, const ReducedPush& r);
   bool CloseBroadcastIfDone();
@@ -124,6 +126,9 @@ class JobServer {
   EventQueue<DatapathEvent> events_;     // sidecar -> datapath: BYE, gone
   EventQueue<ControlRequest> requests_;  // datapath -> sidecar
   std::vector<ControlRequest> sending_;  // sidecar only
+  // Push feedback: the datapath stages each worker's ACCEPTED before the
+  // request that sends it; the sidecar takes it then.
+  AcceptedSlots accepted_;
   // The job's failure text: datapath wo before its FinishRequest; the
   // sidecar reads it when handling that request.
   std::string failure_;
@@ -182,11 +187,6 @@ std::string JobServer::CheckOptions() {
     policy_ = TolerancePolicy::Create(o_.policy);
   } catch (const std::invalid_argument& e) {
     return e.what();
-  }
-  if (o_.push_feedback) {
-    return "push feedback is not built on kernel UDP yet: run dblp-server "
-           "(DPDK, --vdev=net_memif... without a NIC) or drop "
-           "--push_feedback";
   }
   if (o_.continue_on_worker_loss) {
     return "--on_worker_loss=continue is not built on kernel UDP yet: run "
@@ -324,11 +324,11 @@ void JobServer::Welcome() {
   gone_.resize(o_.workers);
   MakeSides(ChunkLayout(desk_.first().total_bytes, chunk_payload_));
   for (uint32_t w = 0; w < o_.workers; ++w) {
-    // push_feedback stays off (refused by CheckOptions).
     WelcomeMsg wm = desk_.Welcome(w, chunk_payload_);
     wm.session = session_;
     wm.resync_every = o_.resync_every;
     wm.consistent_broadcast = o_.consistent_broadcast;
+    wm.push_feedback = o_.push_feedback;
     wm.udp_base_port = port_.bound_port();
     wm.server_ipv4 = ntohl(port_.bound_addr().sin_addr.s_addr);
     wm.policy = policy_text_;
@@ -380,6 +380,12 @@ void JobServer::OnWakeup() {
                                     rb.p,       rb.deadline_ns, rb.min_fraction,
                                     rb.critical};
               for (const auto& w : desk_.members()) sc_->Send(w.conn, m);
+            },
+            [&](const AcceptedRequest& a) {
+              AcceptedMsg m;
+              if (accepted_.Take(a.peer, a.round, &m)) {
+                sc_->Send(desk_.members()[a.peer].conn, m);
+              }
             },
             [&](const FinishRequest& f) {
               // ERROR (with the cause) or a plain close to every worker.
@@ -617,12 +623,26 @@ bool JobServer::CloseRoundIfStopped(Outbox& out) {
   if (o_.on_round) {
     o_.on_round(UdpServerRoundView{it_, iteration_->mean(), arrived_});
   }
+  // Each worker's ACCEPTED before the broadcast's ROUND_BEGIN, so it holds
+  // it when the broadcast begins.
+  if (o_.push_feedback && !r.resync) StageAccepted(out);
   res_.iterations = ++it_;
   push_tol_ = r.next;
   // The broadcast before the push: its ROUND_BEGIN goes out first.
   if (!o_.push_only) BeginBroadcast(out, r);
   OpenPush(out);
   return true;
+}
+
+// Push feedback: tell each worker the chunks of its push the mean summed.
+void JobServer::StageAccepted(Outbox& out) {
+  const uint32_t round = PushRound(it_);
+  for (uint32_t w = 0; w < o_.workers; ++w) {
+    const std::span<const uint64_t> words = arrived_[w].words();
+    accepted_.Stage(w, AcceptedMsg{round, arrived_[w].size(),
+                                   {words.begin(), words.end()}});
+    out.Post(AcceptedRequest{static_cast<uint16_t>(w), round});
+  }
 }
 
 // The push half of the iteration's rows (the DPDK server's columns), and

@@ -16,6 +16,7 @@
 #include "dblp/control/control.h"
 #include "dblp/control/control_sidecar.h"
 #include "dblp/control/job_auth.h"
+#include "dblp/control/accepted_mail.h"
 #include "dblp/job/counters.h"
 #include "dblp/job/worker_model.h"
 #include "dblp/transport/packet_frames.h"
@@ -47,6 +48,16 @@ class JobWorker {
   JobWorker(const UdpJobWorkerOptions& o, GradientSource& source)
       : o_(o), source_(source) {}
   UdpJobWorkerResult Run();
+
+  // What the model asks of the control plane (AcceptedChannel): push
+  // feedback's ACCEPTED, and whether the server is gone. Datapath thread.
+  bool TakeAccepted(uint32_t round, Bitmap* out) {
+    return accepted_.Take(round, out);
+  }
+  bool server_gone() const {
+    return server_gone_.load(std::memory_order_acquire);
+  }
+  const std::string& failure() const { return gone_why_; }
 
  private:
   UdpJobWorkerResult Fail(int code, const std::string& msg) {
@@ -94,6 +105,7 @@ class JobWorker {
   std::string gone_why_;  // sidecar: wo (once) before `server_gone_`
   std::atomic<bool> server_gone_{false};
   std::atomic<bool> closed_{false};  // sidecar: wo
+  AcceptedInbox accepted_;  // sidecar: puts; datapath (the model): takes
   // The two directions: made by the datapath once WELCOME named the
   // session and rank, then published (release) for the sidecar, which
   // hands the push side STOP and BITMAP, the broadcast side PROBE; null
@@ -257,6 +269,8 @@ void JobWorker::OnMessage(const ControlMessage& m) {
         std::string("the server sent ") + ControlTypeName(m) + " out of order";
     sc_->Close(conn_, why);
     ServerGone(why);
+  } else if (const auto* a = std::get_if<AcceptedMsg>(&m)) {
+    accepted_.Put(*a);  // push feedback: what the server summed
   } else if (const auto* rb = std::get_if<RoundBeginMsg>(&m)) {
     events_.Push(RoundBeginEvent{rb->direction, rb->round, rb->p,
                                  rb->deadline_ns, rb->min_fraction,
@@ -407,7 +421,11 @@ std::string JobWorker::Iterate(uint64_t it, Outbox& out, bool* more) {
   }
   // The push bench has no mean to absorb.
   if (!o_.push_only) {
-    if (std::string e = model_->Absorb(it, arrived_); !e.empty()) return e;
+    if (std::string e =
+            model_->Absorb(it, *this, arrived_, o_.round_timeout_ms);
+        !e.empty()) {
+      return e;
+    }
     if (!o_.dump_dir.empty() && it < o_.dump_iterations) {
       model_->Dump(o_.dump_dir + "/w" + std::to_string(res_.rank) + "_it" +
                        std::to_string(it),

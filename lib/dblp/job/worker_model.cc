@@ -60,16 +60,6 @@ std::string WorkerModel::Prepare(uint64_t it, bool* more) {
   return "";
 }
 
-std::string WorkerModel::Absorb(uint64_t it, const Bitmap& arrived) {
-  if (resync_.IsResync(it)) return LoadAverageModel(it, arrived);
-  if (feedback_) {
-    return "iteration " + std::to_string(it) +
-           ": the job uses push feedback but this worker has no channel for "
-           "the server's ACCEPTED";
-  }
-  return ApplyMean(it, arrived);
-}
-
 std::string WorkerModel::ApplyMean(uint64_t it, const Bitmap& arrived) {
   FillMissing(avg_, arrived, layout_, bcast_fill_, prev_avg_);
   try {

@@ -71,8 +71,6 @@ class WorkerModel {
     }
     return ApplyMean(it, arrived);
   }
-  // Absorb for a job without push feedback (no ACCEPTED to wait for).
-  std::string Absorb(uint64_t it, const Bitmap& arrived);
   // The iteration's buffers for the tests (dblp-worker --dump_dir).
   void Dump(const std::string& base, uint64_t it, const Bitmap& arrived);
 
