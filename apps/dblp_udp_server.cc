@@ -3,8 +3,7 @@
 // the current loss tolerance, reduces, runs the tolerance policy and
 // broadcasts the mean back (src/udp/udp_job.h), with the same job logic as
 // dblp-server (lib/dblp/job/server_iteration.h). Flags mean what
-// dblp-server's of the same name mean; --on_worker_loss=continue is
-// refused here for now.
+// dblp-server's of the same name mean.
 //
 // Exit codes: 0 done, 1 the job failed (a worker lost, a round without
 // progress), 2 bad flags.

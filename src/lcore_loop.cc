@@ -1,4 +1,6 @@
 #include "lcore_loop.h"
+
+#include "dblp/job/diagnosis.h"
 #include "dblp/base/log.h"
 
 #include <rte_pause.h>
@@ -10,12 +12,6 @@
 #include <variant>
 
 namespace dblp {
-namespace {
-// A worker with nothing sent may be waiting for its trainer.
-constexpr const char* kPauseHint =
-    " (a worker that sent nothing may be waiting for its trainer: a pause "
-    "between steps, e.g. an evaluation, needs a larger --round_timeout_ms)";
-}  // namespace
 
 // ---- JobSync ----------------------------------------------------------------
 
@@ -321,8 +317,8 @@ bool ServerLcore::AdoptReturnPaths() {
     const WorkerState& ws = *workers_[w];
     if (l.learned || !ws.alive.load(std::memory_order_relaxed)) continue;
     if (!ws.return_ready.load(std::memory_order_acquire)) {
-      job_.Fail("worker " + std::to_string(w) + " (" + control_.worker_name(w) +
-                ") sent no frame the server accepted, so its return "
+      job_.Fail(WorkerLabel(w, control_.worker_name(w)) +
+                " sent no frame the server accepted, so its return "
                 "address is unknown; check that its frames reach the "
                 "server's port (--p below 1)");
       return false;
@@ -355,10 +351,7 @@ uint64_t ServerLcore::DrainedFor(const ServerLink& l) const {
 
 bool ServerLcore::LoseWorker(uint32_t w, const std::string& how) {
   if (!setup_.continue_on_worker_loss) {
-    job_.Fail("worker " + std::to_string(w) + " (" + control_.worker_name(w) +
-              ") " + how + " in iteration " + std::to_string(iteration_) +
-              "; restart the job, or run the server with "
-              "--on_worker_loss=continue to carry on without it");
+    job_.Fail(WorkerLostText(w, control_.worker_name(w), how, iteration_));
     return false;
   }
   DBLP_LOG(Warning, "dblp-server: continuing without worker %u (%s)", w,
@@ -441,8 +434,7 @@ bool ServerLcore::RunUntil(Done done, bool broadcasting,
         job_.Fail("interrupted");
         return false;
       case RoundPacer::Step::kTimedOut: {
-        std::string why = what + " made no progress for " +
-                          std::to_string(pacer_.timeout_ms()) + " ms";
+        std::string why = NoProgressText(what, pacer_.timeout_ms());
         if (!broadcasting) {
           why += "; chunks received:";
           for (uint32_t w = 0; w < workers_.size(); ++w) {
@@ -451,7 +443,7 @@ bool ServerLcore::RunUntil(Done done, bool broadcasting,
                        workers_[w]->push_stop.Received(PushRound(iteration_))) +
                    "/" + std::to_string(setup_.layout->num_chunks());
           }
-          why += kPauseHint;
+          why += PushStalledHint();
         }
         job_.Fail(why);
         return false;
@@ -475,9 +467,7 @@ bool ServerLcore::FinishedEarly(uint64_t it) {
   for (uint32_t w = 0; w < workers_.size(); ++w) {
     WorkerState& ws = *workers_[w];
     if (ws.alive && ws.said_bye && !ws.push_stop.taken(round) &&
-        !LoseWorker(w, "finished after " + std::to_string(it) +
-                           " iterations while the others go on (run every "
-                           "worker with the same --iterations);")) {
+        !LoseWorker(w, FinishedEarlyHow(it))) {
       return true;
     }
   }

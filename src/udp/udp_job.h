@@ -59,7 +59,6 @@ struct UdpServerRoundView {
 
 // dblp-udp-server's options: the job's (ServerJobSettings, the same struct
 // as dblp-server's) and the kernel-UDP transport's.
-// continue_on_worker_loss is refused here for now (dblp-server has it).
 struct UdpJobServerOptions : ServerJobSettings {
   JobSecret secret;  // empty: insecure (then frame_auth must be kNone)
   FrameAuthMode frame_auth = FrameAuthMode::kHeader;

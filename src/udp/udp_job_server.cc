@@ -15,7 +15,9 @@
 
 #include "dblp/control/accepted_mail.h"
 #include "dblp/control/admission.h"
+#include "dblp/base/log.h"
 #include "dblp/job/counters.h"
+#include "dblp/job/diagnosis.h"
 #include "dblp/wire/chunking.h"
 #include "dblp/control/control.h"
 #include "dblp/control/control_sidecar.h"
@@ -83,7 +85,17 @@ class JobServer {
   bool StepSides(Outbox& out);
   bool StepBroadcast(Outbox& out, bool* progress);
   bool TakeEvents(std::string* failure);
-  std::string FinishedEarly() const;
+  std::string FinishedEarly();
+  bool AllLiveSaidBye() const {
+    for (uint32_t w = 0; w < o_.workers; ++w) {
+      if (Alive(w) && !bye_[w]) return false;
+    }
+    return true;
+  }
+  bool LoseWorker(uint32_t w, const std::string& how, std::string* failure);
+  bool Alive(uint32_t w) const {
+    return alive_[w].load(std::memory_order_relaxed);
+  }
   bool CloseRoundIfStopped(Outbox& out);
   void StageAccepted(Outbox& out);
   void AddPushRows(double norm, bool resync);
@@ -92,7 +104,6 @@ class JobServer {
   std::string NoProgress() const;
   void Finish(Outbox& out, const std::string& failure);
   void FillCounters();
-  std::string WorkerName(uint32_t w) const;
 
   const UdpJobServerOptions& o_;
   UdpJobServerResult res_;  // datapath only
@@ -148,6 +159,11 @@ class JobServer {
   std::vector<Packet> pkts_;
   std::vector<uint8_t> arrivals_;  // per worker: frames this turn
   std::vector<uint8_t> bye_;       // per worker: said BYE
+  // Per worker: false once lost under --on_worker_loss=continue (its
+  // frames are dropped, it gets no more rounds). Datapath: wo; sidecar: ro
+  // (no more ROUND_BEGIN to it).
+  std::unique_ptr<std::atomic<bool>[]> alive_;
+  uint64_t from_lost_ = 0;  // frames of lost workers, dropped
   std::vector<DatapathEvent> taken_;
   std::vector<SendOrder> orders_;  // broadcast, per worker
   std::vector<uint32_t> order_buf_;
@@ -187,10 +203,6 @@ std::string JobServer::CheckOptions() {
     policy_ = TolerancePolicy::Create(o_.policy);
   } catch (const std::invalid_argument& e) {
     return e.what();
-  }
-  if (o_.continue_on_worker_loss) {
-    return "--on_worker_loss=continue is not built on kernel UDP yet: run "
-           "dblp-server or use --on_worker_loss=abort";
   }
   return "";
 }
@@ -379,7 +391,10 @@ void JobServer::OnWakeup() {
               const RoundBeginMsg m{rb.round,   rb.round / 2,   rb.direction,
                                     rb.p,       rb.deadline_ns, rb.min_fraction,
                                     rb.critical};
-              for (const auto& w : desk_.members()) sc_->Send(w.conn, m);
+              const auto& members = desk_.members();
+              for (uint32_t w = 0; w < members.size(); ++w) {
+                if (!alive_ || alive_[w].load()) sc_->Send(members[w].conn, m);
+              }
             },
             [&](const AcceptedRequest& a) {
               AcceptedMsg m;
@@ -444,6 +459,8 @@ std::string JobServer::SetUpJob() {
   for (Packet& p : pkts_) p.bytes.reserve(popts_.max_datagram);
   arrivals_.assign(W, 0);
   bye_.assign(W, 0);
+  alive_ = std::make_unique<std::atomic<bool>[]>(W);
+  for (uint32_t w = 0; w < W; ++w) alive_[w].store(true);
   const auto* mean =
       reinterpret_cast<const uint8_t*>(iteration_->mean().data());
   for (uint32_t w = 0; w < W; ++w) {
@@ -472,10 +489,7 @@ std::string JobServer::ServeRounds(Outbox& out) {
     work = StepSides(out) || work;
     if (broadcasting_) work = StepBroadcast(out, &progress) || work;
     if (CloseBroadcastIfDone()) work = progress = true;
-    if (!broadcasting_ &&
-        std::all_of(bye_.begin(), bye_.end(), [](uint8_t b) { return b; })) {
-      return "";
-    }
+    if (!broadcasting_ && AllLiveSaidBye()) return "";
     if (!broadcasting_ && CloseRoundIfStopped(out)) work = progress = true;
     if (progress) watchdog.Progress();
     if (work) {
@@ -525,6 +539,10 @@ bool JobServer::Receive(bool* progress) {
       ++unpinned_;
       continue;
     }
+    if (!Alive(w)) {
+      ++from_lost_;
+      continue;
+    }
     arrivals_[w] = 1;
     if (push_[w]->OnFrame(buf, len, accumulate) == Verdict::kAccepted) {
       *progress = true;
@@ -549,6 +567,7 @@ bool JobServer::StepBroadcast(Outbox& out, bool* progress) {
   const uint64_t now = NowNs();
   bool work = false;
   for (uint32_t w = 0; w < o_.workers; ++w) {
+    if (!Alive(w)) continue;
     SendSide& side = *bcast_[w];
     const uint64_t sent = side.sender().packets_sent();
     work = side.Step(now, *frames_[w], out) || work;
@@ -566,48 +585,62 @@ bool JobServer::TakeEvents(std::string* failure) {
     }
     const auto* gone = std::get_if<PeerGoneEvent>(&e);
     if (gone == nullptr || !failure->empty()) continue;
-    const Departure& d = gone_[gone->peer];
-    const std::string who = WorkerName(gone->peer);
-    if (d.failed) {
-      *failure =
-          who + " failed in iteration " + std::to_string(it_) + ": " + d.why;
-    } else if (!bye_[gone->peer]) {
-      *failure = who + " disconnected in iteration " + std::to_string(it_) +
-                 " without BYE: " + d.why;
-    }
+    const uint32_t w = gone->peer;
+    const Departure& d = gone_[w];
+    if (!Alive(w) || (!d.failed && bye_[w])) continue;
+    LoseWorker(w, d.failed ? "failed (" + d.why + ")"
+                           : "disconnected without BYE (" + d.why + ")",
+               failure);
   }
   return true;
 }
 
-std::string JobServer::WorkerName(uint32_t w) const {
-  return "worker " + std::to_string(w) + " (" + desk_.members()[w].name + ")";
+// A worker lost: the job fails naming it (--on_worker_loss=abort), or goes
+// on without it: its frames are dropped, it gets no more rounds, and the
+// mean divides by the live workers from the next round on (this one may
+// already hold its chunks). False (with *failure) if the job ends.
+bool JobServer::LoseWorker(uint32_t w, const std::string& how,
+                           std::string* failure) {
+  if (!o_.continue_on_worker_loss) {
+    *failure = WorkerLostText(w, desk_.members()[w].name, how, it_);
+    return false;
+  }
+  DBLP_LOG(Warning, "dblp-udp-server: continuing without worker %u (%s)", w,
+           how.c_str());
+  alive_[w].store(false);
+  uint32_t live = 0;
+  for (uint32_t k = 0; k < o_.workers; ++k) live += Alive(k) ? 1 : 0;
+  if (live == 0) {
+    *failure = "every worker is gone";
+    return false;
+  }
+  return true;
 }
 
 // A worker that said BYE while another already pushes the open round ran
-// fewer iterations: the round could never close. (Workers that all finish
-// say BYE within a few messages of each other and push nothing more.)
-std::string JobServer::FinishedEarly() const {
+// fewer iterations: the round could never close with it.
+std::string JobServer::FinishedEarly() {
   bool others_push = false;
   for (uint32_t w = 0; w < o_.workers; ++w) {
-    if (!bye_[w] && push_[w]->receiver().received() > 0) others_push = true;
-  }
-  if (!others_push) return "";
-  for (uint32_t w = 0; w < o_.workers; ++w) {
-    if (bye_[w]) {
-      return WorkerName(w) + " finished after " + std::to_string(it_) +
-             " iterations while the others go on: run every worker with the "
-             "same --iterations (PyTorch: every trainer the same number of "
-             "steps before close())";
+    if (Alive(w) && !bye_[w] && push_[w]->receiver().received() > 0) {
+      others_push = true;
     }
   }
-  return "";
+  if (!others_push) return "";
+  std::string failure;
+  for (uint32_t w = 0; w < o_.workers && failure.empty(); ++w) {
+    if (Alive(w) && bye_[w] && !push_[w]->stopped()) {
+      LoseWorker(w, FinishedEarlyHow(it_), &failure);
+    }
+  }
+  return failure;
 }
 
 // Every push side sent its STOP: the mean, the policy's next p, then the
 // next push opens and (in a job) the mean's broadcast begins.
 bool JobServer::CloseRoundIfStopped(Outbox& out) {
-  for (const auto& side : push_) {
-    if (!side->stopped()) return false;
+  for (uint32_t w = 0; w < o_.workers; ++w) {
+    if (Alive(w) && !push_[w]->stopped()) return false;
   }
   const uint64_t push_ns = NowNs() - round_open_ns_;
   for (uint32_t w = 0; w < o_.workers; ++w) {
@@ -617,6 +650,9 @@ bool JobServer::CloseRoundIfStopped(Outbox& out) {
         UdpServerRound{it_, w, push_[w]->receiver().delivered_fraction()});
   }
   const ReducedPush r = iteration_->Reduce(it_, push_ns);
+  uint32_t live = 0;
+  for (uint32_t w = 0; w < o_.workers; ++w) live += Alive(w) ? 1 : 0;
+  iteration_->set_live_workers(live);  // the next round's divisor
   AddPushRows(r.norm, r.resync);
   // Without a broadcast the rows are complete: on disk before on_round.
   if (o_.push_only) row_stream_.Sync(report_.rows);
@@ -638,6 +674,7 @@ bool JobServer::CloseRoundIfStopped(Outbox& out) {
 void JobServer::StageAccepted(Outbox& out) {
   const uint32_t round = PushRound(it_);
   for (uint32_t w = 0; w < o_.workers; ++w) {
+    if (!Alive(w)) continue;
     const std::span<const uint64_t> words = arrived_[w].words();
     accepted_.Stage(w, AcceptedMsg{round, arrived_[w].size(),
                                    {words.begin(), words.end()}});
@@ -690,6 +727,7 @@ void JobServer::BeginBroadcast(Outbox& out, const ReducedPush& r) {
                              t.deadline_ns ? t.min_fraction : 0, t.critical});
   const uint64_t now = NowNs();
   for (uint32_t w = 0; w < o_.workers; ++w) {
+    if (!Alive(w)) continue;
     if (r.subset.empty()) {
       orders_[w].Fill(round, layout_.num_chunks(), order_buf_);
       bcast_[w]->Begin(round, order_buf_, now);
@@ -703,8 +741,8 @@ void JobServer::BeginBroadcast(Outbox& out, const ReducedPush& r) {
 // Every worker holds its share of the mean: the rows are complete.
 bool JobServer::CloseBroadcastIfDone() {
   if (!broadcasting_) return false;
-  for (const auto& side : bcast_) {
-    if (!side->done()) return false;
+  for (uint32_t w = 0; w < o_.workers; ++w) {
+    if (Alive(w) && !bcast_[w]->done()) return false;
   }
   broadcasting_ = false;
   const size_t first = report_.rows.size() - o_.workers;
@@ -726,28 +764,26 @@ bool JobServer::CloseBroadcastIfDone() {
 
 std::string JobServer::NoProgress() const {
   if (broadcasting_) {
-    std::string s = "broadcast round " +
-                    std::to_string(BroadcastRound(it_ - 1)) +
-                    " made no progress for " +
-                    std::to_string(o_.round_timeout_ms) + " ms; pending:";
+    std::string s =
+        NoProgressText("broadcast round " +
+                           std::to_string(BroadcastRound(it_ - 1)),
+                       o_.round_timeout_ms) +
+        "; pending:";
     for (uint32_t w = 0; w < o_.workers; ++w) {
-      if (!bcast_[w]->done()) s += " w" + std::to_string(w);
+      if (Alive(w) && !bcast_[w]->done()) s += " w" + std::to_string(w);
     }
     return s;
   }
-  std::string s = "push round " + std::to_string(PushRound(it_)) +
-                  " made no progress for " +
-                  std::to_string(o_.round_timeout_ms) + " ms; chunks received:";
+  std::string s =
+      NoProgressText("push round " + std::to_string(PushRound(it_)),
+                     o_.round_timeout_ms) +
+      "; chunks received:";
   for (uint32_t w = 0; w < o_.workers; ++w) {
     s += " w" + std::to_string(w) + "=" +
          std::to_string(push_[w]->receiver().received()) + "/" +
          std::to_string(layout_.num_chunks());
   }
-  // A worker with nothing sent may be waiting for its trainer.
-  return s +
-         " (a worker that sent nothing may be waiting for its trainer: a "
-         "pause between steps, e.g. an evaluation, needs a larger "
-         "--round_timeout_ms)";
+  return s + PushStalledHint();
 }
 
 // ERROR (with the cause) or a plain close to every worker, flushed before
@@ -775,6 +811,7 @@ void JobServer::FillCounters() {
       {"rx_truncated", port_.rx_truncated()},
       {"rcvbuf_bytes", static_cast<uint64_t>(port_.rcvbuf_bytes())},
       {"frames_unpinned_source", unpinned_},
+      {"frames_from_lost_workers", from_lost_},
       {"control_auth_failures", admission_.auth_failures()},
       {"control_refused_joins", admission_.refused_joins()},
       {"control_out_of_state", admission_.out_of_state()},

@@ -1,0 +1,38 @@
+#include "dblp/job/diagnosis.h"
+
+namespace dblp {
+
+std::string WorkerLabel(uint32_t rank, std::string_view name) {
+  return "worker " + std::to_string(rank) + " (" + std::string(name) + ")";
+}
+
+// (Workers that all finish say BYE within a few messages of each other and
+// push nothing more: only one that leaves while another pushes ran fewer.)
+std::string FinishedEarlyHow(uint64_t iterations) {
+  return "finished after " + std::to_string(iterations) +
+         " iterations while the others go on (run every worker with the "
+         "same --iterations; PyTorch: every trainer the same number of "
+         "steps before close())";
+}
+
+std::string WorkerLostText(uint32_t rank, std::string_view name,
+                           std::string_view how, uint64_t it) {
+  return WorkerLabel(rank, name) + " " + std::string(how) + " in iteration " +
+         std::to_string(it) +
+         "; restart the job, or run the server with "
+         "--on_worker_loss=continue to carry on without it";
+}
+
+std::string NoProgressText(std::string_view round_name, uint32_t timeout_ms) {
+  return std::string(round_name) + " made no progress for " +
+         std::to_string(timeout_ms) + " ms";
+}
+
+// A worker with nothing sent may be waiting for its trainer.
+std::string PushStalledHint() {
+  return " (a worker that sent nothing may be waiting for its trainer: a "
+         "pause between steps, e.g. an evaluation, needs a larger "
+         "--round_timeout_ms)";
+}
+
+}  // namespace dblp
