@@ -23,6 +23,7 @@
 #include "worker_control.h"
 #include "dblp/job/counters.h"
 #include "dblp/job/worker_model.h"
+#include "dblp/job/worker_row.h"
 
 namespace dblp {
 namespace {
@@ -362,35 +363,10 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
     if (!lcore.Exchange(it, order_buf, &failure)) break;
 
     const WorkerIterationTimes& t = lcore.times();
-    IterationRecord r;
-    r.iteration = it;
-    r.rank = wel.rank;
-    r.send_latency_us =
-        static_cast<double>(t.push_done_ns - t.push_begin_ns) / 1e3;
-    // From our push's end to holding enough of the mean (waiting for the
-    // other workers and the reduction included).
-    r.bcast_latency_us =
-        t.bcast_done_ns > t.push_done_ns
-            ? static_cast<double>(t.bcast_done_ns - t.push_done_ns) / 1e3
-            : 0;
-    r.passes = 0;
-    double rtt_sum = 0;
-    int rtt_n = 0;
-    for (const auto& side : push) {
-      r.passes = std::max(r.passes, side->sender().passes());
-      r.packets_sent += side->sender().packets_sent();
-      r.packets_resent += side->sender().packets_resent();
-      if (side->mean_rtt_us() > 0) {
-        rtt_sum += side->mean_rtt_us();
-        ++rtt_n;
-      }
-    }
-    r.delivered_fraction = bcast.receiver().delivered_fraction();
-    r.p = t.announced_p;
-    r.critical = t.critical;
-    r.burst = loss.InBurst(it);
-    r.resync = model.IsResync(it);
-    r.control_rtt_us = rtt_n ? rtt_sum / rtt_n : 0;
+    const IterationRecord r = WorkerRow(WorkerExchange{
+        it, wel.rank, push_ptrs, t.bcast_done_ns,
+        bcast.receiver().delivered_fraction(), t.announced_p, t.critical,
+        loss.InBurst(it), model.IsResync(it)});
     // The trainer reads the row with the mean, so it goes first.
     source->Observe(r);
     Bitmap arrived;

@@ -19,6 +19,7 @@
 #include "dblp/control/accepted_mail.h"
 #include "dblp/job/counters.h"
 #include "dblp/job/worker_model.h"
+#include "dblp/job/worker_row.h"
 #include "dblp/transport/packet_frames.h"
 #include "dblp/round/receive_side.h"
 #include "dblp/policy/resync.h"
@@ -576,40 +577,14 @@ std::string JobWorker::Stalled(uint64_t it) const {
   return why + ")";
 }
 
-// The iteration's row, from the two sides' rounds.
+// The iteration's row (the push bench's delivered fraction is its push's).
 IterationRecord JobWorker::Row(uint64_t it, bool is_resync) const {
-  const SendSide& push = *push_;
-  IterationRecord row;
-  row.iteration = it;
-  row.rank = res_.rank;
-  // From the first send to STOP's arrival (the sidecar's clock).
-  row.send_latency_us =
-      push.done_ns() > push.begin_ns()
-          ? static_cast<double>(push.done_ns() - push.begin_ns()) / 1e3
-          : 0;
-  row.passes = push.sender().passes();
-  row.packets_sent = push.sender().packets_sent();
-  row.packets_resent = push.sender().packets_resent();
-  row.p = push_p_;
-  row.critical = push_critical_;
-  row.burst = loss_->InBurst(it);
-  row.resync = is_resync;
-  row.control_rtt_us = push.mean_rtt_us();
-  if (o_.push_only) {
-    row.delivered_fraction =
-        static_cast<double>(push.stop_received()) / layout_.num_chunks();
-    return row;
-  }
-  row.delivered_fraction =
-      static_cast<double>(arrived_.Count()) / layout_.num_chunks();
-  if (is_resync) return row;
-  // From our push's end to holding enough of the mean (waiting for the
-  // other workers and the reduction included).
-  row.bcast_latency_us =
-      bcast_done_ns_ > push.done_ns()
-          ? static_cast<double>(bcast_done_ns_ - push.done_ns()) / 1e3
-          : 0;
-  return row;
+  const double n = layout_.num_chunks();
+  const SendSide* push[] = {push_.get()};
+  return WorkerRow(WorkerExchange{
+      it, res_.rank, push, o_.push_only ? 0 : bcast_done_ns_,
+      o_.push_only ? push_->stop_received() / n : arrived_.Count() / n,
+      push_p_, push_critical_, loss_->InBurst(it), is_resync});
 }
 
 // BYE when done, ERROR with the reason otherwise: the server must not
