@@ -246,8 +246,7 @@ int RunServer(const ServerOptions& o) {
     const ReducedPush r = iteration.Reduce(it, NowNs() - push_open_ns);
     bcast_subset.assign(r.subset.begin(), r.subset.end());
     AddPushRows(it, links, workers, push_open_ns, push_tol, r.norm,
-                loss.InBurst(it), o, N, &report);
-    for (uint32_t w = 0; w < W; ++w) report.rows.rbegin()[w].resync = r.resync;
+                loss.InBurst(it), r.resync, o, N, &report);
     // Without a broadcast the rows are complete now.
     if (o.push_only) rows.Sync(report.rows);
     // Before the broadcast's announcement, so each worker holds its

@@ -1,6 +1,7 @@
 #include "server_report.h"
 
 #include "dblp/job/counters.h"
+#include "dblp/job/rows.h"
 
 #include <algorithm>
 #include <string>
@@ -26,26 +27,18 @@ Bitmap MergedPushBitmap(const LinkGrid& links, uint32_t w,
 void AddPushRows(uint64_t it, const LinkGrid& links,
                  const std::vector<std::unique_ptr<WorkerState>>& workers,
                  uint64_t push_open_ns, const RoundTolerance& tol, double norm,
-                 bool burst, const ServerOptions& o, uint32_t num_chunks,
-                 RunReport* report) {
+                 bool burst, bool resync, const ServerOptions& o,
+                 uint32_t num_chunks, RunReport* report) {
   for (uint32_t w = 0; w < workers.size(); ++w) {
     uint64_t stop_ns = 0;
     for (const auto& shard : links) {
       stop_ns = std::max(stop_ns, shard[w]->push.stop_ns());
     }
     const Bitmap arrived = MergedPushBitmap(links, w, num_chunks);
-    IterationRecord r;
-    r.iteration = it;
-    r.rank = w;
-    r.send_latency_us = stop_ns > push_open_ns
-                            ? static_cast<double>(stop_ns - push_open_ns) / 1e3
-                            : 0;
-    r.delivered_fraction = static_cast<double>(arrived.Count()) / num_chunks;
-    r.p = tol.p;
-    r.critical = tol.critical;
-    r.grad_norm = norm;
-    r.burst = burst;
-    report->rows.push_back(r);
+    report->rows.push_back(ServerPushRow(ServerPush{
+        it, w, push_open_ns, stop_ns,
+        static_cast<double>(arrived.Count()) / num_chunks, tol, norm, burst,
+        resync}));
     if (!o.dp.dump_dir.empty() && it < o.dp.dump_iterations) {
       DumpBinary(o.dp.dump_dir + "/w" + std::to_string(w) + "_it" +
                      std::to_string(it) + "_push.bits",
@@ -56,28 +49,11 @@ void AddPushRows(uint64_t it, const LinkGrid& links,
 }
 
 void AddBroadcastToRows(const LinkGrid& links, uint32_t W, RunReport* report) {
+  std::vector<const SendSide*> sides;
   for (uint32_t w = 0; w < W; ++w) {
-    IterationRecord& r = report->rows[report->rows.size() - W + w];
-    uint64_t begin = UINT64_MAX, done = 0;
-    double rtt_sum = 0;
-    int rtt_n = 0;
-    r.bcast_passes = 0;
-    r.packets_sent = r.packets_resent = 0;
-    for (const auto& shard : links) {
-      const SendSide& b = shard[w]->bcast;
-      begin = std::min(begin, b.begin_ns());
-      done = std::max(done, b.done_ns());
-      r.bcast_passes = std::max(r.bcast_passes, b.sender().passes());
-      r.packets_sent += b.sender().packets_sent();
-      r.packets_resent += b.sender().packets_resent();
-      if (b.mean_rtt_us() > 0) {
-        rtt_sum += b.mean_rtt_us();
-        ++rtt_n;
-      }
-    }
-    r.bcast_latency_us =
-        done > begin ? static_cast<double>(done - begin) / 1e3 : 0;
-    r.control_rtt_us = rtt_n ? rtt_sum / rtt_n : 0;
+    sides.clear();
+    for (const auto& shard : links) sides.push_back(&shard[w]->bcast);
+    AddBroadcastToRow(sides, &report->rows[report->rows.size() - W + w]);
   }
 }
 

@@ -21,8 +21,8 @@ Bitmap MergedPushBitmap(const LinkGrid& links, uint32_t w, uint32_t num_chunks);
 void AddPushRows(uint64_t it, const LinkGrid& links,
                  const std::vector<std::unique_ptr<WorkerState>>& workers,
                  uint64_t push_open_ns, const RoundTolerance& tol, double norm,
-                 bool burst, const ServerOptions& o, uint32_t num_chunks,
-                 RunReport* report);
+                 bool burst, bool resync, const ServerOptions& o,
+                 uint32_t num_chunks, RunReport* report);
 // Completes the iteration's rows with the broadcast side (its shards).
 void AddBroadcastToRows(const LinkGrid& links, uint32_t W, RunReport* report);
 // The job's counters, summed over lcores, links and ports.

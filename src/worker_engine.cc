@@ -23,7 +23,7 @@
 #include "worker_control.h"
 #include "dblp/job/counters.h"
 #include "dblp/job/worker_model.h"
-#include "dblp/job/worker_row.h"
+#include "dblp/job/rows.h"
 
 namespace dblp {
 namespace {

@@ -18,6 +18,7 @@
 #include "dblp/base/log.h"
 #include "dblp/job/counters.h"
 #include "dblp/job/diagnosis.h"
+#include "dblp/job/rows.h"
 #include "dblp/wire/chunking.h"
 #include "dblp/control/control.h"
 #include "dblp/control/control_sidecar.h"
@@ -689,20 +690,10 @@ void JobServer::AddPushRows(double norm, bool resync) {
   const std::string base = o_.dump_dir + "/";
   for (uint32_t w = 0; w < o_.workers; ++w) {
     const ReceiveSide& side = *push_[w];
-    IterationRecord row;
-    row.iteration = it_;
-    row.rank = w;
-    row.send_latency_us =
-        side.stop_ns() > round_open_ns_
-            ? static_cast<double>(side.stop_ns() - round_open_ns_) / 1e3
-            : 0;
-    row.delivered_fraction = side.receiver().delivered_fraction();
-    row.p = round_tol_.p;
-    row.critical = round_tol_.critical;
-    row.resync = resync;
-    row.grad_norm = norm;
-    row.burst = loss_->InBurst(it_);
-    report_.rows.push_back(row);
+    report_.rows.push_back(ServerPushRow(ServerPush{
+        it_, w, round_open_ns_, side.stop_ns(),
+        side.receiver().delivered_fraction(), round_tol_, norm,
+        loss_->InBurst(it_), resync}));
     if (dump) {
       const std::span<const uint64_t> words = arrived_[w].words();
       DumpBinary(base + "w" + std::to_string(w) + "_it" + std::to_string(it_) +
@@ -747,16 +738,8 @@ bool JobServer::CloseBroadcastIfDone() {
   broadcasting_ = false;
   const size_t first = report_.rows.size() - o_.workers;
   for (uint32_t w = 0; w < o_.workers; ++w) {
-    const SendSide& b = *bcast_[w];
-    IterationRecord& row = report_.rows[first + w];
-    row.bcast_latency_us =
-        b.done_ns() > b.begin_ns()
-            ? static_cast<double>(b.done_ns() - b.begin_ns()) / 1e3
-            : 0;
-    row.bcast_passes = b.sender().passes();
-    row.packets_sent = b.sender().packets_sent();
-    row.packets_resent = b.sender().packets_resent();
-    row.control_rtt_us = b.mean_rtt_us();
+    const SendSide* sides[] = {bcast_[w].get()};
+    AddBroadcastToRow(sides, &report_.rows[first + w]);
   }
   row_stream_.Sync(report_.rows);  // on disk before the next iteration
   return true;

@@ -19,7 +19,7 @@
 #include "dblp/control/accepted_mail.h"
 #include "dblp/job/counters.h"
 #include "dblp/job/worker_model.h"
-#include "dblp/job/worker_row.h"
+#include "dblp/job/rows.h"
 #include "dblp/transport/packet_frames.h"
 #include "dblp/round/receive_side.h"
 #include "dblp/policy/resync.h"
