@@ -28,9 +28,9 @@
 
 #include "dblp/base/log.h"
 #include "dblp/base/version.h"
+#include "dblp/round/send_order.h"
 #include "dblp/wire/chunking.h"
 #include "dblp/wire/float_ops.h"
-#include "dblp/round/send_order.h"
 #include "dblp/wire/wire.h"
 
 DEFINE_double(size_mb, 1,

@@ -17,11 +17,11 @@
 
 #include "dblp/base/log.h"
 #include "dblp/base/version.h"
-#include "dblp/policy/analytic.h"
+#include "dblp/handoff/synthetic_gradient.h"
 #include "dblp/obs/latency_stats.h"
 #include "dblp/obs/records.h"
+#include "dblp/policy/analytic.h"
 #include "sim/memory_cluster.h"
-#include "dblp/handoff/synthetic_gradient.h"
 
 DEFINE_uint32(workers, 3, "number of workers");
 DEFINE_uint32(iterations, 60, "training iterations to run per policy");

@@ -8,8 +8,8 @@
 #include <exception>
 #include <memory>
 
-#include "dblp/base/log.h"
 #include "common_flags.h"
+#include "dblp/base/log.h"
 #include "dblp/control/control_sidecar.h"
 #include "eal_app.h"
 #include "runtime_flags.h"

@@ -17,8 +17,8 @@
 
 #include "dblp/base/log.h"
 #include "dblp/base/version.h"
-#include "dblp/wire/chunking.h"
 #include "dblp/emul/loss_model.h"
+#include "dblp/wire/chunking.h"
 #include "udp/udp_push.h"
 
 DEFINE_string(role, "both",

@@ -13,10 +13,10 @@
 #include <exception>
 #include <string>
 
+#include "dblp/base/ipv4_endpoint.h"
 #include "dblp/base/log.h"
 #include "dblp/base/version.h"
 #include "dblp/wire/chunking.h"
-#include "dblp/base/ipv4_endpoint.h"
 #include "job_flags.h"
 #include "server_flags.h"
 #include "udp/udp_job.h"

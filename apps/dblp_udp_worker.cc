@@ -17,8 +17,8 @@
 
 #include "dblp/base/log.h"
 #include "dblp/base/version.h"
-#include "dblp/wire/chunking.h"
 #include "dblp/handoff/gradient_source.h"
+#include "dblp/wire/chunking.h"
 #include "job_flags.h"
 #include "udp/udp_job.h"
 #include "worker_flags.h"

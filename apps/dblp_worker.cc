@@ -8,8 +8,8 @@
 #include <stdexcept>
 #include <string>
 
-#include "dblp/base/log.h"
 #include "common_flags.h"
+#include "dblp/base/log.h"
 #include "dblp/handoff/gradient_source.h"
 #include "eal_app.h"
 #include "runtime_flags.h"

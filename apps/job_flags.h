@@ -14,13 +14,13 @@
 #include <string>
 #include <utility>
 
-#include "dblp/base/log.h"
-#include "dblp/wire/chunking.h"
 #include "dblp/base/deep_idle.h"
+#include "dblp/base/log.h"
 #include "dblp/control/job_auth.h"
 #include "dblp/emul/loss_model.h"
-#include "dblp/round/send_order.h"
 #include "dblp/handoff/synthetic_gradient.h"
+#include "dblp/round/send_order.h"
+#include "dblp/wire/chunking.h"
 
 DEFINE_uint32(mtu, 1500,
               "IP MTU of the data frames (576..9216; jumbo "

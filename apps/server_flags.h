@@ -1,8 +1,8 @@
 // Flags of both servers (dblp-server over DPDK, dblp-udp-server over
 // kernel UDP) with the same meaning: the job's size, the tolerance policy,
 // the broadcast, resync, feedback and the zeroing experiment
-// (JobSettingsFromFlags), frame tags and limits. Include after job_flags.h (or common_flags.h)
-// from the app's single translation unit.
+// (JobSettingsFromFlags), frame tags and limits. Include after job_flags.h (or
+// common_flags.h) from the app's single translation unit.
 #pragma once
 
 #include <gflags/gflags.h>
@@ -13,11 +13,11 @@
 #include <string>
 
 #include "dblp/control/control_sidecar.h"
-#include "dblp/security/frame_auth.h"
 #include "dblp/control/job_auth.h"
 #include "dblp/job/server_iteration.h"
 #include "dblp/policy/loss_fill.h"
 #include "dblp/policy/tolerance.h"
+#include "dblp/security/frame_auth.h"
 #include "job_flags.h"
 
 DEFINE_uint32(workers, 3, "number of workers in the job");
@@ -230,7 +230,7 @@ inline void ApplyPaperMode() {
        {"push_fill", "bcast_tolerance", "resync_every", "push_feedback"}) {
     if (!gflags::GetCommandLineFlagInfoOrDie(name).is_default) {
       FlagError(std::string("--paper_mode sets --") + name +
-                      "; drop one of the two");
+                "; drop one of the two");
     }
   }
   FLAGS_push_fill = "zero";

@@ -13,9 +13,9 @@
 #include <string>
 
 #include "dblp/handoff/gradient_source.h"
-#include "dblp/policy/loss_fill.h"
 #include "dblp/handoff/shm_source.h"
 #include "dblp/handoff/synthetic_gradient.h"
+#include "dblp/policy/loss_fill.h"
 #include "job_flags.h"
 
 DECLARE_string(gradient);

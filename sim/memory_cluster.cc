@@ -14,12 +14,12 @@
 #include <string>
 
 #include "dblp/control/control.h"
-#include "dblp/transport/loopback_transport.h"
-#include "dblp/transport/packet_frames.h"
 #include "dblp/round/receive_side.h"
 #include "dblp/round/round_control.h"
 #include "dblp/round/round_events.h"
 #include "dblp/round/send_side.h"
+#include "dblp/transport/loopback_transport.h"
+#include "dblp/transport/packet_frames.h"
 #include "dblp/wire/wire.h"
 
 namespace dblp {
@@ -183,8 +183,8 @@ struct MemoryCluster::Impl {
       : cfg(Validated(c)),
         layout(ChunkLayout::ForMtu(c.gradient_floats * sizeof(float), c.mtu)),
         fabric(c.num_workers + 1, c.ring_size),
-        job(c, TolerancePolicy::Create(c.policy), layout, c.num_workers,
-            c.seed, "sim-server"),
+        job(c, TolerancePolicy::Create(c.policy), layout, c.num_workers, c.seed,
+            "sim-server"),
         bcast_loss(c.bcast_loss,
                    c.bursts_on_broadcast ? c.bursts : BurstSchedule{},
                    HashMix(c.seed, 0xB0)),
@@ -580,8 +580,7 @@ struct MemoryCluster::Impl {
     for (auto& l : push_loss) l->SetIteration(iteration);
     bcast_loss.SetIteration(iteration);
     out.burst = push_loss[0]->InBurst();
-    out.push_tolerance =
-        job.PushTolerance(iteration, job.policy()->Current());
+    out.push_tolerance = job.PushTolerance(iteration, job.policy()->Current());
 
     BeginPush(out, grads);
     RunRound(Direction::kPush);

@@ -16,15 +16,15 @@
 #include <span>
 #include <vector>
 
-#include "dblp/wire/bitmap.h"
-#include "dblp/wire/chunking.h"
+#include "dblp/emul/loss_model.h"
+#include "dblp/job/server_iteration.h"
 #include "dblp/obs/records.h"
 #include "dblp/policy/loss_fill.h"
-#include "dblp/emul/loss_model.h"
-#include "dblp/round/send_order.h"
 #include "dblp/policy/tolerance.h"
+#include "dblp/round/send_order.h"
+#include "dblp/wire/bitmap.h"
+#include "dblp/wire/chunking.h"
 #include "dblp/wire/wire.h"
-#include "dblp/job/server_iteration.h"
 
 namespace dblp {
 

@@ -1,5 +1,4 @@
 #include "datapath.h"
-#include "dblp/base/log.h"
 
 #include <rte_errno.h>
 #include <rte_ethdev.h>
@@ -8,6 +7,7 @@
 #include <csignal>
 #include <cstdio>
 
+#include "dblp/base/log.h"
 #include "eal_app.h"
 
 namespace dblp {

@@ -24,19 +24,19 @@
 #include <utility>
 #include <vector>
 
-#include "dblp/wire/bitmap.h"
-#include "dblp/wire/chunking.h"
 #include "dblp/control/control.h"
 #include "dblp/control/control_sidecar.h"
 #include "dblp/emul/loss_model.h"
-#include "dblp/round/round_events.h"
 #include "dblp/emul/rx_loss.h"
-#include "dblp/round/sender_round.h"
 #include "dblp/emul/token_bucket.h"
+#include "dblp/obs/run_report.h"  // DumpBinary
+#include "dblp/round/round_events.h"
+#include "dblp/round/sender_round.h"
+#include "dblp/wire/bitmap.h"
+#include "dblp/wire/chunking.h"
 #include "dblp/wire/wire.h"
 #include "eal_app.h"
 #include "frame_builder.h"
-#include "dblp/obs/run_report.h"  // DumpBinary
 
 namespace dblp {
 

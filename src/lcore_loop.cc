@@ -1,8 +1,5 @@
 #include "lcore_loop.h"
 
-#include "dblp/job/diagnosis.h"
-#include "dblp/base/log.h"
-
 #include <rte_pause.h>
 
 #include <algorithm>
@@ -10,6 +7,9 @@
 #include <cstring>
 #include <thread>
 #include <variant>
+
+#include "dblp/base/log.h"
+#include "dblp/job/diagnosis.h"
 
 namespace dblp {
 

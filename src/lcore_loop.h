@@ -25,14 +25,14 @@
 #include <vector>
 
 #include "datapath.h"
-#include "dblp/wire/chunking.h"
+#include "dblp/emul/token_bucket.h"
 #include "dblp/policy/mean_reducer.h"
+#include "dblp/policy/tolerance.h"
 #include "dblp/round/receive_side.h"
 #include "dblp/round/send_order.h"
 #include "dblp/round/send_side.h"
 #include "dblp/round/shards.h"
-#include "dblp/emul/token_bucket.h"
-#include "dblp/policy/tolerance.h"
+#include "dblp/wire/chunking.h"
 #include "frame_builder.h"
 #include "port.h"
 #include "server_control.h"

@@ -1,5 +1,4 @@
 #include "numa_placement.h"
-#include "dblp/base/log.h"
 
 #include <numa.h>
 #include <numaif.h>
@@ -10,6 +9,8 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+
+#include "dblp/base/log.h"
 
 namespace dblp {
 

@@ -1,5 +1,4 @@
 #include "port.h"
-#include "dblp/base/log.h"
 
 #include <rte_cycles.h>
 #include <rte_errno.h>
@@ -13,6 +12,7 @@
 #include <string>
 #include <thread>
 
+#include "dblp/base/log.h"
 #include "eal_app.h"
 
 namespace dblp {

@@ -1,5 +1,4 @@
 #include "server_control.h"
-#include "dblp/base/log.h"
 
 #include <chrono>
 #include <cstdio>
@@ -7,6 +6,7 @@
 #include <thread>
 #include <variant>
 
+#include "dblp/base/log.h"
 #include "dblp/round/round_control.h"
 #include "eal_app.h"
 

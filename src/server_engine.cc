@@ -1,4 +1,3 @@
-#include "dblp/base/log.h"
 #include "server_engine.h"
 
 #include <rte_ethdev.h>
@@ -11,14 +10,15 @@
 
 #include "app_telemetry.h"
 #include "datapath.h"
+#include "dblp/base/log.h"
+#include "dblp/job/server_iteration.h"
+#include "dblp/obs/run_report.h"
 #include "dblp/policy/loss_fill.h"
 #include "dblp/policy/mean_reducer.h"
-#include "dblp/job/server_iteration.h"
 #include "eal_app.h"
 #include "engine_runtime.h"
 #include "lcore_loop.h"
 #include "numa_placement.h"
-#include "dblp/obs/run_report.h"
 #include "server_control.h"
 #include "server_report.h"
 

@@ -21,8 +21,8 @@ struct ServerOptions : ServerJobSettings {
   std::string local_ip = "10.0.0.1";
   uint16_t udp_port = 47000;  // pushes arrive here; worker r gets +1+r
   DatapathOptions dp;         // loss: on the push frames it receives
-  uint32_t session = 0;  // 0 = derived from the job's random nonce
-  JobSecret secret;      // --secret_file (empty: --insecure)
+  uint32_t session = 0;       // 0 = derived from the job's random nonce
+  JobSecret secret;           // --secret_file (empty: --insecure)
   // Tags on every data frame (dblp/frame_auth.h); kNone when insecure.
   FrameAuthMode frame_auth = FrameAuthMode::kHeader;
   uint32_t join_timeout_ms = 60000;

@@ -1,12 +1,11 @@
 #include "server_report.h"
 
-#include "dblp/job/counters.h"
-#include "dblp/job/rows.h"
-
 #include <algorithm>
 #include <string>
 
 #include "datapath.h"
+#include "dblp/job/counters.h"
+#include "dblp/job/rows.h"
 #include "port.h"
 
 namespace dblp {
@@ -35,10 +34,10 @@ void AddPushRows(uint64_t it, const LinkGrid& links,
       stop_ns = std::max(stop_ns, shard[w]->push.stop_ns());
     }
     const Bitmap arrived = MergedPushBitmap(links, w, num_chunks);
-    report->rows.push_back(ServerPushRow(ServerPush{
-        it, w, push_open_ns, stop_ns,
-        static_cast<double>(arrived.Count()) / num_chunks, tol, norm, burst,
-        resync}));
+    report->rows.push_back(ServerPushRow(
+        ServerPush{it, w, push_open_ns, stop_ns,
+                   static_cast<double>(arrived.Count()) / num_chunks, tol, norm,
+                   burst, resync}));
     if (!o.dp.dump_dir.empty() && it < o.dp.dump_iterations) {
       DumpBinary(o.dp.dump_dir + "/w" + std::to_string(w) + "_it" +
                      std::to_string(it) + "_push.bits",

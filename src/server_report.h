@@ -6,8 +6,8 @@
 #include <memory>
 #include <vector>
 
-#include "lcore_loop.h"
 #include "dblp/obs/run_report.h"
+#include "lcore_loop.h"
 #include "server_control.h"
 #include "server_engine.h"
 

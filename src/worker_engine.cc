@@ -1,4 +1,3 @@
-#include "dblp/base/log.h"
 #include "worker_engine.h"
 
 #include <rte_ethdev.h>
@@ -12,6 +11,11 @@
 
 #include "app_telemetry.h"
 #include "datapath.h"
+#include "dblp/base/log.h"
+#include "dblp/job/counters.h"
+#include "dblp/job/rows.h"
+#include "dblp/job/worker_model.h"
+#include "dblp/obs/run_report.h"
 #include "dblp/round/receive_side.h"
 #include "dblp/round/send_side.h"
 #include "eal_app.h"
@@ -19,11 +23,7 @@
 #include "frame_builder.h"
 #include "lcore_loop.h"
 #include "numa_placement.h"
-#include "dblp/obs/run_report.h"
 #include "worker_control.h"
-#include "dblp/job/counters.h"
-#include "dblp/job/worker_model.h"
-#include "dblp/job/rows.h"
 
 namespace dblp {
 namespace {
@@ -363,10 +363,10 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
     if (!lcore.Exchange(it, order_buf, &failure)) break;
 
     const WorkerIterationTimes& t = lcore.times();
-    const IterationRecord r = WorkerRow(WorkerExchange{
-        it, wel.rank, push_ptrs, t.bcast_done_ns,
-        bcast.receiver().delivered_fraction(), t.announced_p, t.critical,
-        loss.InBurst(it), model.IsResync(it)});
+    const IterationRecord r = WorkerRow(
+        WorkerExchange{it, wel.rank, push_ptrs, t.bcast_done_ns,
+                       bcast.receiver().delivered_fraction(), t.announced_p,
+                       t.critical, loss.InBurst(it), model.IsResync(it)});
     // The trainer reads the row with the mean, so it goes first.
     source->Observe(r);
     Bitmap arrived;

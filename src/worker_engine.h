@@ -8,8 +8,8 @@
 #include <string>
 
 #include "app_options.h"
-#include "dblp/handoff/gradient_source.h"
 #include "dblp/control/job_auth.h"
+#include "dblp/handoff/gradient_source.h"
 #include "dblp/policy/loss_fill.h"
 
 namespace dblp {

@@ -9,8 +9,8 @@
 #include <thread>
 #include <vector>
 
-#include "dblp/wire/bitmap.h"
 #include "dblp/base/rng.h"
+#include "dblp/wire/bitmap.h"
 
 namespace dblp {
 namespace {

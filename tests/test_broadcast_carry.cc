@@ -7,8 +7,8 @@
 #include <algorithm>
 #include <set>
 
-#include "dblp/policy/broadcast_carry.h"
 #include "dblp/base/rng.h"
+#include "dblp/policy/broadcast_carry.h"
 #include "dblp/round/stop_decision.h"
 #include "fake_link.h"
 

@@ -1,12 +1,13 @@
-// Per-frame tags (lib/dblp/security/frame_auth.h) and the receiver that checks them.
+// Per-frame tags (lib/dblp/security/frame_auth.h) and the receiver that checks
+// them.
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <vector>
 
-#include "dblp/wire/chunking.h"
-#include "dblp/security/frame_auth.h"
 #include "dblp/round/receiver_round.h"
+#include "dblp/security/frame_auth.h"
+#include "dblp/wire/chunking.h"
 #include "dblp/wire/wire.h"
 
 namespace dblp {

@@ -9,8 +9,8 @@
 #include <fstream>
 #include <string>
 
-#include "dblp/wire/chunking.h"
 #include "dblp/control/job_auth.h"
+#include "dblp/wire/chunking.h"
 
 namespace dblp {
 namespace {

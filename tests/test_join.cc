@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "dblp/wire/chunking.h"
 #include "dblp/control/join.h"
+#include "dblp/wire/chunking.h"
 
 namespace dblp {
 namespace {

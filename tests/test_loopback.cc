@@ -1,7 +1,5 @@
 // The in-memory loopback fabric: ordered delivery, loss only where the
 // injector or a full ring says so, and the test hooks (tap, Inject).
-#include "dblp/transport/loopback_transport.h"
-
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -10,6 +8,7 @@
 #include <vector>
 
 #include "dblp/emul/loss_model.h"
+#include "dblp/transport/loopback_transport.h"
 
 namespace dblp {
 namespace {

@@ -9,10 +9,10 @@
 #include <thread>
 #include <vector>
 
-#include "dblp/wire/float_ops.h"
+#include "dblp/base/rng.h"
 #include "dblp/policy/loss_fill.h"
 #include "dblp/policy/mean_reducer.h"
-#include "dblp/base/rng.h"
+#include "dblp/wire/float_ops.h"
 
 namespace dblp {
 namespace {

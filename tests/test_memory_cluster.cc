@@ -4,10 +4,6 @@
 // Gradients are small integers, so every partial sum the server forms is
 // exact in float whatever the arrival order, and the expected mean can be
 // computed independently from the arrival bitmaps and compared bit for bit.
-#include "dblp/wire/float_ops.h"
-#include "dblp/policy/clr_detector.h"
-#include "sim/memory_cluster.h"
-
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,7 +13,10 @@
 #include <string>
 #include <vector>
 
+#include "dblp/policy/clr_detector.h"
 #include "dblp/round/stop_decision.h"
+#include "dblp/wire/float_ops.h"
+#include "sim/memory_cluster.h"
 
 namespace dblp {
 namespace {
@@ -654,7 +653,6 @@ TEST(MemoryClusterTest, SingleWorkerAndJumboMtu) {
             ChunkLayout::ForMtu(40000 * 4, 9000).num_chunks());
   for (int it = 0; it < 4; ++it) cc.Step();
 }
-
 
 // The servers' consistent broadcast in the simulator (the same
 // ServerIteration): every worker gets the one subset, exactly the STOP

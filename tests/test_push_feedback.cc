@@ -10,8 +10,8 @@
 #include <numeric>
 #include <random>
 
-#include "dblp/policy/push_feedback.h"
 #include "dblp/base/rng.h"
+#include "dblp/policy/push_feedback.h"
 #include "dblp/round/stop_decision.h"
 #include "fake_link.h"
 

@@ -12,9 +12,9 @@
 #include <numeric>
 #include <vector>
 
+#include "dblp/base/rng.h"
 #include "dblp/emul/loss_model.h"
 #include "dblp/round/receive_side.h"
-#include "dblp/base/rng.h"
 #include "dblp/round/round_control.h"
 #include "dblp/round/send_order.h"
 #include "dblp/round/send_side.h"

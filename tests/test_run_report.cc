@@ -1,6 +1,6 @@
 // Run reports that survive a crash and name every drop: RowStream
-// (lib/dblp/obs/run_report.h) puts each row on disk as it happens, in the bytes the
-// batch writers produce; the kernel-UDP tools (src/udp/udp_push.h) stream
+// (lib/dblp/obs/run_report.h) puts each row on disk as it happens, in the bytes
+// the batch writers produce; the kernel-UDP tools (src/udp/udp_push.h) stream
 // their rows through it and write every receive verdict and decode error.
 // The DPDK apps' rows under kill -9 are tests/crash_rows_test.py.
 #include <arpa/inet.h>
@@ -20,9 +20,9 @@
 #include <vector>
 
 #include "dblp/obs/records.h"
+#include "dblp/obs/run_report.h"
 #include "dblp/round/receiver_round.h"
 #include "dblp/wire/wire.h"
-#include "dblp/obs/run_report.h"
 #include "udp/udp_push.h"
 
 namespace dblp {
@@ -197,7 +197,8 @@ TEST(UdpServerReport, EveryVerdictAndDecodeErrorIsWrittenByName) {
   // By index: a verdict or decode status added to the enums must show up
   // here without a change to this test.
   for (int v = 0; v < kNumVerdicts; ++v) {
-    names.push_back(std::string("push_") + VerdictName(static_cast<Verdict>(v)));
+    names.push_back(std::string("push_") +
+                    VerdictName(static_cast<Verdict>(v)));
   }
   for (int s = 1; s < kNumDecodeStatus; ++s) {
     names.push_back(std::string("decode_") +

@@ -9,10 +9,10 @@
 #include <thread>
 #include <vector>
 
-#include "dblp/obs/app_state.h"
 #include "dblp/emul/loss_model.h"
-#include "dblp/obs/runtime_command.h"
 #include "dblp/emul/rx_loss.h"
+#include "dblp/obs/app_state.h"
+#include "dblp/obs/runtime_command.h"
 #include "dblp/wire/wire.h"
 
 namespace dblp {

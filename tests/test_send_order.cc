@@ -1,8 +1,6 @@
 // SendOrder: every kind is a permutation, deterministic per seed, and - the
 // point of the module - the default order spreads early-stop loss evenly
 // over the buffer instead of starving its tail.
-#include "dblp/round/send_order.h"
-
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "dblp/round/send_order.h"
 #include "dblp/round/stop_decision.h"
 
 namespace dblp {

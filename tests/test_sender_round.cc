@@ -9,12 +9,12 @@
 #include <thread>
 #include <vector>
 
-#include "dblp/wire/bitmap.h"
-#include "dblp/wire/chunking.h"
-#include "dblp/round/receiver_round.h"
 #include "dblp/base/rng.h"
+#include "dblp/round/receiver_round.h"
 #include "dblp/round/sender_round.h"
 #include "dblp/round/stop_decision.h"
+#include "dblp/wire/bitmap.h"
+#include "dblp/wire/chunking.h"
 #include "dblp/wire/wire.h"
 
 namespace dblp {

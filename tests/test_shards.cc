@@ -7,10 +7,10 @@
 #include <thread>
 #include <vector>
 
-#include "dblp/wire/chunking.h"
 #include "dblp/round/receive_side.h"
 #include "dblp/round/round_control.h"
 #include "dblp/round/shards.h"
+#include "dblp/wire/chunking.h"
 #include "dblp/wire/wire.h"
 
 namespace dblp {

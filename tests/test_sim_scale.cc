@@ -88,9 +88,9 @@ RunTrace RunScale() {
     t.mean_digests.push_back(Digest(cluster.server_mean()));
   }
   t.counters = cluster.counters();
-  t.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                            start)
-                  .count();
+  t.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
   return t;
 }
 
@@ -98,8 +98,7 @@ bool SameRow(const IterationRecord& a, const IterationRecord& b) {
   return a.iteration == b.iteration && a.rank == b.rank &&
          a.send_latency_us == b.send_latency_us &&
          a.bcast_latency_us == b.bcast_latency_us && a.passes == b.passes &&
-         a.bcast_passes == b.bcast_passes &&
-         a.packets_sent == b.packets_sent &&
+         a.bcast_passes == b.bcast_passes && a.packets_sent == b.packets_sent &&
          a.packets_resent == b.packets_resent &&
          a.delivered_fraction == b.delivered_fraction && a.p == b.p &&
          a.critical == b.critical && a.grad_norm == b.grad_norm &&
@@ -109,10 +108,11 @@ bool SameRow(const IterationRecord& a, const IterationRecord& b) {
 TEST(SimScale, SixtyFourWorkersTwoHundredIterationsDeterministic) {
   const RunTrace a = RunScale();
   const RunTrace b = RunScale();
-  std::printf("sim: %u workers x %llu iterations of %llu floats: %.1f s and "
-              "%.1f s\n",
-              kWorkers, static_cast<unsigned long long>(kIterations),
-              static_cast<unsigned long long>(kFloats), a.seconds, b.seconds);
+  std::printf(
+      "sim: %u workers x %llu iterations of %llu floats: %.1f s and "
+      "%.1f s\n",
+      kWorkers, static_cast<unsigned long long>(kIterations),
+      static_cast<unsigned long long>(kFloats), a.seconds, b.seconds);
   ASSERT_EQ(a.rows.size(), kWorkers * kIterations);
   ASSERT_EQ(a.rows.size(), b.rows.size());
   for (size_t i = 0; i < a.rows.size(); ++i) {

@@ -1,7 +1,5 @@
 // The synthetic gradient source: the mean over ranks follows the norm
 // trace, ranks differ, everything is deterministic per seed.
-#include "dblp/handoff/synthetic_gradient.h"
-
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,6 +7,8 @@
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "dblp/handoff/synthetic_gradient.h"
 
 namespace dblp {
 namespace {

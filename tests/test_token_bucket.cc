@@ -1,9 +1,9 @@
-#include "dblp/emul/token_bucket.h"
-
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <limits>
+
+#include "dblp/emul/token_bucket.h"
 
 namespace dblp {
 namespace {

@@ -13,13 +13,13 @@
 #include <thread>
 #include <vector>
 
-#include "dblp/wire/float_ops.h"
-#include "dblp/wire/chunking.h"
-#include "dblp/policy/clr_detector.h"
-#include "dblp/security/frame_auth.h"
 #include "dblp/handoff/gradient_source.h"
+#include "dblp/policy/clr_detector.h"
 #include "dblp/policy/tolerance.h"
 #include "dblp/round/stop_decision.h"
+#include "dblp/security/frame_auth.h"
+#include "dblp/wire/chunking.h"
+#include "dblp/wire/float_ops.h"
 #include "udp/udp_job.h"
 
 namespace dblp {
@@ -273,19 +273,22 @@ TEST(UdpJob, ContinueWithoutALostWorker) {
   UdpJobServerOptions so = SmallServer();
   so.policy.kind = PolicyKind::kReliable;
   so.continue_on_worker_loss = true;
-  const JobRun run = RunJob(so, std::vector<UdpJobWorkerOptions>(3, SmallWorker(kIters)),
-                            {&a, &b, &c});
+  const JobRun run =
+      RunJob(so, std::vector<UdpJobWorkerOptions>(3, SmallWorker(kIters)),
+             {&a, &b, &c});
   ASSERT_EQ(run.server.exit_code, 0) << run.server.error;
   EXPECT_EQ(run.workers[2].exit_code, 1);
   for (RecordingSource* s : {&a, &b, &c}) {
     if (s->rank_ == 2) continue;
-    ASSERT_EQ(run.workers[s->rank_].exit_code, 0) << run.workers[s->rank_].error;
+    ASSERT_EQ(run.workers[s->rank_].exit_code, 0)
+        << run.workers[s->rank_].error;
     ASSERT_EQ(s->means.size(), kIters);
     for (uint64_t it = 3; it < kIters; ++it) {
       for (uint64_t j = 0; j < kFloats; ++j) {
         // The integer source's values (dblp_testlib.integer_value).
         auto v = [&](uint32_t r) {
-          return static_cast<float>(static_cast<int>((j * 7 + it * 3 + r * 5) % 17) - 8);
+          return static_cast<float>(
+              static_cast<int>((j * 7 + it * 3 + r * 5) % 17) - 8);
         };
         ASSERT_EQ(s->means[it][j], (v(0) + v(1)) / 2.0f)
             << "iteration " << it << " float " << j;
@@ -371,9 +374,8 @@ TEST(UdpJob, ZeroWindowZeroesTheMeanInItsStepsOnly) {
   so.zero_first = 1;
   so.zero_last = 2;
   RecordingSource a(kFloats), b(kFloats);
-  const JobRun run =
-      RunJob(so, std::vector<UdpJobWorkerOptions>(2, SmallWorker(kIters)),
-             {&a, &b});
+  const JobRun run = RunJob(
+      so, std::vector<UdpJobWorkerOptions>(2, SmallWorker(kIters)), {&a, &b});
   ASSERT_EQ(run.server.exit_code, 0) << run.server.error;
   for (RecordingSource* s : {&a, &b}) {
     ASSERT_EQ(s->means.size(), kIters);

@@ -12,8 +12,8 @@
 #include <thread>
 #include <vector>
 
-#include "dblp/wire/chunking.h"
 #include "dblp/transport/udp_transport.h"
+#include "dblp/wire/chunking.h"
 #include "udp/udp_push.h"
 
 namespace dblp {

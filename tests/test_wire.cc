@@ -10,8 +10,8 @@
 #include <utility>
 #include <vector>
 
-#include "dblp/wire/chunking.h"
 #include "dblp/base/rng.h"
+#include "dblp/wire/chunking.h"
 #include "dblp/wire/wire.h"
 
 namespace dblp {

@@ -1,6 +1,6 @@
 // dblp._native: the trainer's end of the shared-memory hand-off
-// (lib/dblp/handoff/shm_channel.h), for python/dblp. The same layout code as the
-// dblp-worker's end, so the two can never disagree on an offset. Waits
+// (lib/dblp/handoff/shm_channel.h), for python/dblp. The same layout code as
+// the dblp-worker's end, so the two can never disagree on an offset. Waits
 // release the GIL: other Python threads (a DataLoader) run meanwhile.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>

@@ -13,11 +13,11 @@
 #include <utility>
 #include <vector>
 
-#include "dblp/wire/chunking.h"
-#include "dblp/control/control_sidecar.h"
 #include "dblp/base/deep_idle.h"
-#include "dblp/round/round_events.h"
+#include "dblp/control/control_sidecar.h"
 #include "dblp/obs/run_report.h"
+#include "dblp/round/round_events.h"
+#include "dblp/wire/chunking.h"
 
 namespace dblp::udp {
 

@@ -23,18 +23,18 @@
 #include <string>
 #include <vector>
 
-#include "dblp/wire/bitmap.h"
-#include "dblp/control/control_sidecar.h"
 #include "dblp/base/deep_idle.h"
-#include "dblp/security/frame_auth.h"
-#include "dblp/handoff/gradient_source.h"
+#include "dblp/control/control_sidecar.h"
 #include "dblp/control/job_auth.h"
-#include "dblp/obs/records.h"
-#include "dblp/job/server_iteration.h"
-#include "dblp/policy/loss_fill.h"
 #include "dblp/emul/loss_model.h"
-#include "dblp/round/send_order.h"
+#include "dblp/handoff/gradient_source.h"
+#include "dblp/job/server_iteration.h"
+#include "dblp/obs/records.h"
+#include "dblp/policy/loss_fill.h"
 #include "dblp/policy/tolerance.h"
+#include "dblp/round/send_order.h"
+#include "dblp/security/frame_auth.h"
+#include "dblp/wire/bitmap.h"
 
 namespace dblp {
 
@@ -66,7 +66,7 @@ struct UdpJobServerOptions : ServerJobSettings {
   std::string data = "127.0.0.1:0";     // UDP bind ip:port (0: ephemeral)
   uint32_t workers = 1;
   uint32_t mtu = 1500;
-  uint32_t burst = 32;  // broadcast frames per sendmmsg() (1..128)
+  uint32_t burst = 32;        // broadcast frames per sendmmsg() (1..128)
   std::string loss = "none";  // ParseLossSpec spelling, on received pushes
   BurstSchedule bursts;       // microbursts on received pushes
   uint64_t seed = 1;          // loss injector and broadcast send order

@@ -13,29 +13,29 @@
 #include <variant>
 #include <vector>
 
+#include "dblp/base/log.h"
+#include "dblp/base/rng.h"
 #include "dblp/control/accepted_mail.h"
 #include "dblp/control/admission.h"
-#include "dblp/base/log.h"
-#include "dblp/job/counters.h"
-#include "dblp/job/diagnosis.h"
-#include "dblp/job/rows.h"
-#include "dblp/wire/chunking.h"
 #include "dblp/control/control.h"
 #include "dblp/control/control_sidecar.h"
 #include "dblp/control/join.h"
+#include "dblp/emul/rx_loss.h"
+#include "dblp/job/counters.h"
+#include "dblp/job/diagnosis.h"
+#include "dblp/job/rows.h"
+#include "dblp/obs/run_report.h"
 #include "dblp/policy/loss_fill.h"
 #include "dblp/policy/mean_reducer.h"
-#include "dblp/transport/packet_frames.h"
+#include "dblp/policy/tolerance.h"
 #include "dblp/round/receive_side.h"
-#include "dblp/base/rng.h"
 #include "dblp/round/round_control.h"
-#include "dblp/emul/rx_loss.h"
 #include "dblp/round/send_order.h"
 #include "dblp/round/send_side.h"
-#include "dblp/policy/tolerance.h"
+#include "dblp/transport/packet_frames.h"
 #include "dblp/transport/udp_transport.h"
+#include "dblp/wire/chunking.h"
 #include "dblp/wire/wire.h"
-#include "dblp/obs/run_report.h"
 #include "udp/udp_common.h"
 #include "udp/udp_job.h"
 
@@ -589,8 +589,9 @@ bool JobServer::TakeEvents(std::string* failure) {
     const uint32_t w = gone->peer;
     const Departure& d = gone_[w];
     if (!Alive(w) || (!d.failed && bye_[w])) continue;
-    LoseWorker(w, d.failed ? "failed (" + d.why + ")"
-                           : "disconnected without BYE (" + d.why + ")",
+    LoseWorker(w,
+               d.failed ? "failed (" + d.why + ")"
+                        : "disconnected without BYE (" + d.why + ")",
                failure);
   }
   return true;
@@ -677,8 +678,9 @@ void JobServer::StageAccepted(Outbox& out) {
   for (uint32_t w = 0; w < o_.workers; ++w) {
     if (!Alive(w)) continue;
     const std::span<const uint64_t> words = arrived_[w].words();
-    accepted_.Stage(w, AcceptedMsg{round, arrived_[w].size(),
-                                   {words.begin(), words.end()}});
+    accepted_.Stage(
+        w,
+        AcceptedMsg{round, arrived_[w].size(), {words.begin(), words.end()}});
     out.Post(AcceptedRequest{static_cast<uint16_t>(w), round});
   }
 }
@@ -690,10 +692,10 @@ void JobServer::AddPushRows(double norm, bool resync) {
   const std::string base = o_.dump_dir + "/";
   for (uint32_t w = 0; w < o_.workers; ++w) {
     const ReceiveSide& side = *push_[w];
-    report_.rows.push_back(ServerPushRow(ServerPush{
-        it_, w, round_open_ns_, side.stop_ns(),
-        side.receiver().delivered_fraction(), round_tol_, norm,
-        loss_->InBurst(it_), resync}));
+    report_.rows.push_back(ServerPushRow(
+        ServerPush{it_, w, round_open_ns_, side.stop_ns(),
+                   side.receiver().delivered_fraction(), round_tol_, norm,
+                   loss_->InBurst(it_), resync}));
     if (dump) {
       const std::span<const uint64_t> words = arrived_[w].words();
       DumpBinary(base + "w" + std::to_string(w) + "_it" + std::to_string(it_) +
@@ -747,20 +749,18 @@ bool JobServer::CloseBroadcastIfDone() {
 
 std::string JobServer::NoProgress() const {
   if (broadcasting_) {
-    std::string s =
-        NoProgressText("broadcast round " +
-                           std::to_string(BroadcastRound(it_ - 1)),
-                       o_.round_timeout_ms) +
-        "; pending:";
+    std::string s = NoProgressText("broadcast round " +
+                                       std::to_string(BroadcastRound(it_ - 1)),
+                                   o_.round_timeout_ms) +
+                    "; pending:";
     for (uint32_t w = 0; w < o_.workers; ++w) {
       if (Alive(w) && !bcast_[w]->done()) s += " w" + std::to_string(w);
     }
     return s;
   }
-  std::string s =
-      NoProgressText("push round " + std::to_string(PushRound(it_)),
-                     o_.round_timeout_ms) +
-      "; chunks received:";
+  std::string s = NoProgressText("push round " + std::to_string(PushRound(it_)),
+                                 o_.round_timeout_ms) +
+                  "; chunks received:";
   for (uint32_t w = 0; w < o_.workers; ++w) {
     s += " w" + std::to_string(w) + "=" +
          std::to_string(push_[w]->receiver().received()) + "/" +

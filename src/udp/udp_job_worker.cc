@@ -12,25 +12,25 @@
 #include <variant>
 #include <vector>
 
-#include "dblp/wire/chunking.h"
+#include "dblp/base/rng.h"
+#include "dblp/control/accepted_mail.h"
 #include "dblp/control/control.h"
 #include "dblp/control/control_sidecar.h"
 #include "dblp/control/job_auth.h"
-#include "dblp/control/accepted_mail.h"
-#include "dblp/job/counters.h"
-#include "dblp/job/worker_model.h"
-#include "dblp/job/rows.h"
-#include "dblp/transport/packet_frames.h"
-#include "dblp/round/receive_side.h"
-#include "dblp/policy/resync.h"
-#include "dblp/base/rng.h"
-#include "dblp/round/round_control.h"
 #include "dblp/emul/rx_loss.h"
+#include "dblp/job/counters.h"
+#include "dblp/job/rows.h"
+#include "dblp/job/worker_model.h"
+#include "dblp/obs/run_report.h"
+#include "dblp/policy/resync.h"
+#include "dblp/round/receive_side.h"
+#include "dblp/round/round_control.h"
 #include "dblp/round/send_order.h"
 #include "dblp/round/send_side.h"
+#include "dblp/transport/packet_frames.h"
 #include "dblp/transport/udp_transport.h"
+#include "dblp/wire/chunking.h"
 #include "dblp/wire/wire.h"
-#include "dblp/obs/run_report.h"
 #include "udp/udp_common.h"
 #include "udp/udp_job.h"
 
@@ -343,8 +343,8 @@ std::string JobWorker::SetUpJob() {
                                       static_cast<FrameAuthMode>(w.frame_auth));
   frames_ = std::make_unique<PacketFrames<UdpSocketPort>>(
       &port_, kServerEndpoint,
-      reinterpret_cast<const uint8_t*>(model_->grad().data()),
-      &layout_, o_.burst);
+      reinterpret_cast<const uint8_t*>(model_->grad().data()), &layout_,
+      o_.burst);
   frames_->set_auth(key);
   SendSideConfig sc;
   sc.type = FrameType::kPush;
@@ -537,9 +537,9 @@ bool JobWorker::Receive(bool* progress) {
   const uint16_t n = port_.RxBurst(pkts_.data(), udp::kRxBurst);
   if (n < udp::kRxBurst) drained_gen_ = poll_gen_;
   auto copy = [&](const DataHeader& h, const uint8_t* payload) {
-    std::memcpy(
-        reinterpret_cast<uint8_t*>(model_->avg().data()) + layout_.Offset(h.seq),
-        payload, h.payload_len);
+    std::memcpy(reinterpret_cast<uint8_t*>(model_->avg().data()) +
+                    layout_.Offset(h.seq),
+                payload, h.payload_len);
   };
   const uint64_t now = n > 0 ? NowNs() : 0;
   for (uint16_t i = 0; i < n; ++i) {
@@ -583,8 +583,8 @@ IterationRecord JobWorker::Row(uint64_t it, bool is_resync) const {
   const SendSide* push[] = {push_.get()};
   return WorkerRow(WorkerExchange{
       it, res_.rank, push, o_.push_only ? 0 : bcast_done_ns_,
-      o_.push_only ? push_->stop_received() / n : arrived_.Count() / n,
-      push_p_, push_critical_, loss_->InBurst(it), is_resync});
+      o_.push_only ? push_->stop_received() / n : arrived_.Count() / n, push_p_,
+      push_critical_, loss_->InBurst(it), is_resync});
 }
 
 // BYE when done, ERROR with the reason otherwise: the server must not

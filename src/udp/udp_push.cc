@@ -11,10 +11,10 @@
 #include <thread>
 #include <utility>
 
-#include "dblp/wire/chunking.h"
 #include "dblp/base/ipv4_endpoint.h"
-#include "dblp/transport/udp_transport.h"
 #include "dblp/obs/run_report.h"
+#include "dblp/transport/udp_transport.h"
+#include "dblp/wire/chunking.h"
 #include "udp/udp_common.h"
 
 namespace dblp {

@@ -23,9 +23,9 @@
 #include <string>
 #include <vector>
 
-#include "dblp/wire/bitmap.h"
-#include "dblp/security/frame_auth.h"
 #include "dblp/control/job_auth.h"
+#include "dblp/security/frame_auth.h"
+#include "dblp/wire/bitmap.h"
 #include "udp/udp_job.h"
 
 namespace dblp {

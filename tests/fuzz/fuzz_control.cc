@@ -1,5 +1,5 @@
-// libFuzzer target: the control-channel decoder (lib/dblp/control/control.h) fed a
-// byte stream split at points taken from the input.
+// libFuzzer target: the control-channel decoder (lib/dblp/control/control.h)
+// fed a byte stream split at points taken from the input.
 //
 // Input: u8 max_frame selector, u8 n, n split sizes (u8 each; 0 = an empty
 // Feed), then the stream. The stream is decoded twice: fed at once, and fed

@@ -1,5 +1,5 @@
-// libFuzzer target: one receiver's rounds (lib/dblp/round/receiver_round.h) fed an
-// arbitrary sequence of frames and Begin/Close/SetTolerance/SetDeadline/
+// libFuzzer target: one receiver's rounds (lib/dblp/round/receiver_round.h) fed
+// an arbitrary sequence of frames and Begin/Close/SetTolerance/SetDeadline/
 // PollStop operations decoded from the input, against a small model of
 // what the round has accepted.
 //
@@ -34,11 +34,11 @@
 #include <stdexcept>
 #include <vector>
 
-#include "dblp/wire/bitmap.h"
-#include "dblp/wire/chunking.h"
-#include "dblp/security/frame_auth.h"
 #include "dblp/round/receiver_round.h"
 #include "dblp/round/stop_decision.h"
+#include "dblp/security/frame_auth.h"
+#include "dblp/wire/bitmap.h"
+#include "dblp/wire/chunking.h"
 #include "dblp/wire/wire.h"
 #include "fuzz_input.h"
 

@@ -15,8 +15,8 @@
 #include <variant>
 #include <vector>
 
-#include "dblp/wire/chunking.h"
 #include "dblp/control/control.h"
+#include "dblp/wire/chunking.h"
 #include "dblp/wire/wire.h"
 #include "fuzz_input.h"
 

@@ -1,8 +1,9 @@
 #include "dblp/control/admission.h"
-#include "dblp/base/log.h"
 
 #include <cstdio>
 #include <variant>
+
+#include "dblp/base/log.h"
 
 namespace dblp {
 

@@ -1,7 +1,8 @@
 #include "dblp/control/control_sidecar.h"
-#include "dblp/base/log.h"
 
 #include <arpa/inet.h>
+
+#include "dblp/base/log.h"
 #ifdef __GLIBC__
 #include <malloc.h>
 #endif
@@ -25,9 +26,9 @@
 #include <thread>
 #include <utility>
 
-#include "dblp/security/hmac.h"
 #include "dblp/base/ipv4_endpoint.h"
 #include "dblp/control/job_auth.h"
+#include "dblp/security/hmac.h"
 
 namespace dblp {
 

@@ -11,8 +11,8 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "dblp/wire/chunking.h"
 #include "dblp/security/hmac.h"
+#include "dblp/wire/chunking.h"
 #include "dblp/wire/wire.h"
 
 namespace dblp {

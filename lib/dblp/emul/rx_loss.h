@@ -9,8 +9,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "dblp/obs/app_state.h"
 #include "dblp/emul/loss_model.h"
+#include "dblp/obs/app_state.h"
 #include "dblp/wire/wire.h"
 
 namespace dblp {

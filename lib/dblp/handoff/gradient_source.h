@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "dblp/control/control.h"
-#include "dblp/obs/records.h"
 #include "dblp/handoff/synthetic_gradient.h"
+#include "dblp/obs/records.h"
 
 namespace dblp {
 

@@ -12,8 +12,8 @@ void AddReceiverCounters(std::string_view prefix,
     for (const ReceiverRound* r : receivers) {
       n += r->verdict_count(static_cast<Verdict>(v));
     }
-    out->emplace_back(std::string(prefix) + VerdictName(static_cast<Verdict>(v)),
-                      n);
+    out->emplace_back(
+        std::string(prefix) + VerdictName(static_cast<Verdict>(v)), n);
   }
   if (!decode) return;
   for (int s = 1; s < kNumDecodeStatus; ++s) {

@@ -51,8 +51,8 @@ struct ServerJobSettings {
 
 // What one closed push decided.
 struct ReducedPush {
-  bool resync = false;    // the "mean" is the average model
-  double norm = 0;        // the mean's L2 norm (what the policy saw)
+  bool resync = false;       // the "mean" is the average model
+  double norm = 0;           // the mean's L2 norm (what the policy saw)
   RoundTolerance broadcast;  // the broadcast of this mean
   // The consistent broadcast's chunks, in send order (empty: the usual
   // per-worker order). Valid until the next Reduce.

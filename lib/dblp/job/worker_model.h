@@ -15,14 +15,14 @@
 #include <thread>
 #include <vector>
 
-#include "dblp/wire/bitmap.h"
-#include "dblp/wire/chunking.h"
-#include "dblp/wire/wire.h"
 #include "dblp/control/control.h"
 #include "dblp/handoff/gradient_source.h"
 #include "dblp/policy/loss_fill.h"
 #include "dblp/policy/push_feedback.h"
 #include "dblp/policy/resync.h"
+#include "dblp/wire/bitmap.h"
+#include "dblp/wire/chunking.h"
+#include "dblp/wire/wire.h"
 
 namespace dblp {
 
@@ -98,8 +98,8 @@ template <AcceptedChannel Control>
 std::string WorkerModel::SettleFeedback(uint64_t it, Control& control,
                                         uint32_t timeout_ms) {
   Bitmap accepted;
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::milliseconds(timeout_ms);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   while (!control.TakeAccepted(PushRound(it), &accepted)) {
     if (control.server_gone()) {
       return "the server is gone: " + std::string(control.failure());

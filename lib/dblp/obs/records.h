@@ -26,7 +26,7 @@ struct IterationRecord {
   double grad_norm = 0;
   bool burst = false;
   double control_rtt_us = 0;  // mean PROBE -> BITMAP time seen by the sender
-  bool resync = false;  // a re-synchronisation, not a training step
+  bool resync = false;        // a re-synchronisation, not a training step
 };
 
 // Column order of WriteCsv (and key order of WriteJsonl). Booleans are

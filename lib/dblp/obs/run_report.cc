@@ -1,7 +1,5 @@
 #include "dblp/obs/run_report.h"
 
-#include "dblp/obs/latency_stats.h"
-
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -12,6 +10,8 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+
+#include "dblp/obs/latency_stats.h"
 
 namespace dblp {
 namespace {

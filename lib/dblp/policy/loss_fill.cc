@@ -1,13 +1,13 @@
 #include "dblp/policy/loss_fill.h"
 
-#include "dblp/base/rng.h"
-
 #include <algorithm>
 #include <cassert>
 #include <cstring>
 #include <new>
 #include <stdexcept>
 #include <string>
+
+#include "dblp/base/rng.h"
 
 namespace dblp {
 namespace {
@@ -78,8 +78,9 @@ uint32_t FillMissing(std::span<float> buffer, const Bitmap& arrived,
 uint32_t ZeroRandomChunks(std::span<float> buffer, const ChunkLayout& layout,
                           double fraction, uint64_t seed) {
   if (buffer.size() * sizeof(float) != layout.total_bytes()) {
-    throw std::invalid_argument("ZeroRandomChunks: buffer size differs from "
-                                "the chunk layout");
+    throw std::invalid_argument(
+        "ZeroRandomChunks: buffer size differs from "
+        "the chunk layout");
   }
   if (!(fraction >= 0 && fraction <= 1)) {
     throw std::invalid_argument("ZeroRandomChunks: fraction must be in [0, 1]");

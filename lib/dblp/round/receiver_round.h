@@ -10,10 +10,10 @@
 #include <atomic>
 #include <cstdint>
 
+#include "dblp/round/stop_decision.h"
+#include "dblp/security/frame_auth.h"
 #include "dblp/wire/bitmap.h"
 #include "dblp/wire/chunking.h"
-#include "dblp/security/frame_auth.h"
-#include "dblp/round/stop_decision.h"
 #include "dblp/wire/wire.h"
 
 namespace dblp {

@@ -6,9 +6,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "dblp/wire/chunking.h"
 #include "dblp/security/frame_auth.h"
 #include "dblp/transport/transport.h"
+#include "dblp/wire/chunking.h"
 #include "dblp/wire/wire.h"
 
 namespace dblp {
