@@ -5,6 +5,9 @@
 // (the pipes with their codec and delay, round_control.h's glue).
 #include "sim/memory_cluster.h"
 
+#include "dblp/handoff/gradient_source.h"
+#include "dblp/job/worker_model.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -140,6 +143,35 @@ struct SimSender {
 // timeout, and add PROBEs the protocol did not need.
 constexpr uint64_t kNoProbeRetry = 0;
 
+// A simulated worker's gradient source: the caller's vector of this
+// iteration (RunIteration's grads[rank]), pushed as the gradient or, in a
+// resync, as the model; and the worker's copy of the mean, shared with the
+// simulator (worker_average). What the worker does around the exchange
+// (fill, resync load, the previous mean) is WorkerModel's, as in the apps.
+class SimSource : public GradientSource {
+ public:
+  SimSource(uint64_t floats, std::vector<float>* average)
+      : floats_(floats), average_(average) {}
+  std::vector<LayerInfo> Layers() const override { return {}; }
+  uint64_t floats() const override { return floats_; }
+  void Bind(uint32_t, uint32_t) override {}
+  void Compute(uint64_t, std::span<float> grad) override { Copy(grad); }
+  void ExportModel(std::span<float> out) override { Copy(out); }
+  void Apply(uint64_t, std::span<const float>) override {}
+  std::string Describe() const override { return "simulated"; }
+  std::span<float> SharedMean() override { return *average_; }
+  void set_current(const std::vector<float>* g) { current_ = g; }
+
+ private:
+  void Copy(std::span<float> out) const {
+    std::copy(current_->begin(), current_->end(), out.begin());
+  }
+
+  uint64_t floats_;
+  std::vector<float>* average_;
+  const std::vector<float>* current_ = nullptr;
+};
+
 }  // namespace
 
 struct MemoryCluster::Impl {
@@ -152,7 +184,9 @@ struct MemoryCluster::Impl {
     PipeOutbox out;         // requests of both sides, to the server
     ControlPipe to_worker;  // server -> this worker
     ControlPipe to_server;  // this worker -> server
-    std::vector<float> average, previous_average;
+    std::vector<float> average;  // the model's mean (shared with `source`)
+    std::unique_ptr<SimSource> source;
+    std::unique_ptr<WorkerModel> model;  // the apps' worker model
     std::vector<Packet> replay;  // frames kept to replay as stale later
     Bitmap bcast_arrived;
   };
@@ -175,6 +209,11 @@ struct MemoryCluster::Impl {
     }
     if (c.burst == 0) {
       throw std::invalid_argument("in-memory cluster: burst must be >= 1");
+    }
+    if (c.push_feedback || c.continue_on_worker_loss) {
+      throw std::invalid_argument(
+          "in-memory cluster: push feedback and worker loss are not "
+          "simulated (dblp-server and dblp-udp-server have them)");
     }
     return c;
   }
@@ -215,7 +254,12 @@ struct MemoryCluster::Impl {
                           Direction::kBroadcast, 0}));
     Worker& wk = *workers.back();
     wk.average.assign(cfg.gradient_floats, 0.0f);
-    wk.previous_average.assign(cfg.gradient_floats, 0.0f);
+    wk.source = std::make_unique<SimSource>(cfg.gradient_floats, &wk.average);
+    WelcomeMsg wel;  // what a WELCOME tells a worker of the job
+    wel.resync_every = cfg.resync_every;
+    wel.consistent_broadcast = cfg.consistent_broadcast;
+    wk.model =
+        std::make_unique<WorkerModel>(*wk.source, wel, layout, cfg.bcast_fill);
     wk.to_worker.one_way_ns = cfg.control_one_way_ns;
     wk.to_server.one_way_ns = cfg.control_one_way_ns;
     wk.out = PipeOutbox{&wk.to_server, &wk.bcast, &clock};
@@ -455,6 +499,17 @@ struct MemoryCluster::Impl {
   }
 
   // ---- one iteration -------------------------------------------------------
+  // What WorkerModel reports as a failure is a bug of the simulation.
+  static void Check(const std::string& why) {
+    if (!why.empty()) throw std::logic_error("in-memory worker: " + why);
+  }
+  // The simulator has no push feedback (refused by Validated).
+  struct NoFeedback {
+    bool TakeAccepted(uint32_t, Bitmap*) { return false; }
+    bool server_gone() const { return true; }
+    std::string failure() const { return "no push feedback in the simulator"; }
+  };
+
   void CheckGrads(std::span<const std::vector<float>> grads) const {
     if (grads.size() != workers.size()) {
       throw std::invalid_argument("RunIteration: need one gradient per worker");
@@ -491,7 +546,11 @@ struct MemoryCluster::Impl {
       links[w]->push.Begin(out.push_round, tol.p, deadline_abs,
                            tol.min_fraction, clock.ns());
       AnnounceRound(wk, Direction::kPush, out.push_round, tol);
-      wk.push.Begin(out.push_round, grads[w], layout.num_chunks(), clock.ns());
+      wk.source->set_current(&grads[w]);
+      bool more = true;
+      Check(wk.model->Prepare(iteration, &more));
+      wk.push.Begin(out.push_round, wk.model->grad(), layout.num_chunks(),
+                    clock.ns());
       // Open the broadcast receiver now, so no early broadcast frame is lost.
       // Its p is unknown until the broadcast's ROUND_BEGIN lands (the policy
       // may switch after this push), so until then it may only STOP on a
@@ -537,9 +596,8 @@ struct MemoryCluster::Impl {
       bcast_end = std::max(bcast_end, static_cast<double>(wk->bcast.stop_ns()));
       wk->bcast.Close();
       wk->bcast.receiver().SnapshotBitmap(wk->bcast_arrived);
-      FillMissing(wk->average, wk->bcast_arrived, layout, cfg.bcast_fill,
-                  wk->previous_average);
-      wk->previous_average = wk->average;
+      NoFeedback none;
+      Check(wk->model->Absorb(iteration, none, wk->bcast_arrived, 0));
     }
     out.bcast_round_ns = bcast_end - bcast_start_ns;
   }

@@ -297,11 +297,15 @@ void JobWorker::OnWakeup() {
   for (const ControlRequest& r : sending_) {
     if (const auto* f = std::get_if<FinishRequest>(&r)) {
       if (f->ok) {
+        // The server closes once every worker said BYE. Closing first
+        // would race the server's next ROUND_BEGIN: its write could fail
+        // on our closed socket before it read this BYE, and a finished
+        // worker would look lost. Finish waits (bounded) for that close.
         sc_->Send(conn_, ByeMsg{"done"});
       } else {
         sc_->Send(conn_, ErrorMsg{2, failure_});
+        sc_->Close(conn_, "job failed");
       }
-      sc_->Close(conn_, "job finished");
     } else {
       // The push side's PROBE; the broadcast side's STOP and BITMAP.
       for (const ControlMessage& m : SideRequestMessages(r, bcast_.get())) {
@@ -588,12 +592,14 @@ IterationRecord JobWorker::Row(uint64_t it, bool is_resync) const {
 }
 
 // BYE when done, ERROR with the reason otherwise: the server must not
-// mistake a finished worker for a lost one.
+// mistake a finished worker for a lost one. After a BYE the server closes
+// the connection; the sidecar stops after at most a second either way.
 void JobWorker::Finish(Outbox& out, const std::string& failure) {
   failure_ = failure;  // before the request: the sidecar reads it then
   out.Post(FinishRequest{failure.empty()});
   udp::WaitFor([&] { return closed_.load(std::memory_order_acquire); }, 1000);
 }
+
 
 void JobWorker::Report() {
   res_.counters = {
