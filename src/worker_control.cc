@@ -135,11 +135,15 @@ void WorkerControl::SendRequests() {
   while (requests_.Pop(&r)) {
     if (const auto* f = std::get_if<FinishRequest>(&r)) {
       if (f->ok) {
+        // The server closes once every worker said BYE. Closing first
+        // would race the server's next ROUND_BEGIN: its write could fail
+        // on our closed socket before it read this BYE, and a finished
+        // worker would look lost. Finish waits (bounded) for that close.
         sidecar_.Send(conn_, ByeMsg{"done"});
       } else {
         sidecar_.Send(conn_, ErrorMsg{2, final_error_});
+        sidecar_.Close(conn_, "job failed");
       }
-      sidecar_.Close(conn_, "job finished");
       continue;
     }
     if (std::holds_alternative<StopRequest>(r)) stops_sent_.fetch_add(1);

@@ -54,9 +54,10 @@ class WorkerControl {
     iteration_.store(it, std::memory_order_relaxed);
   }
 
-  // BYE (ok) or ERROR with `error`, then a graceful close (bounded wait):
-  // the server must not mistake a finished worker for a lost one, nor a
-  // failed one for a finished one. Stops the sidecar thread.
+  // BYE (ok), then the server's close; or ERROR with `error`, then our
+  // graceful close. Either wait is bounded (about a second): the server
+  // must not mistake a finished worker for a lost one, nor a failed one
+  // for a finished one. Stops the sidecar thread.
   void Finish(bool ok, const std::string& error);
 
   uint64_t messages_in() const { return sidecar_.messages_in(); }
