@@ -13,6 +13,7 @@
 #include "dblp/handoff/gradient_source.h"
 #include "eal_app.h"
 #include "runtime_flags.h"
+#include "test_hooks/hostile_frames.h"
 #include "worker_engine.h"
 #include "worker_flags.h"
 #ifdef DBLP_WITH_TRAINING
@@ -102,7 +103,9 @@ int main(int argc, char** argv) {
   o.dp = dblp::DatapathOptionsFromFlags();
   o.bcast_fill = dblp::BcastFillFromFlags();
   o.join_timeout_ms = FLAGS_join_timeout_ms;
-  o.hostile_per_round = FLAGS_hostile_per_round;
+  if (FLAGS_hostile_per_round > 0) {
+    o.push_hook = dblp::HostileFrames(FLAGS_hostile_per_round);
+  }
   o.secret = dblp::JobSecretFromFlags("dblp-worker");
 
   static const char* const kTrainFlags[] = {

@@ -6,7 +6,6 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
-#include <optional>
 #include <vector>
 
 #include "app_telemetry.h"
@@ -27,80 +26,6 @@
 
 namespace dblp {
 namespace {
-
-// Test hook (--hostile_per_round): what an attacker on the data path would
-// send at the server before our push, none of which may be accepted:
-// frames of the previous round, of another job and of a future round (all
-// tagged with a key that is not the job's); this round's chunks with other
-// floats under that wrong key (bad tag: accepted, they would change the
-// mean); exact copies of this round's chunks from an address the server did
-// not pin (another IPv4; with other floats under header tags, which do
-// not cover them); valid L2-L4 around bad DBLP bytes.
-struct Hostile {
-  const WelcomeMsg& wel;
-  rte_mempool* pool;
-  DatapathCounters* ctr;
-  FrameTemplate forged;    // toward the server, tags under a wrong key
-  FrameTemplate stranger;  // the job's key, from an unpinned IPv4
-  const uint8_t* grad;
-  const ChunkLayout& layout;
-  ShardMap shards;  // this round's chunks go on their shard's queue
-  bool full_tags;
-  std::vector<uint8_t> poison =
-      std::vector<uint8_t>(layout.total_bytes(), 0x41);
-
-  void Send(uint32_t push_round, std::span<const uint32_t> replay,
-            std::span<const uint32_t> next, uint32_t count) {
-    ChunkTransmitter tx{0, 0, pool, ctr, nullptr, 64};
-    const auto n = [count](std::span<const uint32_t> s) {
-      return static_cast<uint32_t>(std::min<size_t>(s.size(), count));
-    };
-    DataHeader stale{FrameType::kPush,
-                     wel.session,
-                     static_cast<uint16_t>(wel.rank),
-                     0,
-                     push_round - 2,
-                     0};
-    tx.Send(forged, stale, replay.data(), n(replay), grad, layout);
-    DataHeader wrong_session = stale;
-    wrong_session.round = push_round;
-    wrong_session.session = wel.session ^ 0x5A5A5A5Au;
-    const uint32_t zero = 0;
-    tx.Send(forged, wrong_session, &zero, 1, grad, layout);
-    DataHeader future = stale;
-    future.round = push_round + 4;
-    tx.Send(forged, future, &zero, 1, grad, layout);
-    DataHeader current = stale;
-    current.round = push_round;
-    for (uint32_t i = 0; i < n(next); ++i) {
-      // On the queue of the chunk's shard, like the real frame: a server
-      // lcore sees it and must refuse it for its tag or its source.
-      ChunkTransmitter q{
-          0, static_cast<uint16_t>(shards.ShardOf(next[i])), pool, ctr, nullptr,
-          64};
-      q.Send(forged, current, &next[i], 1, poison.data(), layout);
-      // From an unpinned address with the job's key: other floats where
-      // the tag does not cover them (header mode), so only the pin keeps
-      // them out of the mean; exact copies under full tags (GMAC must
-      // never seal two contents under one nonce).
-      q.Send(stranger, current, &next[i], 1, full_tags ? grad : poison.data(),
-             layout);
-    }
-    // A wrong chunk length, a truncated header and a bad magic.
-    uint8_t raw[kDataHeaderBytes + 8] = {};
-    DataHeader h = current;
-    h.payload_len = 8;  // shorter than chunk 0: out of range
-    EncodeDataHeader(h, raw);
-    const uint16_t lens[3] = {sizeof(raw), 10, sizeof(raw)};
-    for (int k = 0; k < 3; ++k) {
-      if (k == 2) raw[0] ^= 0xFF;  // bad magic
-      rte_mbuf* m = rte_pktmbuf_alloc(pool);
-      if (m == nullptr) break;
-      forged.BuildRaw(m, raw, lens[k]);
-      if (rte_eth_tx_burst(0, 0, &m, 1) != 1) rte_pktmbuf_free(m);
-    }
-  }
-};
 
 // The frame template toward the server, from the WELCOME and our flags.
 FrameTemplate ServerTemplate(const WorkerOptions& o, const WelcomeMsg& wel,
@@ -297,23 +222,14 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
                          &loss, &tx, &to_server, grad_bytes,
                          reinterpret_cast<uint8_t*>(avg.data()), &pacer});
   SendOrder order(o.dp.send_order, wel.rank, wel.num_workers, o.dp.seed);
-  std::vector<uint32_t> order_buf, replay;
-  std::optional<Hostile> hostile;
-  if (o.hostile_per_round > 0) {
-    // An independent key (never one related to the job's).
-    FrameKey wrong = frame_key;
-    const AuthBytes random = RandomAuthBytes();
-    std::memcpy(wrong.key.data(), random.data(), wrong.key.size());
-    if (wrong.mode == FrameAuthMode::kNone) wrong.mode = FrameAuthMode::kHeader;
-    Endpoint elsewhere = local;
-    elsewhere.ipv4 ^= 0x00000100u;  // another host on the same /16
-    hostile.emplace(Hostile{wel, pool, &lc.counters, to_server,
-                            FrameTemplate(elsewhere, to_server.dst(), caps),
-                            grad_bytes, layout,
-                            ShardMap(layout.num_chunks(), queues),
-                            frame_key.mode == FrameAuthMode::kFull});
-    hostile->forged.set_auth(wrong);
-    hostile->stranger.set_auth(frame_key);
+  std::vector<uint32_t> order_buf;
+  // A test seam (--hostile_per_round installs one): called before each
+  // push with the round and its send order; none in a production job.
+  std::unique_ptr<PushHook> push_hook;
+  if (o.push_hook) {
+    push_hook = o.push_hook(PushHookContext{
+        &wel, pool, &lc.counters, &to_server, &caps, local, grad_bytes,
+        &layout, queues, frame_key});
   }
 
   std::printf(
@@ -354,12 +270,7 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
     if (!failure.empty() || !more) break;
     if (!lcore.AwaitPushRound(it, &failure)) break;
     order.Fill(PushRound(it), layout.num_chunks(), order_buf);
-    if (hostile && it > 0) {
-      hostile->Send(PushRound(it), replay, order_buf, o.hostile_per_round);
-    }
-    replay.assign(order_buf.begin(),
-                  order_buf.begin() +
-                      std::min<size_t>(order_buf.size(), o.hostile_per_round));
+    if (push_hook) push_hook->BeforePush(it, PushRound(it), order_buf);
     if (!lcore.Exchange(it, order_buf, &failure)) break;
 
     const WorkerIterationTimes& t = lcore.times();

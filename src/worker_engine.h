@@ -4,15 +4,49 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "app_options.h"
+#include "datapath.h"
+#include "frame_builder.h"
+#include "port.h"
+#include "dblp/control/control.h"
 #include "dblp/control/job_auth.h"
+#include "dblp/security/frame_auth.h"
+#include "dblp/wire/chunking.h"
 #include "dblp/handoff/gradient_source.h"
 #include "dblp/policy/loss_fill.h"
 
 namespace dblp {
+
+// What a push hook may use: the engine's own data path, valid for the
+// whole job.
+struct PushHookContext {
+  const WelcomeMsg* welcome = nullptr;
+  rte_mempool* pool = nullptr;
+  DatapathCounters* counters = nullptr;
+  const FrameTemplate* to_server = nullptr;
+  const PortCaps* caps = nullptr;
+  Endpoint local;  // our data address, as the server pinned it
+  const uint8_t* gradient = nullptr;  // what the push sends
+  const ChunkLayout* layout = nullptr;
+  uint16_t queues = 1;  // the server's shards
+  FrameKey frame_key;   // the job's
+};
+
+// Called before each push (iteration `it`, `round`, the push's send order).
+// Once per iteration, so a virtual call.
+class PushHook {
+ public:
+  virtual ~PushHook() = default;
+  virtual void BeforePush(uint64_t it, uint32_t round,
+                          std::span<const uint32_t> order) = 0;
+};
+using PushHookFactory =
+    std::function<std::unique_ptr<PushHook>(const PushHookContext&)>;
 
 struct WorkerOptions {
   std::string server = "127.0.0.1:9100";  // TCP control address
@@ -24,9 +58,9 @@ struct WorkerOptions {
   FillMode bcast_fill = FillMode::kZero;
   uint32_t join_timeout_ms = 30000;
   JobSecret secret;  // --secret_file (empty: --insecure)
-  // Test hook: frames of the previous round and malformed frames sent at
-  // the server at the start of each push round.
-  uint32_t hostile_per_round = 0;
+  // A test seam, empty in a production job: makes the hook the engine
+  // calls before each push (src/test_hooks/hostile_frames.h).
+  PushHookFactory push_hook;
 };
 
 // Runs the whole job; returns the process exit code. Errors that a user can
