@@ -210,6 +210,12 @@ struct MemoryCluster::Impl {
     if (c.burst == 0) {
       throw std::invalid_argument("in-memory cluster: burst must be >= 1");
     }
+    WelcomeMsg wel;
+    wel.consistent_broadcast = c.consistent_broadcast;
+    if (std::string e = WorkerModel::CheckBroadcastFill(wel, c.bcast_fill);
+        !e.empty()) {
+      throw std::invalid_argument("in-memory cluster: " + e);
+    }
     if (c.push_feedback || c.continue_on_worker_loss) {
       throw std::invalid_argument(
           "in-memory cluster: push feedback and worker loss are not "

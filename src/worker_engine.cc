@@ -152,11 +152,10 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
   const uint16_t queues = wel.num_shards;
   const FrameKey frame_key = DeriveFrameKey(
       o.secret, wel.job_nonce, static_cast<FrameAuthMode>(wel.frame_auth));
-  if (wel.consistent_broadcast && o.bcast_fill == FillMode::kPrevious) {
+  if (std::string e = WorkerModel::CheckBroadcastFill(wel, o.bcast_fill);
+      !e.empty()) {
     control.Finish(false, "--bcast_fill=prev with a consistent broadcast");
-    Die("the server runs --bcast_tolerance=consistent: it carries the chunks "
-        "it does not send, and --bcast_fill=prev would count them twice",
-        "run this worker with --bcast_fill=zero");
+    Die(e, "--bcast_fill=zero");
   }
   try {
     source->Bind(wel.rank, wel.num_workers);

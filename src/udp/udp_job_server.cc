@@ -97,6 +97,11 @@ class JobServer {
   bool Alive(uint32_t w) const {
     return alive_[w].load(std::memory_order_relaxed);
   }
+  uint32_t LiveCount() const {
+    uint32_t n = 0;
+    for (uint32_t w = 0; w < o_.workers; ++w) n += Alive(w) ? 1 : 0;
+    return n;
+  }
   bool CloseRoundIfStopped(Outbox& out);
   void StageAccepted(Outbox& out);
   void AddPushRows(double norm, bool resync);
@@ -610,9 +615,7 @@ bool JobServer::LoseWorker(uint32_t w, const std::string& how,
   DBLP_LOG(Warning, "dblp-udp-server: continuing without worker %u (%s)", w,
            how.c_str());
   alive_[w].store(false);
-  uint32_t live = 0;
-  for (uint32_t k = 0; k < o_.workers; ++k) live += Alive(k) ? 1 : 0;
-  if (live == 0) {
+  if (LiveCount() == 0) {
     *failure = "every worker is gone";
     return false;
   }
@@ -652,9 +655,7 @@ bool JobServer::CloseRoundIfStopped(Outbox& out) {
         UdpServerRound{it_, w, push_[w]->receiver().delivered_fraction()});
   }
   const ReducedPush r = iteration_->Reduce(it_, push_ns);
-  uint32_t live = 0;
-  for (uint32_t w = 0; w < o_.workers; ++w) live += Alive(w) ? 1 : 0;
-  iteration_->set_live_workers(live);  // the next round's divisor
+  iteration_->set_live_workers(LiveCount());  // the next round's divisor
   AddPushRows(r.norm, r.resync);
   // Without a broadcast the rows are complete: on disk before on_round.
   if (o_.push_only) row_stream_.Sync(report_.rows);

@@ -385,10 +385,9 @@ std::string JobWorker::StartSource() {
            ": " + e.what();
   }
   if (std::string e = WorkerModel::CheckSource(source_); !e.empty()) return e;
-  if (w.consistent_broadcast && o_.bcast_fill == FillMode::kPrevious) {
-    return "the server runs --bcast_tolerance=consistent: it carries the "
-           "chunks it does not send, and --bcast_fill=prev would count them "
-           "twice; run this worker with --bcast_fill=zero";
+  if (std::string e = WorkerModel::CheckBroadcastFill(w, o_.bcast_fill);
+      !e.empty()) {
+    return e;
   }
   model_.emplace(source_, w, layout_, o_.bcast_fill);
   return "";

@@ -19,6 +19,18 @@ std::string WorkerModel::CheckSource(GradientSource& source) {
   return "";
 }
 
+// A consistent broadcast carries what it does not send; filling those
+// chunks from the previous mean would count them twice.
+std::string WorkerModel::CheckBroadcastFill(const WelcomeMsg& wel,
+                                            FillMode bcast_fill) {
+  if (!wel.consistent_broadcast || bcast_fill != FillMode::kPrevious) {
+    return "";
+  }
+  return "the server runs --bcast_tolerance=consistent: it carries the "
+         "chunks it does not send, and --bcast_fill=prev would count them "
+         "twice; run this worker with --bcast_fill=zero";
+}
+
 WorkerModel::WorkerModel(GradientSource& source, const WelcomeMsg& wel,
                          const ChunkLayout& layout, FillMode bcast_fill)
     : source_(source),

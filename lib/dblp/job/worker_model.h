@@ -1,5 +1,5 @@
 // What a worker does with its model around each exchange, over any
-// transport (dblp-worker, dblp-udp-worker): before the push, the gradient
+// transport (dblp-worker, dblp-udp-worker, the simulator): before the push, the gradient
 // (plus what push feedback carries) or, in a re-synchronisation iteration,
 // the parameters; after the broadcast, the fill of what it missed, then the
 // optimizer step on the mean or the load of the average model. The engine
@@ -40,6 +40,10 @@ class WorkerModel {
   // Why `source` cannot back a model ("" if it can): buffers it shares
   // that do not hold its gradient.
   static std::string CheckSource(GradientSource& source);
+  // Why this worker's broadcast fill cannot serve the job `wel` describes
+  // ("" if it can), naming the fix.
+  static std::string CheckBroadcastFill(const WelcomeMsg& wel,
+                                        FillMode bcast_fill);
   // `wel` says whether the job re-synchronises and uses push feedback.
   WorkerModel(GradientSource& source, const WelcomeMsg& wel,
               const ChunkLayout& layout, FillMode bcast_fill);
