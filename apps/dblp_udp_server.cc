@@ -70,8 +70,6 @@ dblp::UdpJobServerOptions OptionsFromFlags() {
   o.idle_sleep_us = FLAGS_idle_sleep_us;
   o.deep_idle = dblp::DeepIdleFromFlags();
   o.out_dir = FLAGS_out_dir;
-  o.dump_dir = FLAGS_dump_dir;
-  o.dump_iterations = FLAGS_dump_iterations;
   o.secret = dblp::JobSecretFromFlags("dblp-udp-server");
   o.frame_auth = dblp::FrameAuthFromFlags(o.secret);
   o.quiet = false;

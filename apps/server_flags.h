@@ -19,6 +19,7 @@
 #include "dblp/policy/tolerance.h"
 #include "dblp/security/frame_auth.h"
 #include "job_flags.h"
+#include "test_hooks/server_dumps.h"
 
 DEFINE_uint32(workers, 3, "number of workers in the job");
 DEFINE_string(policy, "dblp", "reliable | fixed | dblp | ltp");
@@ -311,6 +312,7 @@ inline ServerJobSettings JobSettingsFromFlags() {
   }
   o.continue_on_worker_loss = FLAGS_on_worker_loss == "continue";
   ZeroWindowFromFlags(&o);
+  o.on_reduced = ServerDumps(FLAGS_dump_dir, FLAGS_dump_iterations);
   return o;
 }
 

@@ -116,17 +116,18 @@ struct SimSender {
   SimSender(const SendSideConfig& c, SendOrder o, SimFrames f)
       : side(c), frames(std::move(f)), order(o) {}
 
-  // The first pass in this sender's order, or in `subset`'s when it is
-  // not empty (the consistent broadcast's chunks).
+  // The first pass in this sender's order.
   void Begin(uint32_t round, std::span<const float> data, uint32_t num_chunks,
-             uint64_t now_ns, std::span<const uint32_t> subset = {}) {
+             uint64_t now_ns) {
+    order.Fill(round, num_chunks, order_buf);
+    Begin(round, data, order_buf, num_chunks, now_ns);
+  }
+  // ... or in `first_pass` (the server job's broadcast order).
+  void Begin(uint32_t round, std::span<const float> data,
+             std::span<const uint32_t> first_pass, uint32_t num_chunks,
+             uint64_t now_ns) {
     frames.set_buffer(data);
-    if (subset.empty()) {
-      order.Fill(round, num_chunks, order_buf);
-      side.Begin(round, order_buf, now_ns);
-    } else {
-      side.Begin(round, subset, now_ns, num_chunks);
-    }
+    side.Begin(round, first_pass, now_ns, num_chunks);
   }
 
   SendSide side;
@@ -197,7 +198,6 @@ struct MemoryCluster::Impl {
     ReceiveSide push;  // the worker -> server
     SimSender bcast;   // server -> the worker, out of the server's port
     PipeOutbox out;    // requests of both sides, to the worker
-    Bitmap push_arrived;
   };
 
   // Runs before any member is built, so a bad config gets this message
@@ -228,8 +228,9 @@ struct MemoryCluster::Impl {
       : cfg(Validated(c)),
         layout(ChunkLayout::ForMtu(c.gradient_floats * sizeof(float), c.mtu)),
         fabric(c.num_workers + 1, c.ring_size),
-        job(c, TolerancePolicy::Create(c.policy), layout, c.num_workers, c.seed,
-            "sim-server"),
+        job(c, TolerancePolicy::Create(c.policy), layout,
+            std::vector<std::string>(c.num_workers, "simulated"), c.send_order,
+            c.seed, "sim-server"),
         bcast_loss(c.bcast_loss,
                    c.bursts_on_broadcast ? c.bursts : BurstSchedule{},
                    HashMix(c.seed, 0xB0)),
@@ -245,6 +246,8 @@ struct MemoryCluster::Impl {
       fabric.port(WorkerEndpoint(w)).set_loss(push_loss.back().get());
       AddWorker(w);
     }
+    push_arrived.resize(c.num_workers);
+    push_stop_ns.resize(c.num_workers);
   }
 
   void AddWorker(uint32_t w) {
@@ -378,7 +381,7 @@ struct MemoryCluster::Impl {
       links[p.src - 1]->push.OnFrame(
           p.bytes.data(), p.bytes.size(),
           [&](const DataHeader& h, const uint8_t* payload) {
-            job.reducer().Accumulate(h.seq, payload);
+            job.iteration().reducer().Accumulate(h.seq, payload);
           });
     });
     for (uint32_t w = 0; w < links.size(); ++w) {
@@ -528,30 +531,26 @@ struct MemoryCluster::Impl {
     }
   }
 
-  // The server's ROUND_BEGIN to worker `wk`: the round's tolerance (its
-  // minimum fraction counts only with a deadline).
-  void AnnounceRound(Worker& wk, Direction d, uint32_t rnd,
-                     const RoundTolerance& tol) {
-    wk.to_worker.Send(
-        RoundBeginMsg{rnd, static_cast<uint32_t>(iteration), d, tol.p,
-                      tol.deadline_ns, tol.deadline_ns ? tol.min_fraction : 0},
-        clock.now);
+  // The server job's ROUND_BEGIN to every worker, in the simulator's round
+  // numbering (it may start anywhere: first_round tests the wrap-around).
+  void Announce(RoundBeginRequest rb, uint32_t sim_round) {
+    rb.round = sim_round;
+    RoundBeginMsg m = RoundBeginMessage(rb);
+    m.iteration = static_cast<uint32_t>(iteration);
+    for (auto& wk : workers) wk->to_worker.Send(m, clock.now);
   }
 
   // Push: every worker -> server; the server decides STOP with its p.
   void BeginPush(const IterationOutcome& out,
                  std::span<const std::vector<float>> grads) {
-    const RoundTolerance& tol = out.push_tolerance;
     push_start_ns = clock.now;
-    const double deadline =
-        push_start_ns + static_cast<double>(tol.deadline_ns);
-    const uint64_t deadline_abs =
-        tol.deadline_ns ? static_cast<uint64_t>(deadline) : 0;
+    const PushOpening open = job.OpenPush(iteration, clock.ns());
+    const RoundBeginRequest& rb = open.announce;
+    Announce(rb, out.push_round);
     for (uint32_t w = 0; w < workers.size(); ++w) {
       Worker& wk = *workers[w];
-      links[w]->push.Begin(out.push_round, tol.p, deadline_abs,
-                           tol.min_fraction, clock.ns());
-      AnnounceRound(wk, Direction::kPush, out.push_round, tol);
+      links[w]->push.Begin(out.push_round, rb.p, open.deadline_ns,
+                           rb.min_fraction, clock.ns());
       wk.source->set_current(&grads[w]);
       bool more = true;
       Check(wk.model->Prepare(iteration, &more));
@@ -574,25 +573,35 @@ struct MemoryCluster::Impl {
           std::max(push_end, static_cast<double>(wk->push.side.done_ns()));
     }
     out.push_round_ns = push_end - push_start_ns;
-    for (auto& ln : links) {
-      ln->push.Close();
-      ln->push.receiver().SnapshotBitmap(ln->push_arrived);
+    for (uint32_t w = 0; w < links.size(); ++w) {
+      ServerLink& ln = *links[w];
+      ln.push.Close();
+      ln.push.receiver().SnapshotBitmap(push_arrived[w]);
+      push_stop_ns[w] = ln.push.stop_ns();
     }
-    // What the servers decide (ServerIteration): mean, policy, broadcast.
-    reduced = job.Reduce(iteration, static_cast<uint64_t>(out.push_round_ns));
+    // What the servers decide (ServerJob): mean, policy, rows, broadcast.
+    posts.clear();
+    reduced = job.ClosePush(iteration,
+                            ClosedPush{static_cast<uint64_t>(push_end),
+                                       push_arrived, push_stop_ns, out.burst},
+                            nullptr, &posts);
     out.grad_norm = reduced.norm;
   }
 
   // Broadcast: server -> every worker; each worker decides STOP with the p
   // its ROUND_BEGIN announces.
   void BeginBroadcast(IterationOutcome& out) {
-    const RoundTolerance& tol = reduced.broadcast;
-    out.bcast_tolerance = tol;
+    out.bcast_tolerance = reduced.broadcast;
     bcast_start_ns = clock.now;
+    for (const ControlRequest& r : posts) {  // the broadcast's ROUND_BEGIN
+      if (const auto* rb = std::get_if<RoundBeginRequest>(&r)) {
+        Announce(*rb, out.bcast_round);
+      }
+    }
     for (uint32_t w = 0; w < workers.size(); ++w) {
-      AnnounceRound(*workers[w], Direction::kBroadcast, out.bcast_round, tol);
-      links[w]->bcast.Begin(out.bcast_round, job.mean(), layout.num_chunks(),
-                            clock.ns(), reduced.subset);
+      job.BroadcastOrder(w, iteration, layout.num_chunks(), &order_buf);
+      links[w]->bcast.Begin(out.bcast_round, job.iteration().mean(), order_buf,
+                            layout.num_chunks(), clock.ns());
     }
   }
 
@@ -625,7 +634,7 @@ struct MemoryCluster::Impl {
       r.bcast_passes = ln.bcast.side.sender().passes();
       r.packets_sent = push.packets_sent();
       r.packets_resent = push.packets_resent();
-      r.delivered_fraction = ln.push_arrived.Count() / n;
+      r.delivered_fraction = push_arrived[w].Count() / n;
       r.p = out.push_tolerance.p;
       r.critical = out.push_tolerance.critical;
       r.grad_norm = out.grad_norm;
@@ -644,7 +653,7 @@ struct MemoryCluster::Impl {
     for (auto& l : push_loss) l->SetIteration(iteration);
     bcast_loss.SetIteration(iteration);
     out.burst = push_loss[0]->InBurst();
-    out.push_tolerance = job.PushTolerance(iteration, job.policy()->Current());
+    out.push_tolerance = job.PushTolerance(iteration);
 
     BeginPush(out, grads);
     RunRound(Direction::kPush);
@@ -661,8 +670,12 @@ struct MemoryCluster::Impl {
   ClusterConfig cfg;
   ChunkLayout layout;
   LoopbackFabric fabric;
-  ServerIteration job;  // the server's decisions, as dblp-server's
+  ServerJob job;        // the server's job, as dblp-server's
   ReducedPush reduced;  // this iteration's
+  std::vector<ControlRequest> posts;  // what the job announced
+  std::vector<Bitmap> push_arrived;   // per worker, the closed push
+  std::vector<uint64_t> push_stop_ns;
+  std::vector<uint32_t> order_buf;
   LossInjector bcast_loss;
   std::vector<std::unique_ptr<LossInjector>> push_loss;
   std::vector<std::unique_ptr<Worker>> workers;
@@ -691,14 +704,14 @@ IterationOutcome MemoryCluster::RunIteration(
 const ClusterConfig& MemoryCluster::config() const { return impl_->cfg; }
 const ChunkLayout& MemoryCluster::layout() const { return impl_->layout; }
 const std::vector<float>& MemoryCluster::server_mean() const {
-  const ServerIteration& job = impl_->job;
-  return job.mean();
+  const ServerIteration& it = impl_->job.iteration();
+  return it.mean();
 }
 const std::vector<float>& MemoryCluster::worker_average(uint32_t rank) const {
   return impl_->workers.at(rank)->average;
 }
 const Bitmap& MemoryCluster::push_arrived(uint32_t rank) const {
-  return impl_->links.at(rank)->push_arrived;
+  return impl_->push_arrived.at(rank);
 }
 const Bitmap& MemoryCluster::bcast_arrived(uint32_t rank) const {
   return impl_->workers.at(rank)->bcast_arrived;

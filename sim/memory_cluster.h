@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "dblp/emul/loss_model.h"
-#include "dblp/job/server_iteration.h"
+#include "dblp/job/server_job.h"
 #include "dblp/obs/records.h"
 #include "dblp/policy/loss_fill.h"
 #include "dblp/policy/tolerance.h"

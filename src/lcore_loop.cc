@@ -211,13 +211,14 @@ namespace {
 constexpr uint16_t kRxPrefetchAhead = 4;
 }  // namespace
 
-ServerLcore::ServerLcore(LcoreConf& conf, ServerControl& control, JobSync& job,
+ServerLcore::ServerLcore(LcoreConf& conf, ServerControl& control, JobSync& sync,
                          std::vector<std::unique_ptr<WorkerState>>& workers,
                          std::vector<ServerLink*> links, RoundPacer& pacer,
                          const Setup& setup)
     : conf_(conf),
       control_(control),
-      job_(job),
+      sync_(sync),
+      job_(*setup.job),
       workers_(workers),
       links_(std::move(links)),
       pacer_(pacer),
@@ -230,16 +231,10 @@ ServerLcore::ServerLcore(LcoreConf& conf, ServerControl& control, JobSync& job,
   tx_.prefetch = setup.prefetch;
 }
 
-uint32_t ServerLcore::live_count() const {
-  uint32_t n = 0;
-  for (const auto& w : workers_) n += w->alive.load() ? 1 : 0;
-  return n;
-}
-
 void ServerLcore::ReceiveBurst(uint16_t port, rte_mbuf** pkts, uint16_t n,
                                uint64_t now_ns) {
   const bool prefetch = setup_.prefetch;
-  MeanReducer& reducer = *setup_.reducer;
+  MeanReducer& reducer = job_.iteration().reducer();
   if (prefetch) {
     for (uint16_t j = 0; j < std::min<uint16_t>(n, kRxPrefetchAhead); ++j) {
       rte_prefetch0(rte_pktmbuf_mtod(pkts[j], const void*));
@@ -267,8 +262,9 @@ void ServerLcore::ReceiveBurst(uint16_t port, rte_mbuf** pkts, uint16_t n,
     // Unknown ranks go to worker 0's receiver, which counts them as
     // wrong-sender (or malformed) without accepting anything.
     const uint16_t rank = PeekSenderRank(pf.dblp, pf.dblp_len);
-    ServerLink& l = *links_[rank < num_workers ? rank : 0];
-    if (!l.worker.alive.load(std::memory_order_relaxed)) {
+    const uint16_t w = rank < num_workers ? rank : 0;
+    ServerLink& l = *links_[w];
+    if (!job_.alive(w)) {
       DatapathCounters::Add(conf_.counters.from_lost_worker);
       continue;
     }
@@ -315,12 +311,12 @@ bool ServerLcore::AdoptReturnPaths() {
   for (uint32_t w = 0; w < links_.size(); ++w) {
     ServerLink& l = *links_[w];
     const WorkerState& ws = *workers_[w];
-    if (l.learned || !ws.alive.load(std::memory_order_relaxed)) continue;
+    if (l.learned || !job_.alive(w)) continue;
     if (!ws.return_ready.load(std::memory_order_acquire)) {
-      job_.Fail(WorkerLabel(w, control_.worker_name(w)) +
-                " sent no frame the server accepted, so its return "
-                "address is unknown; check that its frames reach the "
-                "server's port (--p below 1)");
+      sync_.Fail(WorkerLabel(w, control_.worker_name(w)) +
+                 " sent no frame the server accepted, so its return "
+                 "address is unknown; check that its frames reach the "
+                 "server's port (--p below 1)");
       return false;
     }
     Learn(l, ws.return_port, static_cast<uint16_t>(w), ws.return_mac);
@@ -349,41 +345,30 @@ uint64_t ServerLcore::DrainedFor(const ServerLink& l) const {
   return *std::min_element(drained_gen_.begin(), drained_gen_.end());
 }
 
-bool ServerLcore::LoseWorker(uint32_t w, const std::string& how) {
-  if (!setup_.continue_on_worker_loss) {
-    job_.Fail(WorkerLostText(w, control_.worker_name(w), how, iteration_));
-    return false;
-  }
-  DBLP_LOG(Warning, "dblp-server: continuing without worker %u (%s)", w,
-               how.c_str());
-  workers_[w]->alive.store(false);  // its frames are dropped from now on
-  control_.MarkLost(w);
-  if (live_count() == 0) {
-    job_.Fail("every worker is gone");
-    return false;
-  }
-  // The mean's divisor changes at the next round: this round may already
-  // hold the lost worker's chunks.
-  return true;
+// Worker w is gone: the job fails, or goes on without it (the job's
+// decision, --on_worker_loss).
+bool ServerLcore::LoseWorker(uint32_t w, const std::string& failure) {
+  if (!job_.alive(w)) control_.MarkLost(w);  // no more ROUND_BEGIN to it
+  if (failure.empty()) return true;
+  sync_.Fail(failure);
+  return false;
 }
 
 // Lcore 0 only: BYE and lost connections.
 bool ServerLcore::HandleEvents() {
   if (control_.failed()) {
-    job_.Fail(control_.failure());
+    sync_.Fail(control_.failure());
     return false;
   }
   DatapathEvent e;
   while (control_.events().Pop(&e)) {
     if (const auto* bye = std::get_if<PeerByeEvent>(&e)) {
-      if (bye->peer < workers_.size()) workers_[bye->peer]->said_bye = true;
+      if (bye->peer < workers_.size()) job_.OnBye(bye->peer);
     } else if (const auto* gone = std::get_if<PeerGoneEvent>(&e)) {
-      if (gone->peer >= workers_.size()) continue;
-      WorkerState& ws = *workers_[gone->peer];
-      if (ws.said_bye || !ws.alive) continue;
-      const std::string why = control_.worker_error(gone->peer);
-      if (!LoseWorker(gone->peer,
-                      why.empty() ? "disconnected" : "failed (" + why + ")")) {
+      const uint32_t w = gone->peer;
+      if (w >= workers_.size()) continue;
+      const std::string why = control_.worker_error(w);
+      if (!LoseWorker(w, job_.OnGone(w, !why.empty(), why, iteration_))) {
         return false;
       }
     }
@@ -403,7 +388,7 @@ bool ServerLcore::Turn(uint64_t now_ns, bool broadcasting) {
   for (uint32_t i = 0; i < W; ++i) {
     const uint32_t w = (rr_ + i) % W;
     ServerLink& l = *links_[w];
-    if (!workers_[w]->alive.load(std::memory_order_relaxed)) continue;
+    if (!job_.alive(w)) continue;
     tx_.port = l.port;
     tx_.pacer = &(*setup_.link_rate)[l.port];
     tx_.wire_frame_bytes = WireBytesPerFrame((*setup_.caps)[l.port].mtu);
@@ -414,15 +399,29 @@ bool ServerLcore::Turn(uint64_t now_ns, bool broadcasting) {
   return work;
 }
 
+// Why the round stalled: what each worker delivered of the push, or which
+// broadcasts of this lcore's shard are not done.
+std::string ServerLcore::Stalled(bool broadcasting) const {
+  const uint32_t timeout = pacer_.timeout_ms();
+  if (broadcasting) {
+    return job_.BroadcastStalled(iteration_, timeout, [&](uint32_t w) {
+      return links_[w]->bcast.done();
+    });
+  }
+  const uint32_t round = PushRound(iteration_);
+  return job_.PushStalled(iteration_, timeout, [&](uint32_t w) {
+    return workers_[w]->push_stop.Received(round);
+  });
+}
+
 template <class Done>
-bool ServerLcore::RunUntil(Done done, bool broadcasting,
-                           const std::string& what) {
+bool ServerLcore::RunUntil(Done done, bool broadcasting) {
   pacer_.Start(NowNs());
   for (;;) {
     const uint64_t now = NowNs();
     const bool work = Turn(now, broadcasting);
     if (conf_.shard == 0 && !HandleEvents()) return false;
-    if (job_.failed()) return false;
+    if (sync_.failed()) return false;
     if (done()) return true;
     if (conf_.shard == 0 && !broadcasting && FinishedEarly(iteration_)) {
       return false;
@@ -431,47 +430,26 @@ bool ServerLcore::RunUntil(Done done, bool broadcasting,
       case RoundPacer::Step::kContinue:
         continue;
       case RoundPacer::Step::kQuit:
-        job_.Fail("interrupted");
+        sync_.Fail("interrupted");
         return false;
-      case RoundPacer::Step::kTimedOut: {
-        std::string why = NoProgressText(what, pacer_.timeout_ms());
-        if (!broadcasting) {
-          why += "; chunks received:";
-          for (uint32_t w = 0; w < workers_.size(); ++w) {
-            why += " w" + std::to_string(w) + "=" +
-                   std::to_string(
-                       workers_[w]->push_stop.Received(PushRound(iteration_))) +
-                   "/" + std::to_string(setup_.layout->num_chunks());
-          }
-          why += PushStalledHint();
-        }
-        job_.Fail(why);
+      case RoundPacer::Step::kTimedOut:
+        sync_.Fail(Stalled(broadcasting));
         return false;
-      }
     }
   }
 }
 
 // A worker that finished while another already pushes this round ran
-// fewer --iterations. (Workers that all finish say BYE within a few
-// messages of each other and push nothing more.) True if the job ends.
+// fewer --iterations. True if the job ends.
 bool ServerLcore::FinishedEarly(uint64_t it) {
   const uint32_t round = PushRound(it);
-  bool others_push = false;
-  for (const auto& w : workers_) {
-    if (w->alive && !w->said_bye && w->push_stop.Received(round) > 0) {
-      others_push = true;
-    }
-  }
-  if (!others_push) return false;
-  for (uint32_t w = 0; w < workers_.size(); ++w) {
-    WorkerState& ws = *workers_[w];
-    if (ws.alive && ws.said_bye && !ws.push_stop.taken(round) &&
-        !LoseWorker(w, FinishedEarlyHow(it))) {
-      return true;
-    }
-  }
-  return false;
+  const std::string failure = job_.FinishedEarly(
+      it, [&](uint32_t w) { return workers_[w]->push_stop.Received(round); },
+      [&](uint32_t w) { return workers_[w]->push_stop.taken(round); });
+  for (uint32_t w = 0; w < workers_.size(); ++w) LoseWorker(w, "");
+  if (failure.empty()) return false;
+  sync_.Fail(failure);
+  return true;
 }
 
 ServerLcore::PushEnd ServerLcore::RunPush(uint64_t it) {
@@ -481,15 +459,14 @@ ServerLcore::PushEnd ServerLcore::RunPush(uint64_t it) {
   const bool ok = RunUntil(
       [&] {
         bool stopped = true;
-        all_bye = true;
-        for (const auto& w : workers_) {
-          if (!w->alive) continue;
-          all_bye = all_bye && w->said_bye;
-          stopped = stopped && w->push_stop.taken(round);
+        for (uint32_t w = 0; w < workers_.size(); ++w) {
+          if (job_.alive(w))
+            stopped = stopped && workers_[w]->push_stop.taken(round);
         }
+        all_bye = job_.AllLiveSaidBye();
         return stopped || all_bye;
       },
-      false, "push round " + std::to_string(round));
+      false);
   if (!ok) return PushEnd::kFailed;
   return all_bye ? PushEnd::kAllBye : PushEnd::kStopped;
 }
@@ -511,22 +488,18 @@ bool ServerLcore::RunBroadcast(uint64_t it) {
   std::vector<uint32_t> full;
   for (uint32_t w = 0; w < links_.size(); ++w) {
     ServerLink& l = *links_[w];
-    if (setup_.bcast_subset && !setup_.bcast_subset->empty()) {
-      full = *setup_.bcast_subset;
-    } else {
-      (*setup_.orders)[w].Fill(round, n, full);
-    }
+    job_.BroadcastOrder(w, it, n, &full);
     setup_.shards->Filter(full, conf_.shard, l.order_buf);
     l.bcast.Begin(round, l.order_buf, now, n);
   }
   return RunUntil(
       [&] {
         for (uint32_t w = 0; w < links_.size(); ++w) {
-          if (workers_[w]->alive && !links_[w]->bcast.done()) return false;
+          if (job_.alive(w) && !links_[w]->bcast.done()) return false;
         }
         return true;
       },
-      true, "broadcast round " + std::to_string(round));
+      true);
 }
 
 void ServerLcore::Run(ServerCoordinator* coord) {
@@ -537,16 +510,16 @@ void ServerLcore::Run(ServerCoordinator* coord) {
     // Lcore 0's view decides for all: the lcores may see the last BYE at
     // different turns.
     if (coord != nullptr) decide.all_bye = end == PushEnd::kAllBye;
-    if (!job_.Barrier() || decide.all_bye) return;
+    if (!sync_.Barrier() || decide.all_bye) return;
     for (ServerLink* l : links_) l->push.Close();
-    if (!job_.Barrier()) return;
+    if (!sync_.Barrier()) return;
     if (coord != nullptr) decide.next_push = coord->reduce(it);
-    if (!job_.Barrier()) return;
+    if (!sync_.Barrier()) return;
     OpenPush(it + 1, decide.next_push);
-    if (!job_.Barrier()) return;
+    if (!sync_.Barrier()) return;
     if (coord != nullptr) coord->announce_push(it + 1);
     if (setup_.push_only) continue;
-    if (!RunBroadcast(it) || !job_.Barrier()) return;
+    if (!RunBroadcast(it) || !sync_.Barrier()) return;
     if (coord != nullptr) coord->broadcast_done(it);
   }
 }

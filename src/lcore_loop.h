@@ -26,7 +26,7 @@
 
 #include "datapath.h"
 #include "dblp/emul/token_bucket.h"
-#include "dblp/policy/mean_reducer.h"
+#include "dblp/job/server_job.h"
 #include "dblp/policy/tolerance.h"
 #include "dblp/round/receive_side.h"
 #include "dblp/round/send_order.h"
@@ -144,9 +144,9 @@ class WorkerLcore {
   WorkerIterationTimes times_;
 };
 
-// The server's state for one worker, shared by its lcores. alive and
-// said_bye: writer lcore 0 (it handles control events), readers every
-// lcore; push_stop: every lcore (its own CAS protocol, shards.h).
+// The server's state for one worker, shared by its lcores (whether it is
+// alive and said BYE is the job's: ServerJob). push_stop: every lcore (its
+// own CAS protocol, shards.h).
 // return_port/return_mac: writer the lcore that wins return_claimed (the
 // first to accept a frame from the worker), readers every lcore after
 // return_ready (release/acquire) — an lcore whose shard got none of the
@@ -156,8 +156,6 @@ struct WorkerState {
   // Where its frames must come from, pinned at JOIN (ServerControl::
   // pinned_source); written before the lcores start, read-only after.
   Endpoint source;
-  std::atomic<bool> alive{true};      // false: lost, its frames dropped
-  std::atomic<bool> said_bye{false};  // finished its iterations
   StopGroup push_stop;                // the push STOP across shards
   std::atomic<bool> return_claimed{false};
   std::atomic<bool> return_ready{false};
@@ -177,7 +175,7 @@ struct ServerLink {
       : push(rc), bcast(sc), worker(w) {}
   ReceiveSide push;
   SendSide bcast;
-  const WorkerState& worker;  // alive, read per frame
+  const WorkerState& worker;  // its pinned source, read per frame
   std::vector<uint32_t> order_buf;
   // The worker's return path: from this lcore's first accepted frame of
   // the worker, else from WorkerState at the broadcast.
@@ -205,7 +203,8 @@ struct ServerDecisions {
   bool all_bye = false;      // every live worker finished: the job ends
 };
 
-// The iteration steps only lcore 0 takes, between the lcores' phases.
+// The iteration steps only lcore 0 takes, between the lcores' phases (the
+// engine's calls into the ServerJob).
 struct ServerCoordinator {
   // Every lcore's push sides are closed: reduce, run the policy, announce
   // the broadcast. Returns the next push's tolerance.
@@ -229,22 +228,18 @@ class ServerLcore {
     const ChunkLayout* layout = nullptr;
     const ShardMap* shards = nullptr;
     RxLossInjector* loss = nullptr;  // on the pushes we receive
-    MeanReducer* reducer = nullptr;
+    // The job: its reducer sums this lcore's chunk range; its alive(w) is
+    // read per frame; lcore 0 alone calls its coordinator entry points.
+    ServerJob* job = nullptr;
     const uint8_t* mean = nullptr;  // what the broadcast sends
     rte_mempool* pool = nullptr;
     std::vector<TokenBucket>* link_rate = nullptr;  // this lcore's, per port
     bool prefetch = true;
     bool push_only = false;
-    bool continue_on_worker_loss = false;
-    std::vector<SendOrder>* orders = nullptr;  // per worker (broadcast)
     ServerDecisions* decisions = nullptr;
-    // When not empty, every worker's broadcast sends exactly these chunks
-    // (the consistent broadcast). Writer: lcore 0's coordinator before a
-    // JobSync barrier; readers: every lcore after it.
-    const std::vector<uint32_t>* bcast_subset = nullptr;
   };
 
-  ServerLcore(LcoreConf& conf, ServerControl& control, JobSync& job,
+  ServerLcore(LcoreConf& conf, ServerControl& control, JobSync& sync,
               std::vector<std::unique_ptr<WorkerState>>& workers,
               std::vector<ServerLink*> links, RoundPacer& pacer,
               const Setup& setup);
@@ -254,7 +249,6 @@ class ServerLcore {
   void Run(ServerCoordinator* coord);
   // Lcore 0, before Run: opens iteration 0's push.
   void OpenPush(uint64_t it, const RoundTolerance& tol);
-  uint32_t live_count() const;
   RingOutbox& outbox() { return outbox_; }
 
   // Out of line and named so that profiles (tools/dblp-bench --callgrind)
@@ -270,17 +264,19 @@ class ServerLcore {
              const rte_ether_addr& next_hop);
   bool AdoptReturnPaths();
   bool HandleEvents();
-  bool LoseWorker(uint32_t w, const std::string& how);
+  bool LoseWorker(uint32_t w, const std::string& failure);
+  std::string Stalled(bool broadcasting) const;
   uint64_t DrainedFor(const ServerLink& l) const;
   bool FinishedEarly(uint64_t it);
   PushEnd RunPush(uint64_t it);
   bool RunBroadcast(uint64_t it);
   template <class Done>
-  bool RunUntil(Done done, bool broadcasting, const std::string& what);
+  bool RunUntil(Done done, bool broadcasting);
 
   LcoreConf& conf_;
   ServerControl& control_;
-  JobSync& job_;
+  JobSync& sync_;
+  ServerJob& job_;
   std::vector<std::unique_ptr<WorkerState>>& workers_;
   std::vector<ServerLink*> links_;  // this lcore's shard of each worker
   RoundPacer& pacer_;

@@ -145,8 +145,7 @@ std::string ServerControl::worker_error(uint32_t w) {
 }
 
 void ServerControl::Announce(const RoundBeginRequest& r) {
-  const RoundBeginMsg rb{r.round,       r.round / 2,    r.direction, r.p,
-                         r.deadline_ns, r.min_fraction, r.critical};
+  const RoundBeginMsg rb = RoundBeginMessage(r);
   std::string why;
   if (ValidateControl(rb, &why) != ControlError::kNone) {
     // A policy value the wire cannot carry: a bug, not a hang.
@@ -158,10 +157,6 @@ void ServerControl::Announce(const RoundBeginRequest& r) {
     if (alive_[w].load())
       sidecar_.Send(admission_.desk().members()[w].conn, rb);
   }
-}
-
-void ServerControl::StageAccepted(uint32_t w, AcceptedMsg m) {
-  accepted_.Stage(w, std::move(m));
 }
 
 void ServerControl::Fail(const std::string& why) {

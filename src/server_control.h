@@ -88,9 +88,10 @@ class ServerControl {
   // the channel stops. Bounded: at most about a second.
   void Fail(const std::string& why);
   // Coordinator (lcore 0), once per closed push with --push_feedback: the
-  // ACCEPTED for worker w, sent when its AcceptedRequest is drained (after
-  // everything posted before it, before everything posted after).
-  void StageAccepted(uint32_t w, AcceptedMsg m);
+  // ACCEPTED for each worker (ServerJob::ClosePush stages it), sent when
+  // its AcceptedRequest is drained (after everything posted before it,
+  // before everything posted after).
+  AcceptedSlots* accepted() { return &accepted_; }
 
   uint64_t messages_in() const { return sidecar_.messages_in(); }
   uint64_t messages_out() const { return sidecar_.messages_out(); }

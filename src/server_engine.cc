@@ -5,365 +5,252 @@
 
 #include <cstdio>
 #include <memory>
-#include <optional>
 #include <vector>
 
 #include "app_telemetry.h"
 #include "datapath.h"
 #include "dblp/base/log.h"
-#include "dblp/job/server_iteration.h"
+#include "dblp/job/server_job.h"
 #include "dblp/obs/run_report.h"
 #include "dblp/policy/loss_fill.h"
-#include "dblp/policy/mean_reducer.h"
 #include "eal_app.h"
 #include "engine_runtime.h"
 #include "lcore_loop.h"
 #include "numa_placement.h"
 #include "server_control.h"
 #include "server_report.h"
+#include "server_setup.h"
 
 namespace dblp {
 namespace {
 
-RoundBeginRequest Announcement(Direction d, uint32_t round,
-                               const RoundTolerance& t) {
-  return RoundBeginRequest{d, round, t.p, t.deadline_ns,
-                           t.deadline_ns ? t.min_fraction : 0, t.critical};
-}
+// One dblp-server run: the DPDK transport under the ServerJob. Lcore 0
+// coordinates (ServerCoordinator: the job's entry points between the
+// lcores' phases); every lcore runs its shard of every round.
+class ServerRun {
+ public:
+  explicit ServerRun(const ServerOptions& o)
+      : o_(o), quit_(InstallQuitHandlers()) {}
+  int Run();
 
-// What a remote lcore runs: its ServerLcore until the job ends.
-struct RemoteLcore {
-  ServerLcore* lcore;
-  bool realtime;
+ private:
+  void BuildJob();
+  void AnnouncePush(uint64_t it);
+  RoundTolerance Reduce(uint64_t it);
+  void BroadcastDone(uint64_t it);
+  void FillCounters(RunReport* report);
+  int Report(const std::string& failure);
+
+  const ServerOptions& o_;
+  const std::atomic<bool>& quit_;
+  RowStream rows_;
+  EngineRuntime runtime_{"dblp-server", true};
+  ServerAdmission a_;  // its policy moves into job_ in BuildJob
+  ChunkLayout layout_;
+  ShardMap shards_;
+  std::unique_ptr<ServerJob> job_;
+  std::vector<std::unique_ptr<WorkerState>> workers_;
+  LinkGrid links_;
+  std::unique_ptr<JobSync> sync_;
+  ServerDecisions decisions_;
+  ServerLcores lcores_;
+  // Lcore 0's coordinator's scratch: each closed push per worker.
+  std::vector<Bitmap> arrived_;
+  std::vector<uint64_t> stop_ns_;
+  std::vector<ControlRequest> posts_;
+  std::vector<std::vector<const SendSide*>> bcast_sides_;  // [w][shard]
+  std::unique_ptr<ResourceTrack> resources_;
+  uint64_t iterations_done_ = 0;
 };
-int RunRemoteLcore(void* arg) {
-  auto* r = static_cast<RemoteLcore*>(arg);
-  if (r->realtime) SetRealtime(pthread_self(), kDatapathRtPriority);
-  r->lcore->Run(nullptr);
-  return 0;
-}
 
-// Ports and the pool, with one RX/TX queue pair per datapath lcore.
-uint16_t SetupServerPorts(const ServerOptions& o, uint16_t lcores,
-                          rte_mempool** pool, std::vector<PortCaps>* caps) {
-  const uint16_t nb_ports = rte_eth_dev_count_avail();
-  if (nb_ports == 0) {
-    Die("no Ethernet port",
-        "give the server a port: -a <PCI address> for a "
-        "NIC, bound to vfio-pci (deploy/bind-nic.sh; check: dpdk-devbind.py "
-        "--status-dev net), or one "
-        "--vdev=net_memifN,role=server,socket=/tmp/dblp-wN.sock per worker");
-  }
-  PortOptions popts = o.dp.port;
-  popts.nb_queues = lcores;
-  const uint32_t mbufs =
-      o.dp.mbufs ? o.dp.mbufs
-                 : nb_ports * MbufsNeeded(popts, o.dp.burst, 1024) + 2048;
-  // The pool, the sums and the mean live on the ports' NUMA node.
-  const int node = PortNumaNode(0);
-  WarnLcoresOffNode(node, "dblp-server");
-  *pool = CreatePoolOrDie("dblp_server_pool", mbufs, popts.mtu, node);
-  caps->resize(nb_ports);
-  for (uint16_t p = 0; p < nb_ports; ++p) {
-    popts.port_id = p;
-    (*caps)[p] = SetupPortOrDie(popts, *pool);
-    if (lcores > 1 && (*caps)[p].driver != "net_memif") {
-      Die("port " + std::to_string(p) + " (" + (*caps)[p].driver +
-              ") cannot steer a round's chunk ranges to " +
-              std::to_string(lcores) + " lcores",
-          "run with one datapath lcore (-l with one core) on this port; "
-          "several lcores need net_memif, whose queue k reaches queue k");
-    }
-  }
-  return nb_ports;
-}
-
-}  // namespace
-
-int RunServer(const ServerOptions& o) {
-  const std::atomic<bool>& g_quit = InstallQuitHandlers();
-  // Rows are streamed as the rounds end: a directory that cannot take them
-  // fails the server now, before workers join a job it could not record.
-  RowStream rows;
-  if (std::string err;
-      !o.dp.out_dir.empty() && !rows.Open(o.dp.out_dir, &err)) {
-    DBLP_LOG(Error, "dblp-server: %s", err.c_str());
-    return 1;
-  }
-  if (o.workers == 0 || o.workers >= kServerRank) {
-    Die("--workers=" + std::to_string(o.workers) + " is out of range",
-        "use 1.." + std::to_string(kServerRank - 1));
-  }
-  if (rte_lcore_count() > 64) {
-    Die(std::to_string(rte_lcore_count()) + " datapath lcores",
-        "give dblp-server at most 64 lcores (-l/--lcores)");
-  }
-  const auto S = static_cast<uint16_t>(rte_lcore_count());
-  rte_mempool* pool = nullptr;
-  std::vector<PortCaps> caps;
-  const uint16_t nb_ports = SetupServerPorts(o, S, &pool, &caps);
-  uint32_t local_ip = 0;
-  if (!ParseIpv4(o.local_ip, &local_ip)) {
-    Die("bad --local_ip " + o.local_ip, "use a dotted IPv4, e.g. 10.0.0.1");
-  }
-  // The job's random nonce: its session and frame key derive from it and
-  // the secret (job_auth.h), so neither can be guessed from a clock.
-  const AuthBytes job_nonce = RandomAuthBytes();
-  const uint32_t session =
-      o.session ? o.session : DeriveSession(o.secret, job_nonce);
-  const FrameKey frame_key = DeriveFrameKey(o.secret, job_nonce, o.frame_auth);
-  std::unique_ptr<TolerancePolicy> policy = TolerancePolicy::Create(o.policy);
-  // Telemetry and the runtime prompt's commands (engine_runtime.h).
-  EngineRuntime runtime("dblp-server", true);
-  runtime.SetPolicy(o.policy, 0, false);
-
-  std::vector<std::unique_ptr<LcoreConf>> lcs;
-  std::vector<const DatapathCounters*> counters;
-  unsigned lcore_id;
-  RTE_LCORE_FOREACH(lcore_id) {
-    lcs.push_back(std::make_unique<LcoreConf>());
-    lcs.back()->lcore_id = lcore_id;
-    lcs.back()->shard = static_cast<uint16_t>(lcs.size() - 1);
-    counters.push_back(&lcs.back()->counters);
-  }
-  ServerControl control(
-      ServerJoinConfig{o.workers, session, caps[0].mtu, local_ip, o.udp_port,
-                       caps[0].mac, o.max_gradient_bytes, o.rank_by_name,
-                       policy->Describe(),
-                       nb_ports, S, o.resync_every, o.push_feedback,
-                       o.consistent_broadcast, &o.secret, o.frame_auth,
-                       job_nonce},
-      counters, o.dp.stats_period_s, o.control_limits);
-  const JoinMsg& first =
-      control.AdmitWorkers(o.listen, o.join_timeout_ms, g_quit, o.dp.realtime);
-
-  // ---- the job
-  // ---------------------------------------------------------------
-  const uint32_t W = o.workers;
-  const ChunkLayout layout(
-      first.total_bytes,
-      ChunkPayloadForMtu(caps[0].mtu, FrameTagBytes(o.frame_auth)));
-  const uint32_t N = layout.num_chunks();
-  const ShardMap shards(N, S);
-  std::vector<std::unique_ptr<WorkerState>> workers;
-  std::vector<SendOrder> orders;
+// The job the workers joined: its layout, the ServerJob, every lcore's
+// links to every worker, the lcores.
+void ServerRun::BuildJob() {
+  const uint32_t W = o_.workers;
+  const auto S = static_cast<uint32_t>(a_.confs.size());
+  layout_ = ChunkLayout(
+      a_.gradient_bytes,
+      ChunkPayloadForMtu(a_.ports.caps[0].mtu, FrameTagBytes(o_.frame_auth)));
+  shards_ = ShardMap(layout_.num_chunks(), S);
+  std::vector<std::string> names;
   for (uint32_t w = 0; w < W; ++w) {
-    workers.push_back(std::make_unique<WorkerState>());
-    workers.back()->source = control.pinned_source(w);
-    orders.emplace_back(o.dp.send_order, w, W, HashMix(o.dp.seed, 0xBC));
+    names.push_back(a_.control->worker_name(w));
+    workers_.push_back(std::make_unique<WorkerState>());
+    workers_.back()->source = a_.control->pinned_source(w);
   }
-  LinkGrid links =
-      BuildLinkGrid(session, layout, shards, o.dp.burst, workers, frame_key);
+  job_ = std::make_unique<ServerJob>(o_, std::move(a_.policy), layout_,
+                                     std::move(names), o_.dp.send_order,
+                                     o_.dp.seed, "dblp-server");
+  job_->set_row_stream(&rows_);
+  const int node = PortNumaNode(0);
+  PlaceOnNodeOrWarn(job_->iteration().reducer().sum_storage(), node,
+                    "sum buffer");
+  PlaceOnNodeOrWarn(job_->iteration().mean(), node, "mean buffer");
+  links_ = BuildLinkGrid(a_.session, layout_, shards_, o_.dp.burst, workers_,
+                         a_.frame_key);
   std::vector<std::vector<ReceiveSide*>> push_sides(W);
   std::vector<std::vector<SendSide*>> bcast_sides(W);
-  for (auto& shard : links) {
+  bcast_sides_.resize(W);
+  for (auto& shard : links_) {
     for (uint32_t w = 0; w < W; ++w) {
       push_sides[w].push_back(&shard[w]->push);
       bcast_sides[w].push_back(&shard[w]->bcast);
+      bcast_sides_[w].push_back(&shard[w]->bcast);
     }
   }
-  control.Attach(push_sides, bcast_sides);
-  // What the server decides between a push and its broadcast (the same
-  // object as dblp-udp-server's): mean, policy, broadcast, next push.
-  ServerIteration iteration(o, std::move(policy), layout, W, o.dp.seed,
-                            "dblp-server");
-  MeanReducer& reducer = iteration.reducer();
-  const std::span<const float> mean = iteration.mean();
-  const int node = PortNumaNode(0);
-  PlaceOnNodeOrWarn(reducer.sum_storage(), node, "sum buffer");
-  PlaceOnNodeOrWarn(mean, node, "mean buffer");
-  // Loss on the pushes we receive, applied as frames arrive.
-  RxLossInjector loss(o.dp.loss, o.dp.bursts, HashMix(o.dp.seed, 0xB0));
-  JobSync job(S, &g_quit);
-  ServerDecisions decisions;
-  decisions.next_push =
-      iteration.PushTolerance(0, iteration.policy()->Current());
-  // The consistent broadcast's subset of this iteration.
-  std::vector<uint32_t> bcast_subset;
-  std::vector<std::unique_ptr<ServerLcore>> lcores;
-  std::vector<std::vector<TokenBucket>> link_rate(S);
-  std::vector<std::unique_ptr<RoundPacer>> pacers;
-  std::vector<std::unique_ptr<RxLossInjector>> losses;
-  for (uint16_t k = 0; k < S; ++k) {
-    // Emulated link rate, per port (a port is a link) and shared out
-    // between the lcores that send on it.
-    for (uint16_t p = 0; p < nb_ports; ++p) {
-      link_rate[k].emplace_back(
-          o.dp.link_gbps / S,
-          uint64_t{o.dp.burst} * WireBytesPerFrame(caps[p].mtu));
+  a_.control->Attach(push_sides, bcast_sides);
+  sync_ = std::make_unique<JobSync>(S, &quit_);
+  decisions_.next_push = job_->PushTolerance(0);
+  lcores_ = BuildServerLcores(
+      ServerShared{&o_, &a_.ports, a_.local_ip, &layout_, &shards_, job_.get(),
+                   a_.control.get(), sync_.get(), &decisions_, &quit_},
+      a_.confs, workers_, links_);
+  arrived_.resize(W);
+  stop_ns_.resize(W);
+  resources_ = std::make_unique<ResourceTrack>(a_.ports.pool);
+}
+
+void ServerRun::AnnouncePush(uint64_t it) {
+  const RoundTolerance t = job_->PushTolerance(it);
+  const PushOpening open = job_->OpenPush(it, NowNs());
+  a_.control->Publish(it, t.p, t.critical);
+  runtime_.PushOpened(it, t);
+  lcores_.lcores[0]->outbox().Post(open.announce);
+}
+
+// Every lcore's push sides are closed: the job decides; the prompt's
+// change applies at this boundary (iteration it + 1 on).
+RoundTolerance ServerRun::Reduce(uint64_t it) {
+  const uint32_t N = layout_.num_chunks();
+  for (uint32_t w = 0; w < o_.workers; ++w) {
+    arrived_[w] = MergedPushBitmap(links_, w, N);
+    stop_ns_[w] = 0;
+    for (const auto& shard : links_) {
+      stop_ns_[w] = std::max(stop_ns_[w], shard[w]->push.stop_ns());
     }
-    pacers.push_back(std::make_unique<RoundPacer>(
-        o.dp.idle_spin, o.dp.idle_sleep_us, o.dp.round_timeout_ms, &g_quit,
-        job.progress(), o.dp.deep_idle));
-    // Each lcore draws its own losses (same schedule, its own stream).
-    losses.push_back(
-        k == 0 ? nullptr
-               : std::make_unique<RxLossInjector>(
-                     o.dp.loss, o.dp.bursts, HashMix(o.dp.seed, 0xB0 + k)));
-    std::vector<ServerLink*> mine;
-    for (auto& l : links[k]) mine.push_back(l.get());
-    lcores.push_back(std::make_unique<ServerLcore>(
-        *lcs[k], control, job, workers, mine, *pacers[k],
-        ServerLcore::Setup{nb_ports, o.udp_port, local_ip, &caps, &layout,
-                           &shards, k == 0 ? &loss : losses[k].get(), &reducer,
-                           reinterpret_cast<const uint8_t*>(mean.data()), pool,
-                           &link_rate[k], o.dp.prefetch, o.push_only,
-                           o.continue_on_worker_loss, &orders, &decisions,
-                           &bcast_subset}));
   }
-  // `inject burst` adds to every lcore's injector; the stats for telemetry
-  // are the summary's counters, read by the coordinator.
-  loss.set_injected(&GlobalAppState().burst);
-  for (auto& l : losses) {
-    if (l) l->set_injected(&GlobalAppState().burst);
+  posts_.clear();
+  const ReducedPush& r = job_->ClosePush(
+      it,
+      ClosedPush{NowNs(), arrived_, stop_ns_, lcores_.losses[0]->InBurst(it)},
+      a_.control->accepted(), &posts_);
+  for (const ControlRequest& req : posts_)
+    lcores_.lcores[0]->outbox().Post(req);
+  std::unique_ptr<TolerancePolicy>& live = job_->iteration().policy();
+  if (runtime_.ApplyServerCommand(it + 1, &live)) {
+    job_->OverrideNextPush(live->Current());
   }
+  const RoundTolerance next = job_->PushTolerance(it + 1);
+  runtime_.BroadcastOpened(it, r.broadcast, next);
+  if (o_.push_only) runtime_.IterationDone(it);
+  runtime_.PublishStats();  // the other lcores wait at the barrier
+  return next;
+}
+
+void ServerRun::BroadcastDone(uint64_t it) {
+  iterations_done_ = it + 1;
+  resources_->Sample(it + 1);
+  std::vector<std::span<const SendSide* const>> sides;
+  for (const auto& w : bcast_sides_) sides.emplace_back(w);
+  job_->CloseBroadcast(sides);
+  runtime_.IterationDone(it);
+}
+
+int ServerRun::Run() {
+  // Rows are streamed as the rounds end: a directory that cannot take them
+  // fails the server now, before workers join a job it could not record.
+  if (std::string err;
+      !o_.dp.out_dir.empty() && !rows_.Open(o_.dp.out_dir, &err)) {
+    DBLP_LOG(Error, "dblp-server: %s", err.c_str());
+    return 1;
+  }
+  a_ = AdmitServerWorkers(o_, quit_);
+  runtime_.SetPolicy(o_.policy, 0, false);
+  BuildJob();
   {
-    std::vector<const LcoreConf*> lc_ptrs;
-    for (const auto& l : lcs) lc_ptrs.push_back(l.get());
-    runtime.SetLcores(std::move(lc_ptrs), nb_ports);
+    std::vector<const LcoreConf*> lc;
+    for (const auto& c : a_.confs) lc.push_back(c.get());
+    runtime_.SetLcores(std::move(lc), a_.ports.nb_ports);
   }
-  runtime.SetCounters([&](CounterList* out) {
+  runtime_.SetCounters([&](CounterList* out) {
     RunReport live;
-    AddServerCounters(lcs, control, links, nb_ports, &live);
+    FillCounters(&live);
     *out = std::move(live.counters);
   });
-  RunReport report;
-  report.role = "server";
-  report.policy = iteration.policy()->Describe();
-  report.burst_iterations = o.dp.bursts.iterations;
-
-  RoundTolerance push_tol = decisions.next_push;
-  uint64_t push_open_ns = 0;
   ServerCoordinator coord;
-  coord.announce_push = [&](uint64_t it) {
-    push_open_ns = NowNs();
-    control.Publish(it, push_tol.p, push_tol.critical);
-    runtime.PushOpened(it, push_tol);
-    lcores[0]->outbox().Post(
-        Announcement(Direction::kPush, PushRound(it), push_tol));
-  };
-  coord.reduce = [&](uint64_t it) {
-    const ReducedPush r = iteration.Reduce(it, NowNs() - push_open_ns);
-    bcast_subset.assign(r.subset.begin(), r.subset.end());
-    AddPushRows(it, links, workers, push_open_ns, push_tol, r.norm,
-                loss.InBurst(it), r.resync, o, N, &report);
-    // Without a broadcast the rows are complete now.
-    if (o.push_only) rows.Sync(report.rows);
-    // Before the broadcast's announcement, so each worker holds its
-    // ACCEPTED when the broadcast begins.
-    if (o.push_feedback && !r.resync) {
-      for (uint32_t w = 0; w < W; ++w) {
-        const Bitmap b = MergedPushBitmap(links, w, N);
-        control.StageAccepted(
-            w,
-            AcceptedMsg{
-                PushRound(it), b.size(), {b.words().begin(), b.words().end()}});
-        lcores[0]->outbox().Post(
-            AcceptedRequest{static_cast<uint16_t>(w), PushRound(it)});
-      }
-    }
-    if (!o.dp.dump_dir.empty() && it < o.dp.dump_iterations) {
-      DumpBinary(o.dp.dump_dir + "/mean_it" + std::to_string(it) + ".f32",
-                 mean.data(), mean.size() * sizeof(float));
-    }
-    lcores[0]->outbox().Post(
-        Announcement(Direction::kBroadcast, BroadcastRound(it), r.broadcast));
-    // The prompt's change, at this round boundary: iteration it + 1 on
-    // (push and broadcast) runs under it; this broadcast keeps `next`.
-    std::unique_ptr<TolerancePolicy>& live = iteration.policy();
-    const RoundTolerance after =
-        runtime.ApplyServerCommand(it + 1, &live) ? live->Current() : r.next;
-    push_tol = iteration.PushTolerance(it + 1, after);
-    runtime.BroadcastOpened(it, r.broadcast, push_tol);
-    if (o.push_only) runtime.IterationDone(it);
-    runtime.PublishStats();  // the other lcores wait at the barrier
-    iteration.set_live_workers(lcores[0]->live_count());
-    return push_tol;
-  };
-  ResourceTrack resources(pool);
-  uint64_t iterations_done = 0;
-  coord.broadcast_done = [&](uint64_t it) {
-    iterations_done = it + 1;
-    resources.Sample(it + 1);
-    AddBroadcastToRows(links, W, &report);
-    // On disk before the next round: a kill -9 keeps them.
-    rows.Sync(report.rows);
-    runtime.IterationDone(it);
-  };
-
-  for (auto& lc : lcores) lc->OpenPush(0, push_tol);
-  coord.announce_push(0);
+  coord.announce_push = [&](uint64_t it) { AnnouncePush(it); };
+  coord.reduce = [&](uint64_t it) { return Reduce(it); };
+  coord.broadcast_done = [&](uint64_t it) { BroadcastDone(it); };
+  for (auto& lc : lcores_.lcores) lc->OpenPush(0, decisions_.next_push);
+  AnnouncePush(0);
   std::printf(
       "dblp-server: %u workers joined; %u chunks of %u B per round, "
-      "%u datapath lcore(s)\n",
-      W, N, layout.chunk_payload(), S);
+      "%zu datapath lcore(s)\n",
+      o_.workers, layout_.num_chunks(), layout_.chunk_payload(),
+      a_.confs.size());
   std::fflush(stdout);
   const uint64_t start_ns = NowNs();
-  loss.StartClock(start_ns);
-  for (auto& l : losses) {
-    if (l) l->StartClock(start_ns);
-  }
-  std::vector<RemoteLcore> remote(S);
-  for (uint16_t k = 1; k < S; ++k) {
-    remote[k] = RemoteLcore{lcores[k].get(), o.dp.realtime};
-    rte_eal_remote_launch(RunRemoteLcore, &remote[k], lcs[k]->lcore_id);
-  }
-  runtime.SetRunning(true);
-  lcores[0]->Run(&coord);
+  for (auto& l : lcores_.losses) l->StartClock(start_ns);
+  LaunchRemoteLcores(lcores_, a_.confs, o_.dp.realtime);
+  runtime_.SetRunning(true);
+  lcores_.lcores[0]->Run(&coord);
   rte_eal_mp_wait_lcore();
-  runtime.SetRunning(false);
-  std::vector<std::pair<std::string, uint64_t>> resource_counters;
-  resources.AddTo(iterations_done, &resource_counters);
-  const std::string failure = job.failure();
-  if (!failure.empty()) control.Fail(failure);
-  control.Stop();
+  runtime_.SetRunning(false);
+  return Report(sync_->failure());
+}
 
-  AddServerCounters(lcs, control, links, nb_ports, &report);
-  report.counters.insert(report.counters.end(), resource_counters.begin(),
-                         resource_counters.end());
+void ServerRun::FillCounters(RunReport* report) {
+  AddServerCounters(a_.confs, *a_.control, links_, a_.ports.nb_ports, report);
+}
 
-  for (uint16_t p = 0; p < nb_ports; ++p) {
+// The summary and the exit code, once every lcore stopped.
+int ServerRun::Report(const std::string& failure) {
+  if (!failure.empty()) a_.control->Fail(failure);
+  a_.control->Stop();
+  RunReport report;
+  report.role = "server";
+  report.burst_iterations = o_.dp.bursts.iterations;
+  FillCounters(&report);
+  resources_->AddTo(iterations_done_, &report.counters);
+  for (uint16_t p = 0; p < a_.ports.nb_ports; ++p) {
     report.xstats.emplace_back("port" + std::to_string(p), ReadXstats(p));
   }
-  runtime.PublishFinal(report.counters, !failure.empty());
-
+  runtime_.PublishFinal(report.counters, !failure.empty());
   // Workers on memif wait for this close before they close their side
   // (worker_engine.cc, AwaitServerClose): closed right after the job.
-  for (uint16_t p = 0; p < nb_ports; ++p) {
+  for (uint16_t p = 0; p < a_.ports.nb_ports; ++p) {
     rte_eth_dev_stop(p);
     rte_eth_dev_close(p);
   }
   report.info = {
-      {"loss", FormatLossSpec(o.dp.loss)},
+      {"loss", FormatLossSpec(o_.dp.loss)},
       {"link_gbps",
-       o.dp.link_gbps > 0 ? std::to_string(o.dp.link_gbps) : "unpaced"},
-      {"chunks", std::to_string(N)},
-      {"chunk_bytes", std::to_string(layout.chunk_payload())},
-      {"push_fill", FillModeName(o.push_fill)},
-      {"broadcast", o.reliable_broadcast     ? "reliable"
-                    : o.consistent_broadcast ? "consistent"
-                                             : "same_p"},
-      {"resync_every", std::to_string(o.resync_every)}};
+       o_.dp.link_gbps > 0 ? std::to_string(o_.dp.link_gbps) : "unpaced"},
+      {"chunks", std::to_string(layout_.num_chunks())},
+      {"chunk_bytes", std::to_string(layout_.chunk_payload())},
+      {"push_fill", FillModeName(o_.push_fill)},
+      {"broadcast", o_.reliable_broadcast     ? "reliable"
+                    : o_.consistent_broadcast ? "consistent"
+                                              : "same_p"},
+      {"resync_every", std::to_string(o_.resync_every)}};
   // The prompt may have changed it.
-  report.policy = iteration.policy()->Describe();
+  report.policy = job_->iteration().policy()->Describe();
+  // The rows of a round the job ended in (push summed, broadcast cut
+  // short) were not streamed yet.
+  rows_.Sync(job_->rows());
+  report.rows = std::move(job_->rows());
   std::fputs(FormatRunSummary(report).c_str(), stdout);
   int exit_code = failure.empty() ? 0 : 1;
-  if (rows.is_open()) {
-    // The rows of a round the job ended in (push summed, broadcast cut
-    // short) were not streamed yet.
-    rows.Sync(report.rows);
-    std::string werr = rows.error();
-    rows.Close();
-    if (werr.empty()) WriteRunSummary(o.dp.out_dir, report, &werr);
-    if (!werr.empty()) {
-      DBLP_LOG(Error, "dblp-server: %s", werr.c_str());
-      exit_code = 1;
-    }
+  if (const std::string err = CloseRunReport(rows_, report); !err.empty()) {
+    DBLP_LOG(Error, "dblp-server: %s", err.c_str());
+    exit_code = 1;
   }
-  if (!failure.empty()) {
-    DBLP_LOG(Error, "dblp-server: %s", failure.c_str());
-  }
+  if (!failure.empty()) DBLP_LOG(Error, "dblp-server: %s", failure.c_str());
   return exit_code;
 }
+
+}  // namespace
+
+int RunServer(const ServerOptions& o) { return ServerRun(o).Run(); }
 
 }  // namespace dblp

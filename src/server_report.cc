@@ -23,39 +23,6 @@ Bitmap MergedPushBitmap(const LinkGrid& links, uint32_t w,
   return merged;
 }
 
-void AddPushRows(uint64_t it, const LinkGrid& links,
-                 const std::vector<std::unique_ptr<WorkerState>>& workers,
-                 uint64_t push_open_ns, const RoundTolerance& tol, double norm,
-                 bool burst, bool resync, const ServerOptions& o,
-                 uint32_t num_chunks, RunReport* report) {
-  for (uint32_t w = 0; w < workers.size(); ++w) {
-    uint64_t stop_ns = 0;
-    for (const auto& shard : links) {
-      stop_ns = std::max(stop_ns, shard[w]->push.stop_ns());
-    }
-    const Bitmap arrived = MergedPushBitmap(links, w, num_chunks);
-    report->rows.push_back(ServerPushRow(
-        ServerPush{it, w, push_open_ns, stop_ns,
-                   static_cast<double>(arrived.Count()) / num_chunks, tol, norm,
-                   burst, resync}));
-    if (!o.dp.dump_dir.empty() && it < o.dp.dump_iterations) {
-      DumpBinary(o.dp.dump_dir + "/w" + std::to_string(w) + "_it" +
-                     std::to_string(it) + "_push.bits",
-                 arrived.words().data(),
-                 arrived.words().size() * sizeof(uint64_t));
-    }
-  }
-}
-
-void AddBroadcastToRows(const LinkGrid& links, uint32_t W, RunReport* report) {
-  std::vector<const SendSide*> sides;
-  for (uint32_t w = 0; w < W; ++w) {
-    sides.clear();
-    for (const auto& shard : links) sides.push_back(&shard[w]->bcast);
-    AddBroadcastToRow(sides, &report->rows[report->rows.size() - W + w]);
-  }
-}
-
 void AddServerCounters(const std::vector<std::unique_ptr<LcoreConf>>& lcs,
                        const ServerControl& control, const LinkGrid& links,
                        uint16_t nb_ports, RunReport* report) {

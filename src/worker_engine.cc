@@ -317,14 +317,9 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
       {"driver", caps.driver}};
   std::fputs(FormatRunSummary(report).c_str(), stdout);
   int exit_code = failure.empty() ? 0 : 1;
-  if (rows.is_open()) {
-    std::string werr = rows.error();
-    rows.Close();
-    if (werr.empty()) WriteRunSummary(o.dp.out_dir, report, &werr);
-    if (!werr.empty()) {
-      DBLP_LOG(Error, "dblp-worker: %s", werr.c_str());
-      exit_code = 1;
-    }
+  if (const std::string err = CloseRunReport(rows, report); !err.empty()) {
+    DBLP_LOG(Error, "dblp-worker: %s", err.c_str());
+    exit_code = 1;
   }
   if (!failure.empty()) {
     DBLP_LOG(Error, "dblp-worker %u: %s", wel.rank, failure.c_str());

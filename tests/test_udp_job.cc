@@ -150,8 +150,9 @@ TEST(UdpJob, WorkersApplyTheMeanUnderThePolicysP) {
   so.policy.clr.freq = 2;
   so.loss = "bernoulli:0.1";
   std::vector<std::vector<float>> server_means;
-  so.on_round = [&](const UdpServerRoundView& v) {
-    server_means.emplace_back(v.mean.begin(), v.mean.end());
+  so.on_reduced = [&](uint64_t, std::span<const float> mean,
+                      std::span<const Bitmap>) {
+    server_means.emplace_back(mean.begin(), mean.end());
   };
   RecordingSource a(kFloats), b(kFloats);
   std::vector<UdpJobWorkerOptions> wos(2, SmallWorker(kIters));
@@ -214,8 +215,9 @@ TEST(UdpJob, SharedBuffersAreUsedInPlace) {
   UdpJobServerOptions so = SmallServer();
   so.policy.kind = PolicyKind::kReliable;
   std::vector<std::vector<float>> server_means;
-  so.on_round = [&](const UdpServerRoundView& v) {
-    server_means.emplace_back(v.mean.begin(), v.mean.end());
+  so.on_reduced = [&](uint64_t, std::span<const float> mean,
+                      std::span<const Bitmap>) {
+    server_means.emplace_back(mean.begin(), mean.end());
   };
   RecordingSource a(kFloats, true);
   const JobRun run = RunJob(so, {SmallWorker(kIters)}, {&a});

@@ -145,11 +145,8 @@ bool WaitFor(F done, uint32_t timeout_ms) {
 // had not failed already (its results are incomplete).
 template <class Result>
 void FinishReport(RowStream& stream, RunReport report, Result* res) {
-  if (!stream.is_open()) return;
-  std::string err = stream.error();
-  stream.Close();
   report.counters.assign(res->counters.begin(), res->counters.end());
-  if (err.empty()) WriteRunSummary(stream.dir(), report, &err);
+  const std::string err = CloseRunReport(stream, report);
   if (!err.empty() && res->exit_code == 0) {
     res->exit_code = 1;
     res->error = err;

@@ -49,7 +49,7 @@ struct UdpServerRound {
   double delivered_fraction = 0;  // at Close, late frames included
 };
 
-// What the server's on_round callback sees after each reduction (before
+// What the push server's on_round callback sees after each reduction (before
 // the broadcast of that mean begins). Valid only during the call.
 struct UdpServerRoundView {
   uint64_t iteration = 0;
@@ -84,16 +84,11 @@ struct UdpJobServerOptions : ServerJobSettings {
   DeepIdle deep_idle;  // the back-off's second stage (deep_idle.h)
   // Called once both sockets are bound (ports resolved), before any JOIN.
   std::function<void(uint16_t control_port, uint16_t udp_port)> on_listening;
-  std::function<void(const UdpServerRoundView&)> on_round;
   bool quiet = true;  // no progress lines on stdout
   // Rows (one per iteration and worker) streamed to iterations.jsonl /
   // .csv here as the iterations end, summary.json (every counter) at the
   // end; made before the sockets open. Empty: none.
   std::string out_dir;
-  // Test hook: mean_it<k>.f32 and w<r>_it<k>_push.bits for the first
-  // dump_iterations iterations (the DPDK server's names).
-  std::string dump_dir;
-  uint32_t dump_iterations = 0;
 };
 
 struct UdpJobServerResult {

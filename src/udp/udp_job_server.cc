@@ -23,7 +23,7 @@
 #include "dblp/emul/rx_loss.h"
 #include "dblp/job/counters.h"
 #include "dblp/job/diagnosis.h"
-#include "dblp/job/rows.h"
+#include "dblp/job/server_job.h"
 #include "dblp/obs/run_report.h"
 #include "dblp/policy/loss_fill.h"
 #include "dblp/policy/mean_reducer.h"
@@ -87,25 +87,9 @@ class JobServer {
   bool StepBroadcast(Outbox& out, bool* progress);
   bool TakeEvents(std::string* failure);
   std::string FinishedEarly();
-  bool AllLiveSaidBye() const {
-    for (uint32_t w = 0; w < o_.workers; ++w) {
-      if (Alive(w) && !bye_[w]) return false;
-    }
-    return true;
-  }
-  bool LoseWorker(uint32_t w, const std::string& how, std::string* failure);
-  bool Alive(uint32_t w) const {
-    return alive_[w].load(std::memory_order_relaxed);
-  }
-  uint32_t LiveCount() const {
-    uint32_t n = 0;
-    for (uint32_t w = 0; w < o_.workers; ++w) n += Alive(w) ? 1 : 0;
-    return n;
-  }
+  bool Alive(uint32_t w) const { return job_->alive(w); }
   bool CloseRoundIfStopped(Outbox& out);
-  void StageAccepted(Outbox& out);
-  void AddPushRows(double norm, bool resync);
-  void BeginBroadcast(Outbox& out, const ReducedPush& r);
+  void BeginBroadcast();
   bool CloseBroadcastIfDone();
   std::string NoProgress() const;
   void Finish(Outbox& out, const std::string& failure);
@@ -154,33 +138,27 @@ class JobServer {
   // Datapath only, from SetUpJob on.
   ChunkLayout layout_;
   // Made by CheckOptions (its description goes into WELCOME), then owned
-  // by iteration_ from SetUpJob on.
+  // by job_ from SetUpJob on.
   std::unique_ptr<TolerancePolicy> policy_;
-  // What the server decides between a push and its broadcast (the same
-  // object as dblp-server's): mean, policy, broadcast, next push.
-  std::unique_ptr<ServerIteration> iteration_;
-  RoundTolerance push_tol_;  // the policy's for the next push
+  // The job (the same object as dblp-server's): each iteration's
+  // decisions, the rows and the workers' lifecycle. Its alive(w) is read
+  // by the sidecar too (no ROUND_BEGIN to a lost worker).
+  std::unique_ptr<ServerJob> job_;
   std::vector<Bitmap> arrived_;
+  std::vector<uint64_t> stop_ns_;      // per worker, the closed push's STOP
+  std::vector<ControlRequest> posts_;  // what the job decided to send
   std::unique_ptr<RxLossInjector> loss_;
   std::vector<Packet> pkts_;
   std::vector<uint8_t> arrivals_;  // per worker: frames this turn
-  std::vector<uint8_t> bye_;       // per worker: said BYE
-  // Per worker: false once lost under --on_worker_loss=continue (its
-  // frames are dropped, it gets no more rounds). Datapath: wo; sidecar: ro
-  // (no more ROUND_BEGIN to it).
-  std::unique_ptr<std::atomic<bool>[]> alive_;
   uint64_t from_lost_ = 0;  // frames of lost workers, dropped
   std::vector<DatapathEvent> taken_;
-  std::vector<SendOrder> orders_;  // broadcast, per worker
   std::vector<uint32_t> order_buf_;
   std::vector<std::unique_ptr<PacketFrames<UdpSocketPort>>> frames_;
   uint64_t it_ = 0;            // the open push round's iteration
-  RoundTolerance round_tol_;   // the open push round's (reliable: resync)
   bool broadcasting_ = false;  // iteration it_ - 1's mean is going out
   uint64_t unpinned_ = 0;      // frames from an unpinned address
   uint64_t poll_gen_ = 0, drained_gen_ = 0;
-  uint64_t round_open_ns_ = 0;
-  // The rows, streamed as the iterations end and kept for the summary.
+  // The job's rows, streamed as the iterations end.
   RowStream row_stream_;
   RunReport report_;
 };
@@ -275,7 +253,10 @@ UdpJobServerResult JobServer::Run() {
   Finish(out, failure);
   sidecar_thread.Stop();
   FillCounters();
-  row_stream_.Sync(report_.rows);  // a broadcast the failure cut short
+  if (job_) {
+    row_stream_.Sync(job_->rows());  // a broadcast the failure cut short
+    report_.rows = std::move(job_->rows());
+  }
   report_.role = "server";
   report_.policy = policy_text_;
   report_.burst_iterations = o_.bursts.iterations;
@@ -394,12 +375,10 @@ void JobServer::OnWakeup() {
     std::visit(
         Overloaded{
             [&](const RoundBeginRequest& rb) {
-              const RoundBeginMsg m{rb.round,   rb.round / 2,   rb.direction,
-                                    rb.p,       rb.deadline_ns, rb.min_fraction,
-                                    rb.critical};
+              const RoundBeginMsg m = RoundBeginMessage(rb);
               const auto& members = desk_.members();
               for (uint32_t w = 0; w < members.size(); ++w) {
-                if (!alive_ || alive_[w].load()) sc_->Send(members[w].conn, m);
+                if (job_->alive(w)) sc_->Send(members[w].conn, m);
               }
             },
             [&](const AcceptedRequest& a) {
@@ -447,30 +426,30 @@ std::string JobServer::SetUpJob() {
   const uint32_t W = o_.workers;
   layout_ = ChunkLayout(desk_.first().total_bytes, chunk_payload_);
   res_.chunks = layout_.num_chunks();
-  push_tol_ = policy_->Current();
+  std::vector<std::string> names;
+  for (const JoinDesk::Member& m : desk_.members()) names.push_back(m.name);
   try {
-    iteration_ = std::make_unique<ServerIteration>(
-        o_, std::move(policy_), layout_, W, o_.seed, "dblp-udp-server");
+    job_ = std::make_unique<ServerJob>(o_, std::move(policy_), layout_,
+                                       std::move(names), o_.send_order, o_.seed,
+                                       "dblp-udp-server");
   } catch (const std::bad_alloc&) {
     return "cannot allocate the sums of a " +
            std::to_string(layout_.total_bytes()) +
            "-byte gradient: lower the workers' size or give the server more "
            "memory";
   }
+  job_->set_row_stream(&row_stream_);
   arrived_.resize(W);
+  stop_ns_.resize(W);
   loss_ = std::make_unique<RxLossInjector>(loss_spec_, o_.bursts,
                                            HashMix(o_.seed, 0xB0));
   loss_->StartClock(NowNs());
   pkts_.resize(udp::kRxBurst);
   for (Packet& p : pkts_) p.bytes.reserve(popts_.max_datagram);
   arrivals_.assign(W, 0);
-  bye_.assign(W, 0);
-  alive_ = std::make_unique<std::atomic<bool>[]>(W);
-  for (uint32_t w = 0; w < W; ++w) alive_[w].store(true);
   const auto* mean =
-      reinterpret_cast<const uint8_t*>(iteration_->mean().data());
+      reinterpret_cast<const uint8_t*>(job_->iteration().mean().data());
   for (uint32_t w = 0; w < W; ++w) {
-    orders_.emplace_back(o_.send_order, w, W, HashMix(o_.seed, 0xBC));
     frames_.push_back(std::make_unique<PacketFrames<UdpSocketPort>>(
         &port_, w, mean, &layout_, o_.burst));
     frames_.back()->set_auth(frame_key_);
@@ -495,7 +474,7 @@ std::string JobServer::ServeRounds(Outbox& out) {
     work = StepSides(out) || work;
     if (broadcasting_) work = StepBroadcast(out, &progress) || work;
     if (CloseBroadcastIfDone()) work = progress = true;
-    if (!broadcasting_ && AllLiveSaidBye()) return "";
+    if (!broadcasting_ && job_->AllLiveSaidBye()) return "";
     if (!broadcasting_ && CloseRoundIfStopped(out)) work = progress = true;
     if (progress) watchdog.Progress();
     if (work) {
@@ -508,17 +487,13 @@ std::string JobServer::ServeRounds(Outbox& out) {
 }
 
 void JobServer::OpenPush(Outbox& out) {
-  const uint32_t round = PushRound(it_);
   const uint64_t now = NowNs();
-  // A resync's push is reliable, whatever the policy says.
-  round_tol_ = iteration_->PushTolerance(it_, push_tol_);
-  const RoundTolerance& t = round_tol_;
-  const uint64_t deadline = t.deadline_ns ? now + t.deadline_ns : 0;
-  const double floor = t.deadline_ns ? t.min_fraction : 0;
-  for (auto& side : push_) side->Begin(round, t.p, deadline, floor, now);
-  round_open_ns_ = now;
-  out.Post(RoundBeginRequest{Direction::kPush, round, t.p, t.deadline_ns, floor,
-                             t.critical});
+  const PushOpening o = job_->OpenPush(it_, now);
+  const RoundBeginRequest& rb = o.announce;
+  for (auto& side : push_) {
+    side->Begin(rb.round, rb.p, o.deadline_ns, rb.min_fraction, now);
+  }
+  out.Post(rb);
 }
 
 // One RX poll: each frame to its worker's side, accepted chunks summed.
@@ -528,7 +503,7 @@ bool JobServer::Receive(bool* progress) {
   const uint16_t n = port_.RxBurst(pkts_.data(), udp::kRxBurst);
   if (n < udp::kRxBurst) drained_gen_ = poll_gen_;
   std::fill(arrivals_.begin(), arrivals_.end(), 0);
-  MeanReducer& reducer = iteration_->reducer();
+  MeanReducer& reducer = job_->iteration().reducer();
   auto accumulate = [&](const DataHeader& h, const uint8_t* payload) {
     reducer.Accumulate(h.seq, payload);
   };
@@ -586,188 +561,83 @@ bool JobServer::TakeEvents(std::string* failure) {
   if (!events_.Drain(&taken_)) return false;
   for (const DatapathEvent& e : taken_) {
     if (const auto* bye = std::get_if<PeerByeEvent>(&e)) {
-      bye_[bye->peer] = 1;
-      continue;
+      job_->OnBye(bye->peer);
+    } else if (const auto* gone = std::get_if<PeerGoneEvent>(&e);
+               gone != nullptr && failure->empty()) {
+      const Departure& d = gone_[gone->peer];
+      *failure = job_->OnGone(gone->peer, d.failed, d.why, it_);
     }
-    const auto* gone = std::get_if<PeerGoneEvent>(&e);
-    if (gone == nullptr || !failure->empty()) continue;
-    const uint32_t w = gone->peer;
-    const Departure& d = gone_[w];
-    if (!Alive(w) || (!d.failed && bye_[w])) continue;
-    LoseWorker(w,
-               d.failed ? "failed (" + d.why + ")"
-                        : "disconnected without BYE (" + d.why + ")",
-               failure);
   }
   return true;
 }
 
-// A worker lost: the job fails naming it (--on_worker_loss=abort), or goes
-// on without it: its frames are dropped, it gets no more rounds, and the
-// mean divides by the live workers from the next round on (this one may
-// already hold its chunks). False (with *failure) if the job ends.
-bool JobServer::LoseWorker(uint32_t w, const std::string& how,
-                           std::string* failure) {
-  if (!o_.continue_on_worker_loss) {
-    *failure = WorkerLostText(w, desk_.members()[w].name, how, it_);
-    return false;
-  }
-  DBLP_LOG(Warning, "dblp-udp-server: continuing without worker %u (%s)", w,
-           how.c_str());
-  alive_[w].store(false);
-  if (LiveCount() == 0) {
-    *failure = "every worker is gone";
-    return false;
-  }
-  return true;
-}
-
-// A worker that said BYE while another already pushes the open round ran
-// fewer iterations: the round could never close with it.
 std::string JobServer::FinishedEarly() {
-  bool others_push = false;
-  for (uint32_t w = 0; w < o_.workers; ++w) {
-    if (Alive(w) && !bye_[w] && push_[w]->receiver().received() > 0) {
-      others_push = true;
-    }
-  }
-  if (!others_push) return "";
-  std::string failure;
-  for (uint32_t w = 0; w < o_.workers && failure.empty(); ++w) {
-    if (Alive(w) && bye_[w] && !push_[w]->stopped()) {
-      LoseWorker(w, FinishedEarlyHow(it_), &failure);
-    }
-  }
-  return failure;
+  return job_->FinishedEarly(
+      it_, [&](uint32_t w) { return push_[w]->receiver().received(); },
+      [&](uint32_t w) { return push_[w]->stopped(); });
 }
 
-// Every push side sent its STOP: the mean, the policy's next p, then the
+// Every live push side sent its STOP: the job reduces and decides; the
 // next push opens and (in a job) the mean's broadcast begins.
 bool JobServer::CloseRoundIfStopped(Outbox& out) {
   for (uint32_t w = 0; w < o_.workers; ++w) {
     if (Alive(w) && !push_[w]->stopped()) return false;
   }
-  const uint64_t push_ns = NowNs() - round_open_ns_;
   for (uint32_t w = 0; w < o_.workers; ++w) {
     push_[w]->Close();
     push_[w]->receiver().SnapshotBitmap(arrived_[w]);
+    stop_ns_[w] = push_[w]->stop_ns();
     res_.rounds.push_back(
         UdpServerRound{it_, w, push_[w]->receiver().delivered_fraction()});
   }
-  const ReducedPush r = iteration_->Reduce(it_, push_ns);
-  iteration_->set_live_workers(LiveCount());  // the next round's divisor
-  AddPushRows(r.norm, r.resync);
-  // Without a broadcast the rows are complete: on disk before on_round.
-  if (o_.push_only) row_stream_.Sync(report_.rows);
-  if (o_.on_round) {
-    o_.on_round(UdpServerRoundView{it_, iteration_->mean(), arrived_});
-  }
-  // Each worker's ACCEPTED before the broadcast's ROUND_BEGIN, so it holds
-  // it when the broadcast begins.
-  if (o_.push_feedback && !r.resync) StageAccepted(out);
+  posts_.clear();
+  job_->ClosePush(it_,
+                  ClosedPush{NowNs(), arrived_, stop_ns_, loss_->InBurst(it_)},
+                  &accepted_, &posts_);
+  // ACCEPTED and the broadcast's ROUND_BEGIN before the next push's.
+  for (const ControlRequest& r : posts_) out.Post(r);
   res_.iterations = ++it_;
-  push_tol_ = r.next;
-  // The broadcast before the push: its ROUND_BEGIN goes out first.
-  if (!o_.push_only) BeginBroadcast(out, r);
+  if (!o_.push_only) BeginBroadcast();
   OpenPush(out);
   return true;
 }
 
-// Push feedback: tell each worker the chunks of its push the mean summed.
-void JobServer::StageAccepted(Outbox& out) {
-  const uint32_t round = PushRound(it_);
-  for (uint32_t w = 0; w < o_.workers; ++w) {
-    if (!Alive(w)) continue;
-    const std::span<const uint64_t> words = arrived_[w].words();
-    accepted_.Stage(
-        w,
-        AcceptedMsg{round, arrived_[w].size(), {words.begin(), words.end()}});
-    out.Post(AcceptedRequest{static_cast<uint16_t>(w), round});
-  }
-}
-
-// The push half of the iteration's rows (the DPDK server's columns), and
-// the dumps of the test hook.
-void JobServer::AddPushRows(double norm, bool resync) {
-  const bool dump = !o_.dump_dir.empty() && it_ < o_.dump_iterations;
-  const std::string base = o_.dump_dir + "/";
-  for (uint32_t w = 0; w < o_.workers; ++w) {
-    const ReceiveSide& side = *push_[w];
-    report_.rows.push_back(ServerPushRow(
-        ServerPush{it_, w, round_open_ns_, side.stop_ns(),
-                   side.receiver().delivered_fraction(), round_tol_, norm,
-                   loss_->InBurst(it_), resync}));
-    if (dump) {
-      const std::span<const uint64_t> words = arrived_[w].words();
-      DumpBinary(base + "w" + std::to_string(w) + "_it" + std::to_string(it_) +
-                     "_push.bits",
-                 words.data(), words.size() * sizeof(uint64_t));
-    }
-  }
-  if (dump) {
-    const std::span<const float> mean = iteration_->mean();
-    DumpBinary(base + "mean_it" + std::to_string(it_) + ".f32", mean.data(),
-               mean.size() * sizeof(float));
-  }
-}
-
-// Iteration it_ - 1's mean to every worker under the broadcast's
-// tolerance: each worker's receiver STOPs at its own 1-p of it, or, for a
-// consistent broadcast, every worker gets the one subset, reliably.
-void JobServer::BeginBroadcast(Outbox& out, const ReducedPush& r) {
+// Iteration it_ - 1's mean to every live worker, in the job's order.
+void JobServer::BeginBroadcast() {
   const uint32_t round = BroadcastRound(it_ - 1);
-  const RoundTolerance& t = r.broadcast;
-  out.Post(RoundBeginRequest{Direction::kBroadcast, round, t.p, t.deadline_ns,
-                             t.deadline_ns ? t.min_fraction : 0, t.critical});
   const uint64_t now = NowNs();
   for (uint32_t w = 0; w < o_.workers; ++w) {
     if (!Alive(w)) continue;
-    if (r.subset.empty()) {
-      orders_[w].Fill(round, layout_.num_chunks(), order_buf_);
-      bcast_[w]->Begin(round, order_buf_, now);
-    } else {
-      bcast_[w]->Begin(round, r.subset, now, layout_.num_chunks());
-    }
+    job_->BroadcastOrder(w, it_ - 1, layout_.num_chunks(), &order_buf_);
+    bcast_[w]->Begin(round, order_buf_, now, layout_.num_chunks());
   }
   broadcasting_ = true;
 }
 
-// Every worker holds its share of the mean: the rows are complete.
+// Every live worker holds its share of the mean: the rows are complete.
 bool JobServer::CloseBroadcastIfDone() {
   if (!broadcasting_) return false;
   for (uint32_t w = 0; w < o_.workers; ++w) {
     if (Alive(w) && !bcast_[w]->done()) return false;
   }
   broadcasting_ = false;
-  const size_t first = report_.rows.size() - o_.workers;
-  for (uint32_t w = 0; w < o_.workers; ++w) {
-    const SendSide* sides[] = {bcast_[w].get()};
-    AddBroadcastToRow(sides, &report_.rows[first + w]);
-  }
-  row_stream_.Sync(report_.rows);  // on disk before the next iteration
+  std::vector<const SendSide*> sides;
+  for (const auto& side : bcast_) sides.push_back(side.get());
+  std::vector<std::span<const SendSide* const>> per_worker;
+  for (const SendSide*& side : sides) per_worker.push_back({&side, 1});
+  job_->CloseBroadcast(per_worker);
   return true;
 }
 
 std::string JobServer::NoProgress() const {
   if (broadcasting_) {
-    std::string s = NoProgressText("broadcast round " +
-                                       std::to_string(BroadcastRound(it_ - 1)),
-                                   o_.round_timeout_ms) +
-                    "; pending:";
-    for (uint32_t w = 0; w < o_.workers; ++w) {
-      if (Alive(w) && !bcast_[w]->done()) s += " w" + std::to_string(w);
-    }
-    return s;
+    return job_->BroadcastStalled(
+        it_ - 1, o_.round_timeout_ms,
+        [&](uint32_t w) { return bcast_[w]->done(); });
   }
-  std::string s = NoProgressText("push round " + std::to_string(PushRound(it_)),
-                                 o_.round_timeout_ms) +
-                  "; chunks received:";
-  for (uint32_t w = 0; w < o_.workers; ++w) {
-    s += " w" + std::to_string(w) + "=" +
-         std::to_string(push_[w]->receiver().received()) + "/" +
-         std::to_string(layout_.num_chunks());
-  }
-  return s + PushStalledHint();
+  return job_->PushStalled(it_, o_.round_timeout_ms, [&](uint32_t w) {
+    return push_[w]->receiver().received();
+  });
 }
 
 // ERROR (with the cause) or a plain close to every worker, flushed before

@@ -62,7 +62,12 @@ UdpJobServerOptions JobOptions(const UdpPushServerOptions& o) {
   j.cpu = o.cpu;
   j.idle_sleep_us = o.idle_sleep_us;
   j.on_listening = o.on_listening;
-  j.on_round = o.on_round;
+  if (o.on_round) {
+    j.on_reduced = [f = o.on_round](uint64_t it, std::span<const float> mean,
+                                    std::span<const Bitmap> arrived) {
+      f(UdpServerRoundView{it, mean, arrived});
+    };
+  }
   j.quiet = o.quiet;
   j.out_dir = o.out_dir;
   return j;

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -19,9 +20,15 @@
 #include "dblp/policy/mean_reducer.h"
 #include "dblp/policy/resync.h"
 #include "dblp/policy/tolerance.h"
+#include "dblp/wire/bitmap.h"
 #include "dblp/wire/chunking.h"
 
 namespace dblp {
+
+// A test seam (src/test_hooks/server_dumps.h, the udp tests): sees each
+// closed push's mean and, per worker, the chunks that arrived.
+using ReducedObserver = std::function<void(
+    uint64_t it, std::span<const float> mean, std::span<const Bitmap> arrived)>;
 
 // The job's settings of a server, whatever its transport: one struct that
 // both servers' options extend (ServerOptions, UdpJobServerOptions).
@@ -47,6 +54,7 @@ struct ServerJobSettings {
   double zero_fraction = 0;
   uint64_t zero_first = 0;
   uint64_t zero_last = 0;
+  ReducedObserver on_reduced;  // test seam; empty in production
 };
 
 // What one closed push decided.

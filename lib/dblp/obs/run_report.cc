@@ -249,6 +249,14 @@ std::string FormatRunSummary(const RunReport& r) {
   return o.str();
 }
 
+std::string CloseRunReport(RowStream& stream, const RunReport& report) {
+  if (!stream.is_open()) return "";
+  std::string err = stream.error();
+  stream.Close();
+  if (err.empty()) WriteRunSummary(stream.dir(), report, &err);
+  return err;
+}
+
 void DumpBinary(const std::string& path, const void* data, size_t n) {
   std::ofstream f(path, std::ios::binary);
   f.write(static_cast<const char*>(data), static_cast<std::streamsize>(n));

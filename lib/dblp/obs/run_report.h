@@ -81,6 +81,11 @@ class RowStream {
 bool WriteRunSummary(const std::string& dir, const RunReport& report,
                      std::string* error);
 
+// At the end of a run: closes `stream` and, if every row reached it, writes
+// summary.json beside them. Returns the first error ("" when both are on
+// disk); nothing when the stream was never opened.
+std::string CloseRunReport(RowStream& stream, const RunReport& report);
+
 // Test hook: writes `n` bytes to `path` (dumps of means and bitmaps).
 void DumpBinary(const std::string& path, const void* data, size_t n);
 

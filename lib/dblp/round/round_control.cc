@@ -42,6 +42,11 @@ bool DeliverToSides(const ControlMessage& m, SendSide* send,
                         std::span<ReceiveSide* const>(&recv, nr), now_ns);
 }
 
+RoundBeginMsg RoundBeginMessage(const RoundBeginRequest& r) {
+  return RoundBeginMsg{r.round,       r.round / 2,    r.direction, r.p,
+                       r.deadline_ns, r.min_fraction, r.critical};
+}
+
 std::vector<ControlMessage> SideRequestMessages(const ControlRequest& r,
                                                 ReceiveSide* answering) {
   std::vector<ControlMessage> out;

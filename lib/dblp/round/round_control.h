@@ -35,4 +35,8 @@ bool DeliverToSides(const ControlMessage& m, SendSide* send,
 std::vector<ControlMessage> SideRequestMessages(const ControlRequest& r,
                                                 ReceiveSide* answering);
 
+// Control thread: the ROUND_BEGIN message an announcement becomes (the
+// iteration is the round's half: push 2i, broadcast 2i + 1).
+RoundBeginMsg RoundBeginMessage(const RoundBeginRequest& r);
+
 }  // namespace dblp

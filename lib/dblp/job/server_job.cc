@@ -1,0 +1,135 @@
+#include "dblp/job/server_job.h"
+
+#include <algorithm>
+
+#include "dblp/base/log.h"
+#include "dblp/base/rng.h"
+#include "dblp/job/rows.h"
+
+namespace dblp {
+
+ServerJob::ServerJob(const ServerJobSettings& s,
+                     std::unique_ptr<TolerancePolicy> policy,
+                     const ChunkLayout& layout, std::vector<std::string> names,
+                     SendOrderKind order, uint64_t seed, std::string app)
+    : s_(s),
+      layout_(layout),
+      names_(std::move(names)),
+      app_(std::move(app)),
+      iteration_(s, std::move(policy), layout,
+                 static_cast<uint32_t>(names_.size()), seed, app_),
+      alive_(std::make_unique<std::atomic<bool>[]>(names_.size())),
+      bye_(std::make_unique<std::atomic<bool>[]>(names_.size())) {
+  const auto W = static_cast<uint32_t>(names_.size());
+  for (uint32_t w = 0; w < W; ++w) {
+    orders_.emplace_back(order, w, W, HashMix(seed, 0xBC));
+    alive_[w].store(true);
+    bye_[w].store(false);
+  }
+  next_ = iteration_.policy()->Current();
+}
+
+PushOpening ServerJob::OpenPush(uint64_t it, uint64_t now_ns) {
+  push_tol_ = PushTolerance(it);
+  push_open_ns_ = now_ns;
+  const RoundTolerance& t = push_tol_;
+  // The minimum fraction counts only with a deadline.
+  return PushOpening{
+      RoundBeginRequest{Direction::kPush, PushRound(it), t.p, t.deadline_ns,
+                        t.deadline_ns ? t.min_fraction : 0, t.critical},
+      t.deadline_ns ? now_ns + t.deadline_ns : 0};
+}
+
+const ReducedPush& ServerJob::ClosePush(uint64_t it, const ClosedPush& c,
+                                        AcceptedSlots* accepted,
+                                        std::vector<ControlRequest>* post) {
+  reduced_ = iteration_.Reduce(it, c.now_ns - push_open_ns_);
+  const ReducedPush& r = reduced_;
+  const double n = layout_.num_chunks();
+  for (uint32_t w = 0; w < workers(); ++w) {
+    rows_.push_back(
+        ServerPushRow(ServerPush{it, w, push_open_ns_, c.stop_ns[w],
+                                 static_cast<double>(c.arrived[w].Count()) / n,
+                                 push_tol_, r.norm, c.burst, r.resync}));
+  }
+  // Without a broadcast the rows are complete: on disk now, before the
+  // observer looks.
+  if (s_.push_only && stream_ != nullptr) stream_->Sync(rows_);
+  if (s_.on_reduced) s_.on_reduced(it, iteration_.mean(), c.arrived);
+  // Each worker's ACCEPTED before the broadcast's ROUND_BEGIN, so it holds
+  // it when the broadcast begins. A resync's push was reliable.
+  if (s_.push_feedback && !r.resync) {
+    for (uint32_t w = 0; w < workers(); ++w) {
+      if (!alive(w)) continue;
+      const std::span<const uint64_t> words = c.arrived[w].words();
+      accepted->Stage(w, AcceptedMsg{PushRound(it),
+                                     c.arrived[w].size(),
+                                     {words.begin(), words.end()}});
+      post->push_back(AcceptedRequest{static_cast<uint16_t>(w), PushRound(it)});
+    }
+  }
+  if (!s_.push_only) {
+    const RoundTolerance& t = r.broadcast;
+    post->push_back(RoundBeginRequest{
+        Direction::kBroadcast, BroadcastRound(it), t.p, t.deadline_ns,
+        t.deadline_ns ? t.min_fraction : 0, t.critical});
+  }
+  next_ = r.next;
+  // The next round's divisor: this one may still hold a lost worker's
+  // chunks.
+  iteration_.set_live_workers(live_count());
+  return r;
+}
+
+void ServerJob::BroadcastOrder(uint32_t w, uint64_t it, uint32_t num_chunks,
+                               std::vector<uint32_t>* out) const {
+  if (!reduced_.subset.empty()) {
+    out->assign(reduced_.subset.begin(), reduced_.subset.end());
+  } else {
+    orders_[w].Fill(BroadcastRound(it), num_chunks, *out);
+  }
+}
+
+void ServerJob::CloseBroadcast(
+    std::span<const std::span<const SendSide* const>> sides) {
+  const size_t first = rows_.size() - workers();
+  for (uint32_t w = 0; w < workers(); ++w) {
+    AddBroadcastToRow(sides[w], &rows_[first + w]);
+  }
+  // On disk before the next iteration: a kill -9 keeps them.
+  if (stream_ != nullptr) stream_->Sync(rows_);
+}
+
+uint32_t ServerJob::live_count() const {
+  uint32_t n = 0;
+  for (uint32_t w = 0; w < workers(); ++w) n += alive(w) ? 1 : 0;
+  return n;
+}
+
+bool ServerJob::AllLiveSaidBye() const {
+  for (uint32_t w = 0; w < workers(); ++w) {
+    if (alive(w) && !said_bye(w)) return false;
+  }
+  return true;
+}
+
+std::string ServerJob::Lose(uint32_t w, const std::string& how, uint64_t it) {
+  if (!s_.continue_on_worker_loss) {
+    return WorkerLostText(w, names_[w], how, it);
+  }
+  DBLP_LOG(Warning, "%s: continuing without worker %u (%s)", app_.c_str(), w,
+           how.c_str());
+  alive_[w].store(false);  // its frames are dropped from now on
+  if (live_count() == 0) return "every worker is gone";
+  return "";
+}
+
+std::string ServerJob::OnGone(uint32_t w, bool failed, const std::string& why,
+                              uint64_t it) {
+  if (!alive(w) || (!failed && said_bye(w))) return "";
+  std::string how = failed ? "failed" : "disconnected without BYE";
+  if (!why.empty()) how += " (" + why + ")";
+  return Lose(w, how, it);
+}
+
+}  // namespace dblp

@@ -1,0 +1,197 @@
+// The server's job, written once for every transport (dblp-server's DPDK
+// lcores, dblp-udp-server's thread, the simulator's modelled clock). The
+// transport runs the rounds (its sides, its poll loop, its clock) and calls
+// this at each boundary of an iteration:
+//
+//   OpenPush(it)            the push's tolerance and ROUND_BEGIN
+//   ... the transport runs the push until every live worker's STOP ...
+//   ClosePush(it, ...)      mean, policy, rows, ACCEPTED, the broadcast's
+//                           ROUND_BEGIN and plan (BroadcastOrder)
+//   OpenPush(it + 1)        the next push opens beside the broadcast
+//   ... the transport runs the broadcast until every live worker's STOP ...
+//   CloseBroadcast(it, ...) the rows are complete and on disk
+//
+// and, between turns, the workers' lifecycle: BYE, a lost connection, a
+// worker that finished early, each decided here (--on_worker_loss). The job
+// returns the control requests to post, in order; it never touches a frame.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "dblp/control/accepted_mail.h"
+#include "dblp/job/diagnosis.h"
+#include "dblp/job/server_iteration.h"
+#include "dblp/obs/records.h"
+#include "dblp/obs/run_report.h"
+#include "dblp/round/round_events.h"
+#include "dblp/round/send_order.h"
+#include "dblp/round/send_side.h"
+#include "dblp/wire/bitmap.h"
+#include "dblp/wire/wire.h"
+
+namespace dblp {
+
+// One closed push, per worker: what arrived (every shard's chunks) and its
+// STOP (the last shard's).
+struct ClosedPush {
+  uint64_t now_ns = 0;  // when the last side closed
+  std::span<const Bitmap> arrived;
+  std::span<const uint64_t> stop_ns;
+  bool burst = false;  // the iteration ran in a microburst
+};
+
+// An opened push round: its ROUND_BEGIN, and the absolute deadline of the
+// push sides (0: none).
+struct PushOpening {
+  RoundBeginRequest announce;
+  uint64_t deadline_ns = 0;
+};
+
+class ServerJob {
+ public:
+  // `policy` is the job's (made before the join so the WELCOME can
+  // describe it); `app` names the server in logs and failure texts; `names`
+  // the workers (JOIN's). Throws std::bad_alloc when the sums do not fit.
+  ServerJob(const ServerJobSettings& s, std::unique_ptr<TolerancePolicy> policy,
+            const ChunkLayout& layout, std::vector<std::string> names,
+            SendOrderKind order, uint64_t seed, std::string app);
+
+  // ---- the iteration ----
+  // Iteration `it`'s push tolerance (a resync's is reliable).
+  RoundTolerance PushTolerance(uint64_t it) const {
+    return iteration_.PushTolerance(it, next_);
+  }
+  // Opens it at `now_ns`: what the push sides begin with
+  // (announce.round, .p, .min_fraction, deadline_ns) and the ROUND_BEGIN.
+  PushOpening OpenPush(uint64_t it, uint64_t now_ns);
+  // Every live worker's push side closed: reduces, runs the policy, adds
+  // the push half of each worker's row, stages push feedback in `accepted`
+  // and appends to `post` the requests to send, in order (each worker's
+  // ACCEPTED, then the broadcast's ROUND_BEGIN unless push_only).
+  const ReducedPush& ClosePush(uint64_t it, const ClosedPush& c,
+                               AcceptedSlots* accepted,
+                               std::vector<ControlRequest>* post);
+  // The next push runs under `t` instead of the policy's (the prompt's
+  // change, at this boundary).
+  void OverrideNextPush(const RoundTolerance& t) { next_ = t; }
+  // Worker w's first pass of iteration `it`'s broadcast: the consistent
+  // subset, or its own order. Const: lcores call it side by side.
+  void BroadcastOrder(uint32_t w, uint64_t it, uint32_t num_chunks,
+                      std::vector<uint32_t>* out) const;
+  // Every live worker's broadcast is done: completes the rows (each
+  // worker's broadcast sides, one per shard) and writes them.
+  void CloseBroadcast(std::span<const std::span<const SendSide* const>> sides);
+
+  // ---- the workers ----
+  // Any thread: whether worker w's frames still count.
+  bool alive(uint32_t w) const {
+    return alive_[w].load(std::memory_order_relaxed);
+  }
+  uint32_t live_count() const;
+  uint32_t workers() const { return static_cast<uint32_t>(names_.size()); }
+  // Coordinator: worker w finished its iterations (BYE).
+  void OnBye(uint32_t w) { bye_[w].store(true, std::memory_order_relaxed); }
+  // Any thread.
+  bool said_bye(uint32_t w) const {
+    return bye_[w].load(std::memory_order_relaxed);
+  }
+  bool AllLiveSaidBye() const;
+  // Worker w is gone: "" when the job goes on without it (its frames are
+  // dropped and the mean divides by the others from the next round),
+  // else why the job ends.
+  std::string Lose(uint32_t w, const std::string& how, uint64_t it);
+  // Worker w's connection closed (`failed`: with an error, `why`): after
+  // its BYE a plain close is a finish, anything else a loss.
+  std::string OnGone(uint32_t w, bool failed, const std::string& why,
+                     uint64_t it);
+  // A worker that said BYE while another pushes iteration `it` ran fewer
+  // iterations: the round could never close. `received(w)`: chunks of
+  // w's push so far; `stopped(w)`: its push STOPped.
+  template <class Received, class Stopped>
+  std::string FinishedEarly(uint64_t it, Received received, Stopped stopped);
+  // The text of a stalled push: what each worker delivered.
+  template <class Received>
+  std::string PushStalled(uint64_t it, uint32_t timeout_ms,
+                          Received received) const;
+  // The text of a stalled broadcast: the workers not done(w).
+  template <class Done>
+  std::string BroadcastStalled(uint64_t it, uint32_t timeout_ms,
+                               Done done) const;
+
+  // ---- what it holds ----
+  ServerIteration& iteration() { return iteration_; }
+  std::vector<IterationRecord>& rows() { return rows_; }
+  void set_row_stream(RowStream* s) { stream_ = s; }
+  const std::string& name(uint32_t w) const { return names_[w]; }
+
+ private:
+  const ServerJobSettings s_;
+  const ChunkLayout layout_;
+  const std::vector<std::string> names_;
+  const std::string app_;
+  ServerIteration iteration_;
+  std::vector<SendOrder> orders_;  // per worker, the broadcast's
+  RoundTolerance next_;            // the next push's, before resync
+  RoundTolerance push_tol_;        // the open push's
+  uint64_t push_open_ns_ = 0;
+  ReducedPush reduced_;
+  // Per worker. alive_: writer the coordinator (Lose), readers every
+  // datapath thread (per frame) and the control thread (no ROUND_BEGIN to
+  // a lost worker); bye_: writer the coordinator (OnBye), readers every
+  // datapath thread (a push round ends when every live worker said BYE).
+  std::unique_ptr<std::atomic<bool>[]> alive_;
+  std::unique_ptr<std::atomic<bool>[]> bye_;
+  std::vector<IterationRecord> rows_;
+  RowStream* stream_ = nullptr;
+};
+
+template <class Received, class Stopped>
+std::string ServerJob::FinishedEarly(uint64_t it, Received received,
+                                     Stopped stopped) {
+  bool others_push = false;
+  for (uint32_t w = 0; w < workers(); ++w) {
+    if (alive(w) && !said_bye(w) && received(w) > 0) others_push = true;
+  }
+  if (!others_push) return "";
+  for (uint32_t w = 0; w < workers(); ++w) {
+    if (alive(w) && said_bye(w) && !stopped(w)) {
+      std::string failure = Lose(w, FinishedEarlyHow(it), it);
+      if (!failure.empty()) return failure;
+    }
+  }
+  return "";
+}
+
+template <class Received>
+std::string ServerJob::PushStalled(uint64_t it, uint32_t timeout_ms,
+                                   Received received) const {
+  std::string s = NoProgressText("push round " + std::to_string(PushRound(it)),
+                                 timeout_ms) +
+                  "; chunks received:";
+  for (uint32_t w = 0; w < workers(); ++w) {
+    s += " w" + std::to_string(w) + "=" + std::to_string(received(w)) + "/" +
+         std::to_string(layout_.num_chunks());
+  }
+  return s + PushStalledHint();
+}
+
+template <class Done>
+std::string ServerJob::BroadcastStalled(uint64_t it, uint32_t timeout_ms,
+                                        Done done) const {
+  std::string s =
+      NoProgressText("broadcast round " + std::to_string(BroadcastRound(it)),
+                     timeout_ms) +
+      "; pending:";
+  for (uint32_t w = 0; w < workers(); ++w) {
+    if (alive(w) && !done(w)) s += " w" + std::to_string(w);
+  }
+  return s;
+}
+
+}  // namespace dblp

@@ -1,0 +1,157 @@
+#include "server_setup.h"
+
+#include <rte_ethdev.h>
+#include <rte_lcore.h>
+
+#include <string>
+
+#include "dblp/base/rng.h"
+#include "dblp/control/job_auth.h"
+#include "eal_app.h"
+#include "numa_placement.h"
+
+namespace dblp {
+
+ServerPorts SetupServerPorts(const ServerOptions& o, uint16_t lcores) {
+  ServerPorts sp;
+  sp.nb_ports = rte_eth_dev_count_avail();
+  if (sp.nb_ports == 0) {
+    Die("no Ethernet port",
+        "give the server a port: -a <PCI address> for a "
+        "NIC, bound to vfio-pci (deploy/bind-nic.sh; check: dpdk-devbind.py "
+        "--status-dev net), or one "
+        "--vdev=net_memifN,role=server,socket=/tmp/dblp-wN.sock per worker");
+  }
+  PortOptions popts = o.dp.port;
+  popts.nb_queues = lcores;
+  const uint32_t mbufs =
+      o.dp.mbufs ? o.dp.mbufs
+                 : sp.nb_ports * MbufsNeeded(popts, o.dp.burst, 1024) + 2048;
+  // The pool, the sums and the mean live on the ports' NUMA node.
+  const int node = PortNumaNode(0);
+  WarnLcoresOffNode(node, "dblp-server");
+  sp.pool = CreatePoolOrDie("dblp_server_pool", mbufs, popts.mtu, node);
+  sp.caps.resize(sp.nb_ports);
+  for (uint16_t p = 0; p < sp.nb_ports; ++p) {
+    popts.port_id = p;
+    sp.caps[p] = SetupPortOrDie(popts, sp.pool);
+    if (lcores > 1 && sp.caps[p].driver != "net_memif") {
+      Die("port " + std::to_string(p) + " (" + sp.caps[p].driver +
+              ") cannot steer a round's chunk ranges to " +
+              std::to_string(lcores) + " lcores",
+          "run with one datapath lcore (-l with one core) on this port; "
+          "several lcores need net_memif, whose queue k reaches queue k");
+    }
+  }
+  return sp;
+}
+
+// Ports, keys, the control plane and the join.
+ServerAdmission AdmitServerWorkers(const ServerOptions& o,
+                                   const std::atomic<bool>& quit) {
+  ServerAdmission a;
+  if (o.workers == 0 || o.workers >= kServerRank) {
+    Die("--workers=" + std::to_string(o.workers) + " is out of range",
+        "use 1.." + std::to_string(kServerRank - 1));
+  }
+  if (rte_lcore_count() > 64) {
+    Die(std::to_string(rte_lcore_count()) + " datapath lcores",
+        "give dblp-server at most 64 lcores (-l/--lcores)");
+  }
+  a.confs = MakeLcoreConfs();
+  const auto S = static_cast<uint16_t>(a.confs.size());
+  a.ports = SetupServerPorts(o, S);
+  if (!ParseIpv4(o.local_ip, &a.local_ip)) {
+    Die("bad --local_ip " + o.local_ip, "use a dotted IPv4, e.g. 10.0.0.1");
+  }
+  // The job's random nonce: its session and frame key derive from it and
+  // the secret (job_auth.h), so neither can be guessed from a clock.
+  const AuthBytes job_nonce = RandomAuthBytes();
+  a.session = o.session ? o.session : DeriveSession(o.secret, job_nonce);
+  a.frame_key = DeriveFrameKey(o.secret, job_nonce, o.frame_auth);
+  a.policy = TolerancePolicy::Create(o.policy);
+  std::vector<const DatapathCounters*> counters;
+  for (const auto& c : a.confs) counters.push_back(&c->counters);
+  const PortCaps& caps = a.ports.caps[0];
+  a.control = std::make_unique<ServerControl>(
+      ServerJoinConfig{o.workers, a.session, caps.mtu, a.local_ip, o.udp_port,
+                       caps.mac, o.max_gradient_bytes, o.rank_by_name,
+                       a.policy->Describe(), a.ports.nb_ports, S,
+                       o.resync_every, o.push_feedback, o.consistent_broadcast,
+                       &o.secret, o.frame_auth, job_nonce},
+      counters, o.dp.stats_period_s, o.control_limits);
+  a.gradient_bytes =
+      a.control->AdmitWorkers(o.listen, o.join_timeout_ms, quit, o.dp.realtime)
+          .total_bytes;
+  return a;
+}
+
+std::vector<std::unique_ptr<LcoreConf>> MakeLcoreConfs() {
+  std::vector<std::unique_ptr<LcoreConf>> confs;
+  unsigned lcore_id;
+  RTE_LCORE_FOREACH(lcore_id) {
+    confs.push_back(std::make_unique<LcoreConf>());
+    confs.back()->lcore_id = lcore_id;
+    confs.back()->shard = static_cast<uint16_t>(confs.size() - 1);
+  }
+  return confs;
+}
+
+ServerLcores BuildServerLcores(
+    const ServerShared& s, std::vector<std::unique_ptr<LcoreConf>>& confs,
+    std::vector<std::unique_ptr<WorkerState>>& workers, LinkGrid& links) {
+  const ServerOptions& o = *s.o;
+  const DatapathOptions& dp = o.dp;
+  const ServerPorts& ports = *s.ports;
+  const auto S = static_cast<uint16_t>(confs.size());
+  const auto* mean =
+      reinterpret_cast<const uint8_t*>(s.job->iteration().mean().data());
+  ServerLcores l;
+  l.link_rate.resize(S);
+  for (uint16_t k = 0; k < S; ++k) {
+    // Emulated link rate, per port (a port is a link) and shared out
+    // between the lcores that send on it.
+    for (uint16_t p = 0; p < ports.nb_ports; ++p) {
+      l.link_rate[k].emplace_back(
+          dp.link_gbps / S,
+          uint64_t{dp.burst} * WireBytesPerFrame(ports.caps[p].mtu));
+    }
+    l.pacers.push_back(std::make_unique<RoundPacer>(
+        dp.idle_spin, dp.idle_sleep_us, dp.round_timeout_ms, s.quit,
+        s.sync->progress(), dp.deep_idle));
+    l.losses.push_back(std::make_unique<RxLossInjector>(
+        dp.loss, dp.bursts, HashMix(dp.seed, 0xB0 + k)));
+    // `inject burst` at the prompt adds to every lcore's injector.
+    l.losses.back()->set_injected(&GlobalAppState().burst);
+    std::vector<ServerLink*> mine;
+    for (auto& link : links[k]) mine.push_back(link.get());
+    l.lcores.push_back(std::make_unique<ServerLcore>(
+        *confs[k], *s.control, *s.sync, workers, mine, *l.pacers[k],
+        ServerLcore::Setup{ports.nb_ports, o.udp_port, s.local_ip, &ports.caps,
+                           s.layout, s.shards, l.losses[k].get(), s.job, mean,
+                           ports.pool, &l.link_rate[k], dp.prefetch,
+                           o.push_only, s.decisions}));
+  }
+  return l;
+}
+
+namespace {
+int RunRemoteLcore(void* arg) {
+  auto* r = static_cast<RemoteLcore*>(arg);
+  if (r->realtime) SetRealtime(pthread_self(), kDatapathRtPriority);
+  r->lcore->Run(nullptr);
+  return 0;
+}
+}  // namespace
+
+void LaunchRemoteLcores(ServerLcores& l,
+                        const std::vector<std::unique_ptr<LcoreConf>>& confs,
+                        bool realtime) {
+  l.remote.assign(l.lcores.size(), RemoteLcore{});
+  for (size_t k = 1; k < l.lcores.size(); ++k) {
+    l.remote[k] = RemoteLcore{l.lcores[k].get(), realtime};
+    rte_eal_remote_launch(RunRemoteLcore, &l.remote[k], confs[k]->lcore_id);
+  }
+}
+
+}  // namespace dblp
