@@ -98,8 +98,6 @@ inline DatapathOptions DatapathOptionsFromFlags() {
   d.stats_period_s = FLAGS_stats_period;
   d.round_timeout_ms = FLAGS_round_timeout_ms;
   d.out_dir = FLAGS_out_dir;
-  d.dump_dir = FLAGS_dump_dir;
-  d.dump_iterations = FLAGS_dump_iterations;
   return d;
 }
 

@@ -20,6 +20,7 @@
 #include "dblp/handoff/gradient_source.h"
 #include "dblp/wire/chunking.h"
 #include "job_flags.h"
+#include "test_hooks/dumps.h"
 #include "udp/udp_job.h"
 #include "worker_flags.h"
 
@@ -72,8 +73,7 @@ dblp::UdpJobWorkerOptions OptionsFromFlags() {
   o.idle_sleep_us = FLAGS_idle_sleep_us;
   o.deep_idle = dblp::DeepIdleFromFlags();
   o.out_dir = FLAGS_out_dir;
-  o.dump_dir = FLAGS_dump_dir;
-  o.dump_iterations = FLAGS_dump_iterations;
+  o.on_absorbed = dblp::WorkerDumps(FLAGS_dump_dir, FLAGS_dump_iterations);
   o.secret = dblp::JobSecretFromFlags("dblp-udp-worker");
   return o;
 }

@@ -13,6 +13,7 @@
 #include "dblp/handoff/gradient_source.h"
 #include "eal_app.h"
 #include "runtime_flags.h"
+#include "test_hooks/dumps.h"
 #include "test_hooks/hostile_frames.h"
 #include "worker_engine.h"
 #include "worker_flags.h"
@@ -103,6 +104,7 @@ int main(int argc, char** argv) {
   o.dp = dblp::DatapathOptionsFromFlags();
   o.bcast_fill = dblp::BcastFillFromFlags();
   o.join_timeout_ms = FLAGS_join_timeout_ms;
+  o.on_absorbed = dblp::WorkerDumps(FLAGS_dump_dir, FLAGS_dump_iterations);
   if (FLAGS_hostile_per_round > 0) {
     o.push_hook = dblp::HostileFrames(FLAGS_hostile_per_round);
   }

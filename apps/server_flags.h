@@ -19,7 +19,7 @@
 #include "dblp/policy/tolerance.h"
 #include "dblp/security/frame_auth.h"
 #include "job_flags.h"
-#include "test_hooks/server_dumps.h"
+#include "test_hooks/dumps.h"
 
 DEFINE_uint32(workers, 3, "number of workers in the job");
 DEFINE_string(policy, "dblp", "reliable | fixed | dblp | ltp");

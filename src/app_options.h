@@ -1,5 +1,5 @@
 // Options both apps' engines take: ports, pools, the loss injector on the
-// frames this app receives, pacing, outputs and test hooks.
+// frames this app receives, pacing and outputs.
 #pragma once
 
 #include <cstdint>
@@ -32,9 +32,6 @@ struct DatapathOptions {
   double stats_period_s = 1.0;
   uint32_t round_timeout_ms = 30000;  // no progress this long: fail clearly
   std::string out_dir;
-  // Test hook: dump what arrived in the first `dump_iterations`.
-  std::string dump_dir;
-  uint32_t dump_iterations = 0;
 };
 
 }  // namespace dblp

@@ -4,114 +4,200 @@
 #include <rte_mbuf.h>
 
 #include <cstdio>
-#include <cstring>
 #include <exception>
+#include <optional>
 #include <vector>
 
 #include "app_telemetry.h"
 #include "datapath.h"
 #include "dblp/base/log.h"
-#include "dblp/job/counters.h"
-#include "dblp/job/rows.h"
-#include "dblp/job/worker_model.h"
+#include "dblp/job/worker_job.h"
 #include "dblp/obs/run_report.h"
-#include "dblp/round/receive_side.h"
-#include "dblp/round/send_side.h"
 #include "eal_app.h"
 #include "engine_runtime.h"
-#include "frame_builder.h"
 #include "lcore_loop.h"
 #include "numa_placement.h"
 #include "worker_control.h"
+#include "worker_setup.h"
 
 namespace dblp {
 namespace {
 
-// The frame template toward the server, from the WELCOME and our flags.
-FrameTemplate ServerTemplate(const WorkerOptions& o, const WelcomeMsg& wel,
-                             const PortCaps& caps, Endpoint* local) {
-  Endpoint server;
-  local->mac = caps.mac;
-  local->ipv4 = wel.worker_ipv4;  // ours, or the one the server assigned
-  local->udp_port = static_cast<uint16_t>(wel.udp_base_port + 1 + wel.rank);
-  server.ipv4 = wel.server_ipv4;
-  server.udp_port = wel.udp_base_port;
-  std::memcpy(server.mac.addr_bytes, wel.server_mac.data(), 6);
-  if (!o.eth_peer.empty() && !ParseMac(o.eth_peer, server.mac.addr_bytes)) {
-    Die("bad --eth_peer " + o.eth_peer, "use aa:bb:cc:dd:ee:ff");
+// One dblp-worker run: the DPDK transport (its lcore, one push side per
+// server shard, the broadcast's receive side) under the WorkerJob.
+class WorkerRun {
+ public:
+  WorkerRun(const WorkerOptions& o, std::unique_ptr<GradientSource> source)
+      : o_(o), source_(std::move(source)), quit_(InstallQuitHandlers()) {}
+  int Run();
+
+  // The WorkerJob's transport (WorkerExchanger).
+  std::string Exchange(uint64_t it, std::span<const uint32_t> order);
+  WorkerExchange Exchanged(uint64_t it) const;
+  const Bitmap& arrived() const { return arrived_; }
+
+ private:
+  void StartSource();
+  void BuildDatapath();
+  std::string RunIterations();
+  int Report(const std::string& failure);
+
+  const WorkerOptions& o_;
+  std::unique_ptr<GradientSource> source_;
+  const std::atomic<bool>& quit_;
+  RowStream rows_;
+  LcoreConf lc_;
+  std::optional<WorkerControl> control_;
+  EngineRuntime runtime_{"dblp-worker", false};
+  WelcomeMsg wel_;
+  ChunkLayout layout_;
+  FrameKey frame_key_;
+  std::optional<WorkerJob> job_;
+  rte_mempool* pool_ = nullptr;
+  PortCaps caps_;
+  Endpoint local_;
+  FrameTemplate to_server_;
+  std::vector<std::unique_ptr<SendSide>> push_;  // one per server shard
+  std::vector<SendSide*> push_ptrs_;
+  std::optional<ReceiveSide> bcast_;
+  std::optional<RxLossInjector> loss_;  // on the broadcast we receive
+  std::optional<TokenBucket> link_;
+  std::vector<ChunkTransmitter> tx_;  // one per queue
+  std::optional<RoundPacer> pacer_;
+  std::optional<WorkerLcore> lcore_;
+  // A test seam (--hostile_per_round installs one): called before each
+  // push with the round and its send order; none in a production job.
+  std::unique_ptr<PushHook> push_hook_;
+  Bitmap arrived_;
+  std::vector<std::pair<std::string, uint64_t>> resource_counters_;
+};
+
+// Binds the source to our rank; the job refuses what cannot serve it.
+void WorkerRun::StartSource() {
+  WorkerJobSettings js{o_.bcast_fill, o_.dp.send_order,       o_.dp.seed,
+                       false,         o_.dp.round_timeout_ms, o_.on_absorbed};
+  try {
+    source_->Bind(wel_.rank, wel_.num_workers);
+    source_->OnJobStart(wel_.resync_every);
+  } catch (const std::exception& e) {
+    control_->Finish(false, e.what());
+    Die(std::string("the gradient source cannot start as rank ") +
+            std::to_string(wel_.rank) + " of " +
+            std::to_string(wel_.num_workers) + ": " + e.what(),
+        "check the source's flags (e.g. --max_train and --batch for the "
+        "number of workers)");
   }
-  return FrameTemplate(*local, server, caps);
+  if (std::string e = WorkerModel::CheckBroadcastFill(wel_, o_.bcast_fill);
+      !e.empty()) {
+    control_->Finish(false, "--bcast_fill=prev with a consistent broadcast");
+    Die(e, "--bcast_fill=zero");
+  }
+  if (std::string e = WorkerModel::CheckSource(*source_); !e.empty()) {
+    control_->Finish(false, e);
+    Die(e, "check the trainer's dblp.Worker (same model on both sides)");
+  }
+  job_.emplace(*source_, wel_, layout_, js);
+  job_->set_row_stream(&rows_);
 }
 
-void AddWorkerCounters(const LcoreConf& lc, const WorkerControl& control,
-                       const std::vector<std::unique_ptr<SendSide>>& push,
-                       const ReceiveSide& bcast, const PortDrops& drops,
-                       RunReport* report) {
-  uint64_t bitmaps_dropped = bcast.answer().dropped();
-  for (const auto& side : push) bitmaps_dropped += side->bitmaps_dropped();
-  const DatapathCounters& ctr = lc.counters;
-  const ReceiverRound& rx = bcast.receiver();
-  report->counters = {
-      {"tx_frames", ctr.tx_frames.load()},
-      {"rx_frames", ctr.rx_frames.load()},
-      {"injected_drops", ctr.injected_drops.load()},
-      {"tx_ring_full", ctr.tx_ring_full.load()},
-      {"mbuf_alloc_failures", ctr.mbuf_alloc_failures.load()},
-      {"bitmaps_dropped", bitmaps_dropped},
-      {"stops_sent", control.stops_sent()},
-      {"control_messages_in", control.messages_in()},
-      {"control_messages_out", control.messages_out()},
-      {"device_imissed", drops.imissed},
-      {"device_rx_nombuf", drops.rx_nombuf},
-      {"device_oerrors", drops.oerrors},
-      {"frames_unpinned_source", ctr.unpinned_source.load()},
-  };
-  const ReceiverRound* receivers[] = {&rx};
-  AddReceiverCounters("bcast_", receivers, false, &report->counters);
-  for (int s = 1; s < kNumFrameStatus; ++s) {
-    report->counters.emplace_back(
-        std::string("frame_") + FrameStatusName(static_cast<FrameStatus>(s)),
-        ctr.frame_drops[s].load());
+// The port, the sides, the lcore that runs them, the push hook.
+void WorkerRun::BuildDatapath() {
+  const uint16_t queues = wel_.num_shards;
+  caps_ = SetupWorkerPort(o_, queues, &pool_);
+  to_server_ = ServerTemplate(o_, wel_, caps_, &local_);
+  to_server_.set_auth(frame_key_);
+  for (uint16_t q = 0; q < queues; ++q) {
+    SendSideConfig sc{
+        FrameType::kPush, wel_.session, static_cast<uint16_t>(wel_.rank), 0,
+        Direction::kPush, o_.dp.burst};
+    sc.shard = q;
+    push_.push_back(std::make_unique<SendSide>(sc));
+    push_ptrs_.push_back(push_.back().get());
+  }
+  bcast_.emplace(ReceiveSideConfig{
+      ReceiverConfig{wel_.session, FrameType::kBroadcast, kServerRank, layout_,
+                     0, UINT32_MAX, frame_key_},
+      Direction::kBroadcast, 0});
+  control_->Attach(push_ptrs_, &*bcast_);
+  loss_.emplace(o_.dp.loss, o_.dp.bursts, HashMix(o_.dp.seed, wel_.rank + 1));
+  loss_->set_injected(&GlobalAppState().burst);  // the prompt's inject burst
+  GlobalAppState().worker_policy.Add("describe", wel_.policy);
+  link_.emplace(o_.dp.link_gbps,
+                uint64_t{o_.dp.burst} * WireBytesPerFrame(caps_.mtu));
+  for (uint16_t q = 0; q < queues; ++q) {
+    tx_.push_back(ChunkTransmitter{0, q, pool_, &lc_.counters, &*link_, 8,
+                                   WireBytesPerFrame(caps_.mtu),
+                                   o_.dp.prefetch});
+  }
+  pacer_.emplace(o_.dp.idle_spin, o_.dp.idle_sleep_us, o_.dp.round_timeout_ms,
+                 &quit_, nullptr, o_.dp.deep_idle);
+  const std::span<float> grad = job_->model().grad(), avg = job_->model().avg();
+  const auto* grad_bytes = reinterpret_cast<const uint8_t*>(grad.data());
+  // The buffers the lcore streams through, next to the port.
+  PlaceOnNodeOrWarn(std::span<const float>(grad), PortNumaNode(0),
+                    "gradient buffer");
+  PlaceOnNodeOrWarn(std::span<const float>(avg), PortNumaNode(0),
+                    "mean buffer");
+  lcore_.emplace(
+      lc_, *control_, push_, *bcast_,
+      WorkerLcore::Setup{0, queues, local_.udp_port, wel_.server_ipv4, &layout_,
+                         &*loss_, &tx_, &to_server_, grad_bytes,
+                         reinterpret_cast<uint8_t*>(avg.data()), &*pacer_});
+  if (o_.push_hook) {
+    push_hook_ = o_.push_hook(
+        PushHookContext{&wel_, pool_, &lc_.counters, &to_server_, &caps_,
+                        local_, grad_bytes, &layout_, queues, frame_key_});
   }
 }
 
-// The data port, set up once the WELCOME said how many queues the server's
-// shards need; the push starts once the link is up (frames sent before are
-// lost and would make the first round look like a burst).
-PortCaps SetupWorkerPort(const WorkerOptions& o, uint16_t queues,
-                         rte_mempool** pool) {
-  PortOptions popts = o.dp.port;
-  popts.nb_queues = queues;
-  const uint32_t mbufs =
-      o.dp.mbufs ? o.dp.mbufs : MbufsNeeded(popts, o.dp.burst, 2048);
-  const int node = PortNumaNode(popts.port_id);
-  WarnLcoresOffNode(node, "dblp-worker");
-  *pool = CreatePoolOrDie("dblp_worker_pool", mbufs, popts.mtu, node);
-  const PortCaps caps = SetupPortOrDie(popts, *pool);
-  if (queues > 1 && caps.driver != "net_memif") {
-    Die("the server shards rounds over " + std::to_string(queues) +
-            " lcores, which port " + std::to_string(popts.port_id) + " (" +
-            caps.driver + ") cannot steer",
-        "run dblp-server with one datapath lcore, or connect over net_memif");
-  }
-  if (!WaitForLink(popts.port_id, o.join_timeout_ms)) {
-    Die("port " + std::to_string(popts.port_id) + " (" + caps.driver +
-            ") link is down after " + std::to_string(o.join_timeout_ms) + " ms",
-        "for net_memif start dblp-server (role=server, same socket=) "
-        "first; for a NIC check the cable and the switch port");
-  }
-  return caps;
+std::string WorkerRun::Exchange(uint64_t it, std::span<const uint32_t> order) {
+  std::string failure;
+  if (!lcore_->AwaitPushRound(it, &failure)) return failure;
+  if (push_hook_) push_hook_->BeforePush(it, PushRound(it), order);
+  lcore_->Exchange(it, order, &failure);
+  bcast_->receiver().SnapshotBitmap(arrived_);
+  return failure;
 }
 
-}  // namespace
+WorkerExchange WorkerRun::Exchanged(uint64_t it) const {
+  const WorkerIterationTimes& t = lcore_->times();
+  return WorkerExchange{it,
+                        wel_.rank,
+                        push_ptrs_,
+                        t.bcast_done_ns,
+                        bcast_->receiver().delivered_fraction(),
+                        t.announced_p,
+                        t.critical,
+                        loss_->InBurst(it),
+                        false};
+}
 
-int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
-  const std::atomic<bool>& g_quit = InstallQuitHandlers();
+std::string WorkerRun::RunIterations() {
+  const uint64_t iterations = job_->iterations(o_.iterations);
+  ResourceTrack resources(pool_);
+  runtime_.round().total_iterations = iterations == UINT64_MAX ? 0 : iterations;
+  std::string failure;
+  bool more = true;
+  for (uint64_t it = 0; it < iterations && more && failure.empty(); ++it) {
+    resources.Sample(it);
+    control_->set_iteration(it);
+    runtime_.ApplyWorkerCommand(it);  // the prompt's, before the round opens
+    runtime_.WorkerStarted(it);
+    failure = job_->Iterate(it, *this, *control_, &more);
+    if (!failure.empty() || !more) break;
+    const IterationRecord& r = job_->last_row();
+    runtime_.WorkerDone(it, r.p, r.critical, r.delivered_fraction);
+    runtime_.PublishStats();
+  }
+  resources.AddTo(job_->rows().size(), &resource_counters_);
+  return failure;
+}
+
+int WorkerRun::Run() {
   // Rows are streamed from the first iteration on: a directory that cannot
   // take them fails the worker now, before it joins (and stalls) a job.
-  RowStream rows;
   if (std::string err;
-      !o.dp.out_dir.empty() && !rows.Open(o.dp.out_dir, &err)) {
+      !o_.dp.out_dir.empty() && !rows_.Open(o_.dp.out_dir, &err)) {
     DBLP_LOG(Error, "dblp-worker: %s", err.c_str());
     return 1;
   }
@@ -122,212 +208,81 @@ int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
         "--status-dev net), or "
         "--vdev=net_memif0,role=client,socket=/tmp/dblp-w0.sock");
   }
-  LcoreConf lc;
-  lc.lcore_id = rte_lcore_id();
-  WorkerControl control(o.secret, &lc.counters, o.dp.stats_period_s);
-  // Telemetry and the runtime prompt's commands (engine_runtime.h).
-  EngineRuntime runtime("dblp-worker", false);
-  JoinMsg join;
-  join.worker_name = o.name;
-  join.total_bytes = source->floats() * sizeof(float);
-  join.mtu = o.dp.port.mtu;
-  join.layers = source->Layers();
-  // Our data source, which the server pins: the port's MAC (known since
-  // the EAL probed it; none behind a router, --eth_peer, where frames
-  // reach the server from the router's) and --local_ip if given.
-  rte_ether_addr mac{};
-  if (rte_eth_macaddr_get(0, &mac) != 0) {
-    Die("cannot read port 0's MAC address", "check the port (-a / --vdev)");
-  }
-  if (o.eth_peer.empty()) std::memcpy(join.data_mac.data(), mac.addr_bytes, 6);
-  if (!o.local_ip.empty() && !ParseIpv4(o.local_ip, &join.data_ipv4)) {
-    Die("bad --local_ip " + o.local_ip,
-        "use a dotted IPv4 address, e.g. 10.0.0.2");
-  }
+  lc_.lcore_id = rte_lcore_id();
+  control_.emplace(o_.secret, &lc_.counters, o_.dp.stats_period_s);
   // Join checks the WELCOME (authenticity, layout, rank, ports) and exits
   // naming the fix if it is wrong.
-  const WelcomeMsg wel =
-      control.Join(o.server, join, o.join_timeout_ms, g_quit, o.dp.realtime);
-  const ChunkLayout layout(wel.total_bytes, wel.chunk_payload);
-  const uint16_t queues = wel.num_shards;
-  const FrameKey frame_key = DeriveFrameKey(
-      o.secret, wel.job_nonce, static_cast<FrameAuthMode>(wel.frame_auth));
-  if (std::string e = WorkerModel::CheckBroadcastFill(wel, o.bcast_fill);
-      !e.empty()) {
-    control.Finish(false, "--bcast_fill=prev with a consistent broadcast");
-    Die(e, "--bcast_fill=zero");
-  }
-  try {
-    source->Bind(wel.rank, wel.num_workers);
-    source->OnJobStart(wel.resync_every);
-  } catch (const std::exception& e) {
-    control.Finish(false, e.what());
-    Die(std::string("the gradient source cannot start as rank ") +
-            std::to_string(wel.rank) + " of " +
-            std::to_string(wel.num_workers) + ": " + e.what(),
-        "check the source's flags (e.g. --max_train and --batch for the "
-        "number of workers)");
-  }
-  rte_mempool* pool = nullptr;
-  const PortCaps caps = SetupWorkerPort(o, queues, &pool);
-  Endpoint local;
-  FrameTemplate to_server = ServerTemplate(o, wel, caps, &local);
-  to_server.set_auth(frame_key);
-
-  // One push side per server shard, each on its own TX queue.
-  std::vector<std::unique_ptr<SendSide>> push;
-  std::vector<SendSide*> push_ptrs;
-  for (uint16_t q = 0; q < queues; ++q) {
-    SendSideConfig sc{
-        FrameType::kPush, wel.session, static_cast<uint16_t>(wel.rank), 0,
-        Direction::kPush, o.dp.burst};
-    sc.shard = q;
-    push.push_back(std::make_unique<SendSide>(sc));
-    push_ptrs.push_back(push.back().get());
-  }
-  ReceiveSide bcast(ReceiveSideConfig{
-      ReceiverConfig{wel.session, FrameType::kBroadcast, kServerRank, layout, 0,
-                     UINT32_MAX, frame_key},
-      Direction::kBroadcast, 0});
-  control.Attach(push_ptrs, &bcast);
-
-  // Loss on the broadcast we receive, applied as frames arrive.
-  RxLossInjector loss(o.dp.loss, o.dp.bursts, HashMix(o.dp.seed, wel.rank + 1));
-  loss.set_injected(&GlobalAppState().burst);  // the prompt's inject burst
-  GlobalAppState().worker_policy.Add("describe", wel.policy);
-  TokenBucket link(o.dp.link_gbps,
-                   uint64_t{o.dp.burst} * WireBytesPerFrame(caps.mtu));
-  std::vector<ChunkTransmitter> tx;
-  for (uint16_t q = 0; q < queues; ++q) {
-    tx.push_back(ChunkTransmitter{0, q, pool, &lc.counters, &link, 8,
-                                  WireBytesPerFrame(caps.mtu), o.dp.prefetch});
-  }
-  RoundPacer pacer(o.dp.idle_spin, o.dp.idle_sleep_us, o.dp.round_timeout_ms,
-                   &g_quit, nullptr, o.dp.deep_idle);
-  if (std::string e = WorkerModel::CheckSource(*source); !e.empty()) {
-    control.Finish(false, e);
-    Die(e, "check the trainer's dblp.Worker (same model on both sides)");
-  }
-  WorkerModel model(*source, wel, layout, o.bcast_fill);
-  const std::span<float> grad = model.grad(), avg = model.avg();
-  const auto* grad_bytes = reinterpret_cast<const uint8_t*>(grad.data());
-  // The buffers the lcore streams through, next to the port.
-  const int node = PortNumaNode(0);
-  PlaceOnNodeOrWarn(std::span<const float>(grad), node, "gradient buffer");
-  PlaceOnNodeOrWarn(std::span<const float>(avg), node, "mean buffer");
-  WorkerLcore lcore(
-      lc, control, push, bcast,
-      WorkerLcore::Setup{0, queues, local.udp_port, wel.server_ipv4, &layout,
-                         &loss, &tx, &to_server, grad_bytes,
-                         reinterpret_cast<uint8_t*>(avg.data()), &pacer});
-  SendOrder order(o.dp.send_order, wel.rank, wel.num_workers, o.dp.seed);
-  std::vector<uint32_t> order_buf;
-  // A test seam (--hostile_per_round installs one): called before each
-  // push with the round and its send order; none in a production job.
-  std::unique_ptr<PushHook> push_hook;
-  if (o.push_hook) {
-    push_hook = o.push_hook(PushHookContext{
-        &wel, pool, &lc.counters, &to_server, &caps, local, grad_bytes,
-        &layout, queues, frame_key});
-  }
-
+  wel_ = control_->Join(o_.server, MakeJoin(o_, *source_), o_.join_timeout_ms,
+                        quit_, o_.dp.realtime);
+  layout_ = ChunkLayout(wel_.total_bytes, wel_.chunk_payload);
+  frame_key_ = DeriveFrameKey(o_.secret, wel_.job_nonce,
+                              static_cast<FrameAuthMode>(wel_.frame_auth));
+  StartSource();
+  BuildDatapath();
   std::printf(
       "dblp-worker: rank %u of %u, session %08x, %s, %u chunks of %u "
       "B, port %s (%s), server %s:%u\n",
-      wel.rank, wel.num_workers, wel.session, source->Describe().c_str(),
-      layout.num_chunks(), layout.chunk_payload(), caps.driver.c_str(),
-      FormatMac(caps.mac.addr_bytes).c_str(),
-      FormatIpv4(wel.server_ipv4).c_str(), wel.udp_base_port);
+      wel_.rank, wel_.num_workers, wel_.session, source_->Describe().c_str(),
+      layout_.num_chunks(), layout_.chunk_payload(), caps_.driver.c_str(),
+      FormatMac(caps_.mac.addr_bytes).c_str(),
+      FormatIpv4(wel_.server_ipv4).c_str(), wel_.udp_base_port);
   std::fflush(stdout);
-
-  RunReport report;
-  report.role = "worker";
-  report.rank = wel.rank;
-  report.policy = wel.policy;
-  report.burst_iterations = o.dp.bursts.iterations;
-  std::string failure;
-  loss.StartClock(NowNs());
-  // A trainer-fed source ends the job itself (Prepare says when).
-  const uint64_t iterations =
-      source->Unbounded() ? UINT64_MAX : model.iterations(o.iterations);
-  ResourceTrack resources(pool);
-  runtime.SetLcores({&lc}, queues);
-  runtime.SetCounters([&](CounterList* out) {
+  loss_->StartClock(NowNs());
+  runtime_.SetLcores({&lc_}, wel_.num_shards);
+  runtime_.SetCounters([&](CounterList* out) {
     RunReport live;
-    AddWorkerCounters(lc, control, push, bcast, ReadPortDrops(0), &live);
+    AddWorkerCounters(lc_, *control_, push_, *bcast_, ReadPortDrops(0), &live);
     *out = std::move(live.counters);
   });
-  runtime.round().total_iterations = iterations == UINT64_MAX ? 0 : iterations;
-  runtime.SetRunning(true);
-  for (uint64_t it = 0; it < iterations && failure.empty(); ++it) {
-    resources.Sample(it);
-    control.set_iteration(it);
-    runtime.ApplyWorkerCommand(it);  // the prompt's, before the round opens
-    runtime.WorkerStarted(it);
-    bool more = true;
-    failure = model.Prepare(it, &more);
-    if (!failure.empty() || !more) break;
-    if (!lcore.AwaitPushRound(it, &failure)) break;
-    order.Fill(PushRound(it), layout.num_chunks(), order_buf);
-    if (push_hook) push_hook->BeforePush(it, PushRound(it), order_buf);
-    if (!lcore.Exchange(it, order_buf, &failure)) break;
+  runtime_.SetRunning(true);
+  const std::string failure = RunIterations();
+  runtime_.SetRunning(false);
+  return Report(failure);
+}
 
-    const WorkerIterationTimes& t = lcore.times();
-    const IterationRecord r = WorkerRow(
-        WorkerExchange{it, wel.rank, push_ptrs, t.bcast_done_ns,
-                       bcast.receiver().delivered_fraction(), t.announced_p,
-                       t.critical, loss.InBurst(it), model.IsResync(it)});
-    // The trainer reads the row with the mean, so it goes first.
-    source->Observe(r);
-    Bitmap arrived;
-    bcast.receiver().SnapshotBitmap(arrived);
-    failure = model.Absorb(it, control, arrived, o.dp.round_timeout_ms);
-    if (!failure.empty()) break;
-    if (!o.dp.dump_dir.empty() && it < o.dp.dump_iterations) {
-      model.Dump(o.dp.dump_dir + "/w" + std::to_string(wel.rank) + "_it" +
-                     std::to_string(it),
-                 it, arrived);
-    }
-    report.rows.push_back(r);
-    rows.Append(r);  // on disk before the next iteration: kill -9 keeps it
-    runtime.WorkerDone(it, r.p, r.critical, r.delivered_fraction);
-    runtime.PublishStats();
-  }
-  std::vector<std::pair<std::string, uint64_t>> resource_counters;
-  resources.AddTo(report.rows.size(), &resource_counters);
-  runtime.SetRunning(false);
+// The summary and the exit code; the port closes after the server's.
+int WorkerRun::Report(const std::string& failure) {
+  RunReport report;
+  report.role = "worker";
+  report.rank = wel_.rank;
+  report.policy = wel_.policy;
+  report.burst_iterations = o_.dp.bursts.iterations;
+  report.rows = job_->rows();
   // Before the server closes its side: memif's counters end with the link.
   report.xstats.emplace_back("port0", ReadXstats(0));
-  control.Finish(failure.empty(), failure);
-  AwaitPeerClose(0, caps);
-  const PortDrops drops = ReadPortDrops(0);
-
-  AddWorkerCounters(lc, control, push, bcast, drops, &report);
-  report.counters.insert(report.counters.end(), resource_counters.begin(),
-                         resource_counters.end());
-
-  runtime.PublishFinal(report.counters, !failure.empty());
+  control_->Finish(failure.empty(), failure);
+  AwaitPeerClose(0, caps_);
+  AddWorkerCounters(lc_, *control_, push_, *bcast_, ReadPortDrops(0), &report);
+  report.counters.insert(report.counters.end(), resource_counters_.begin(),
+                         resource_counters_.end());
+  runtime_.PublishFinal(report.counters, !failure.empty());
   report.info = {
-      {"source", source->Describe()},
+      {"source", source_->Describe()},
       {"link_gbps",
-       o.dp.link_gbps > 0 ? std::to_string(o.dp.link_gbps) : "unpaced"},
-      {"chunks", std::to_string(layout.num_chunks())},
-      {"chunk_bytes", std::to_string(layout.chunk_payload())},
-      {"loss", FormatLossSpec(o.dp.loss)},
-      {"driver", caps.driver}};
+       o_.dp.link_gbps > 0 ? std::to_string(o_.dp.link_gbps) : "unpaced"},
+      {"chunks", std::to_string(layout_.num_chunks())},
+      {"chunk_bytes", std::to_string(layout_.chunk_payload())},
+      {"loss", FormatLossSpec(o_.dp.loss)},
+      {"driver", caps_.driver}};
   std::fputs(FormatRunSummary(report).c_str(), stdout);
   int exit_code = failure.empty() ? 0 : 1;
-  if (const std::string err = CloseRunReport(rows, report); !err.empty()) {
+  if (const std::string err = CloseRunReport(rows_, report); !err.empty()) {
     DBLP_LOG(Error, "dblp-worker: %s", err.c_str());
     exit_code = 1;
   }
   if (!failure.empty()) {
-    DBLP_LOG(Error, "dblp-worker %u: %s", wel.rank, failure.c_str());
-    source->Fail(failure);
+    DBLP_LOG(Error, "dblp-worker %u: %s", wel_.rank, failure.c_str());
+    source_->Fail(failure);
   }
   rte_eth_dev_stop(0);
   rte_eth_dev_close(0);
   return exit_code;
+}
+
+}  // namespace
+
+int RunWorker(const WorkerOptions& o, std::unique_ptr<GradientSource> source) {
+  return WorkerRun(o, std::move(source)).Run();
 }
 
 }  // namespace dblp

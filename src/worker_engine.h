@@ -11,14 +11,15 @@
 
 #include "app_options.h"
 #include "datapath.h"
-#include "frame_builder.h"
-#include "port.h"
 #include "dblp/control/control.h"
 #include "dblp/control/job_auth.h"
+#include "dblp/handoff/gradient_source.h"
+#include "dblp/job/worker_job.h"
+#include "dblp/policy/loss_fill.h"
 #include "dblp/security/frame_auth.h"
 #include "dblp/wire/chunking.h"
-#include "dblp/handoff/gradient_source.h"
-#include "dblp/policy/loss_fill.h"
+#include "frame_builder.h"
+#include "port.h"
 
 namespace dblp {
 
@@ -58,9 +59,11 @@ struct WorkerOptions {
   FillMode bcast_fill = FillMode::kZero;
   uint32_t join_timeout_ms = 30000;
   JobSecret secret;  // --secret_file (empty: --insecure)
-  // A test seam, empty in a production job: makes the hook the engine
-  // calls before each push (src/test_hooks/hostile_frames.h).
+  // Test seams, empty in a production job: makes the hook the engine
+  // calls before each push (src/test_hooks/hostile_frames.h); sees each
+  // absorbed iteration (src/test_hooks/dumps.h).
   PushHookFactory push_hook;
+  AbsorbedObserver on_absorbed;
 };
 
 // Runs the whole job; returns the process exit code. Errors that a user can

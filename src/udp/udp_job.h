@@ -29,6 +29,7 @@
 #include "dblp/emul/loss_model.h"
 #include "dblp/handoff/gradient_source.h"
 #include "dblp/job/server_iteration.h"
+#include "dblp/job/worker_job.h"
 #include "dblp/obs/records.h"
 #include "dblp/policy/loss_fill.h"
 #include "dblp/policy/tolerance.h"
@@ -131,10 +132,8 @@ struct UdpJobWorkerOptions {
   // Rows streamed to iterations.jsonl / .csv here, summary.json at the
   // end. Empty: none.
   std::string out_dir;
-  // Test hook: w<rank>_it<k>_avg.f32 (the mean as applied) and
-  // w<rank>_it<k>_bcast.bits for the first dump_iterations iterations.
-  std::string dump_dir;
-  uint32_t dump_iterations = 0;
+  // Test seam (src/test_hooks/dumps.h): each absorbed iteration.
+  AbsorbedObserver on_absorbed;
 };
 
 struct UdpJobWorkerResult {

@@ -20,7 +20,7 @@
 #include "dblp/emul/rx_loss.h"
 #include "dblp/job/counters.h"
 #include "dblp/job/rows.h"
-#include "dblp/job/worker_model.h"
+#include "dblp/job/worker_job.h"
 #include "dblp/obs/run_report.h"
 #include "dblp/policy/resync.h"
 #include "dblp/round/receive_side.h"
@@ -76,15 +76,20 @@ class JobWorker {
   std::string AwaitWelcome();
   std::string SetUpJob();
   std::string StartSource();
-  std::string RunIterations(Outbox& out);
-  std::string Iterate(uint64_t it, Outbox& out, bool* more);
+  std::string RunIterations();
   bool TakeEvents();
   std::string AwaitRoundBegin(uint32_t round);
-  std::string Exchange(uint64_t it, Outbox& out);
+
+ public:
+  // The WorkerJob's transport (WorkerExchanger).
+  std::string Exchange(uint64_t it, std::span<const uint32_t> order);
+  WorkerExchange Exchanged(uint64_t it) const;
+  const Bitmap& arrived() const { return arrived_; }
+
+ private:
   bool ExchangeDone();
   bool Receive(bool* progress);
   std::string Stalled(uint64_t it) const;
-  IterationRecord Row(uint64_t it, bool is_resync) const;
   void Finish(Outbox& out, const std::string& failure);
   void Report();
 
@@ -123,11 +128,11 @@ class JobWorker {
 
   // Datapath only, from SetUpJob on.
   ChunkLayout layout_;
-  // The gradient the push sends, the mean the broadcast fills, and what a
-  // worker does with them around each exchange (shared with dblp-worker).
-  std::optional<WorkerModel> model_;
-  std::optional<SendOrder> order_;
-  std::vector<uint32_t> order_buf_;
+  // The job (the same as dblp-worker's): the model (the gradient the push
+  // sends, the mean the broadcast fills), the push order, the rows.
+  std::optional<WorkerJob> job_;
+  Outbox* out_ = nullptr;  // the datapath's, for the sides' requests
+  const SendSide* push_sides_[1] = {};
   std::unique_ptr<PacketFrames<UdpSocketPort>> frames_;
   std::unique_ptr<RxLossInjector> loss_;
   std::vector<Packet> pkts_;
@@ -225,7 +230,8 @@ UdpJobWorkerResult JobWorker::Run() {
 
   Outbox out(&requests_, &sidecar);
   std::string failure = SetUpJob();
-  if (failure.empty()) failure = RunIterations(out);
+  out_ = &out;
+  if (failure.empty()) failure = RunIterations();
   if (!failure.empty()) {
     res_.exit_code = 1;
     res_.error = failure;
@@ -342,12 +348,11 @@ std::string JobWorker::SetUpJob() {
   port_.AddPeer(kServerEndpoint, server_data);
   if (std::string e = StartSource(); !e.empty()) return e;
 
-  order_.emplace(o_.send_order, w.rank, w.num_workers, o_.seed);
   const FrameKey key = DeriveFrameKey(o_.secret, w.job_nonce,
                                       static_cast<FrameAuthMode>(w.frame_auth));
   frames_ = std::make_unique<PacketFrames<UdpSocketPort>>(
       &port_, kServerEndpoint,
-      reinterpret_cast<const uint8_t*>(model_->grad().data()), &layout_,
+      reinterpret_cast<const uint8_t*>(job_->model().grad().data()), &layout_,
       o_.burst);
   frames_->set_auth(key);
   SendSideConfig sc;
@@ -358,6 +363,7 @@ std::string JobWorker::SetUpJob() {
   sc.direction = Direction::kPush;
   sc.burst = o_.burst;
   push_ = std::make_unique<SendSide>(sc);
+  push_sides_[0] = push_.get();
   bcast_ = std::make_unique<ReceiveSide>(ReceiveSideConfig{
       ReceiverConfig{w.session, FrameType::kBroadcast, kServerRank, layout_, 0,
                      UINT32_MAX, key},
@@ -384,62 +390,27 @@ std::string JobWorker::StartSource() {
            std::to_string(w.rank) + " of " + std::to_string(w.num_workers) +
            ": " + e.what();
   }
-  if (std::string e = WorkerModel::CheckSource(source_); !e.empty()) return e;
-  if (std::string e = WorkerModel::CheckBroadcastFill(w, o_.bcast_fill);
-      !e.empty()) {
-    return e;
-  }
-  model_.emplace(source_, w, layout_, o_.bcast_fill);
+  const WorkerJobSettings js{
+      o_.bcast_fill, o_.send_order,       o_.seed,
+      o_.push_only,  o_.round_timeout_ms, o_.on_absorbed};
+  if (std::string e = WorkerJob::Check(source_, w, js); !e.empty()) return e;
+  job_.emplace(source_, w, layout_, js);
+  job_->set_row_stream(&row_stream_);
   return "";
 }
 
 // Compute, exchange, absorb, until the iterations or the trainer end.
-std::string JobWorker::RunIterations(Outbox& out) {
-  const uint64_t iterations = model_->iterations(o_.iterations);
+std::string JobWorker::RunIterations() {
+  const uint64_t iterations = job_->iterations(o_.iterations);
   bool more = true;
-  for (uint64_t it = 0; more && (source_.Unbounded() || it < iterations);
-       ++it) {
-    if (std::string e = Iterate(it, out, &more); !e.empty()) return e;
-  }
-  return "";
-}
-
-// One iteration: the model's input, the exchange, the row (the trainer
-// reads it with the mean, so it goes first), then the mean absorbed.
-std::string JobWorker::Iterate(uint64_t it, Outbox& out, bool* more) {
-  if (std::string e = model_->Prepare(it, more); !e.empty() || !*more) {
-    return e;
-  }
-  if (std::string e = Exchange(it, out); !e.empty()) return e;
-  // Each BITMAP the round used started a pass after the first, or showed
-  // nothing missing (ended the round without STOP).
-  const SenderRound& sent = push_->sender();
-  bitmaps_ += sent.passes() - 1 + (sent.stop_requested() ? 0 : 1);
-  const bool is_resync = model_->IsResync(it);
-  const IterationRecord row = Row(it, is_resync);
-  try {
-    source_.Observe(row);
-  } catch (const std::exception& e) {
-    return "iteration " + std::to_string(it) +
-           ": the gradient source refused the row: " + e.what();
-  }
-  // The push bench has no mean to absorb.
-  if (!o_.push_only) {
-    if (std::string e =
-            model_->Absorb(it, *this, arrived_, o_.round_timeout_ms);
-        !e.empty()) {
+  for (uint64_t it = 0; it < iterations; ++it) {
+    if (std::string e = job_->Iterate(it, *this, *this, &more); !e.empty()) {
       return e;
     }
-    if (!o_.dump_dir.empty() && it < o_.dump_iterations) {
-      model_->Dump(o_.dump_dir + "/w" + std::to_string(res_.rank) + "_it" +
-                       std::to_string(it),
-                   it, arrived_);
-    }
+    if (!more) break;
+    res_.rows.push_back(job_->last_row());
+    if (o_.on_iteration) o_.on_iteration(job_->last_row());
   }
-  report_.rows.push_back(row);
-  res_.rows.push_back(row);
-  row_stream_.Append(row);  // on disk before the next iteration
-  if (o_.on_iteration) o_.on_iteration(row);
   return "";
 }
 
@@ -483,9 +454,10 @@ std::string JobWorker::AwaitRoundBegin(uint32_t round) {
   return "";
 }
 
-// The push of iteration `it` until STOP, and (in a job) its broadcast
-// until our receiver STOPped at the broadcast's p.
-std::string JobWorker::Exchange(uint64_t it, Outbox& out) {
+// The push of iteration `it` in `order` until STOP, and (in a job) its
+// broadcast until our receiver STOPped at the broadcast's p.
+std::string JobWorker::Exchange(uint64_t it, std::span<const uint32_t> order) {
+  Outbox& out = *out_;
   if (!o_.push_only) {
     // Until its ROUND_BEGIN announces the broadcast's p, the receiver may
     // only STOP on a complete buffer (p = 0), which satisfies any p.
@@ -493,8 +465,7 @@ std::string JobWorker::Exchange(uint64_t it, Outbox& out) {
   }
   const uint32_t round = PushRound(it);
   if (std::string e = AwaitRoundBegin(round); !e.empty()) return e;
-  order_->Fill(round, layout_.num_chunks(), order_buf_);
-  push_->Begin(round, order_buf_, NowNs());
+  push_->Begin(round, order, NowNs());
   Watchdog watchdog(o_.round_timeout_ms);
   for (;;) {
     const uint64_t sent = push_->sender().packets_sent();
@@ -506,7 +477,13 @@ std::string JobWorker::Exchange(uint64_t it, Outbox& out) {
       work = bcast_->Step(NowNs(), rx, out) || work;
     }
     work = push_->Step(NowNs(), *frames_, out) || work;
-    if (ExchangeDone()) return "";
+    if (ExchangeDone()) {
+      // Each BITMAP the round used started a pass after the first, or
+      // showed nothing missing (ended the round without STOP).
+      const SenderRound& s = push_->sender();
+      bitmaps_ += s.passes() - 1 + (s.stop_requested() ? 0 : 1);
+      return "";
+    }
     if (server_gone_.load(std::memory_order_acquire)) return gone_why_;
     // A PROBE retry is work but no progress: only frames sent (a new
     // pass), frames accepted and control events feed the watchdog, so a
@@ -540,7 +517,7 @@ bool JobWorker::Receive(bool* progress) {
   const uint16_t n = port_.RxBurst(pkts_.data(), udp::kRxBurst);
   if (n < udp::kRxBurst) drained_gen_ = poll_gen_;
   auto copy = [&](const DataHeader& h, const uint8_t* payload) {
-    std::memcpy(reinterpret_cast<uint8_t*>(model_->avg().data()) +
+    std::memcpy(reinterpret_cast<uint8_t*>(job_->model().avg().data()) +
                     layout_.Offset(h.seq),
                 payload, h.payload_len);
   };
@@ -580,14 +557,19 @@ std::string JobWorker::Stalled(uint64_t it) const {
   return why + ")";
 }
 
-// The iteration's row (the push bench's delivered fraction is its push's).
-IterationRecord JobWorker::Row(uint64_t it, bool is_resync) const {
+// The row's inputs (the push bench's delivered fraction is its push's).
+WorkerExchange JobWorker::Exchanged(uint64_t it) const {
   const double n = layout_.num_chunks();
-  const SendSide* push[] = {push_.get()};
-  return WorkerRow(WorkerExchange{
-      it, res_.rank, push, o_.push_only ? 0 : bcast_done_ns_,
-      o_.push_only ? push_->stop_received() / n : arrived_.Count() / n, push_p_,
-      push_critical_, loss_->InBurst(it), is_resync});
+  return WorkerExchange{
+      it,
+      res_.rank,
+      push_sides_,
+      o_.push_only ? 0 : bcast_done_ns_,
+      o_.push_only ? push_->stop_received() / n : arrived_.Count() / n,
+      push_p_,
+      push_critical_,
+      loss_->InBurst(it),
+      false};
 }
 
 // BYE when done, ERROR with the reason otherwise: the server must not
@@ -621,6 +603,7 @@ void JobWorker::Report() {
       res_.counters.insert(c.begin(), c.end());
     }
   }
+  if (job_) report_.rows = std::move(job_->rows());
   report_.role = "worker";
   report_.rank = static_cast<int32_t>(res_.rank);
   report_.policy = welcome_.policy;

@@ -3,8 +3,6 @@
 #include <algorithm>
 #include <exception>
 
-#include "dblp/obs/run_report.h"  // DumpBinary
-
 namespace dblp {
 
 std::string WorkerModel::CheckSource(GradientSource& source) {
@@ -115,21 +113,6 @@ std::string WorkerModel::LoadAverageModel(uint64_t it, const Bitmap& arrived) {
            ": " + e.what();
   }
   return "";
-}
-
-void WorkerModel::Dump(const std::string& base, uint64_t it,
-                       const Bitmap& arrived) {
-  DumpBinary(base + "_avg.f32", avg_.data(), avg_.size() * sizeof(float));
-  DumpBinary(base + "_bcast.bits", arrived.words().data(),
-             arrived.words().size() * sizeof(uint64_t));
-  if (!resync_.IsResync(it)) return;
-  // The replica before and after, to check that the resync made every
-  // worker's the same (tests/training_smoke_test.py --resync).
-  DumpBinary(base + "_model_before.f32", grad_.data(),
-             grad_.size() * sizeof(float));
-  std::vector<float> model(grad_.size());
-  source_.ExportModel(model);
-  DumpBinary(base + "_model.f32", model.data(), model.size() * sizeof(float));
 }
 
 }  // namespace dblp

@@ -75,8 +75,6 @@ class WorkerModel {
     }
     return ApplyMean(it, arrived);
   }
-  // The iteration's buffers for the tests (dblp-worker --dump_dir).
-  void Dump(const std::string& base, uint64_t it, const Bitmap& arrived);
 
  private:
   template <AcceptedChannel Control>

@@ -1,0 +1,111 @@
+#include "worker_setup.h"
+
+#include <rte_ethdev.h>
+
+#include <cstring>
+#include <string>
+
+#include "dblp/job/counters.h"
+#include "eal_app.h"
+#include "numa_placement.h"
+
+namespace dblp {
+
+JoinMsg MakeJoin(const WorkerOptions& o, const GradientSource& source) {
+  JoinMsg join;
+  join.worker_name = o.name;
+  join.total_bytes = source.floats() * sizeof(float);
+  join.mtu = o.dp.port.mtu;
+  join.layers = source.Layers();
+  // Our data source, which the server pins: the port's MAC (known since
+  // the EAL probed it; none behind a router, --eth_peer, where frames
+  // reach the server from the router's) and --local_ip if given.
+  rte_ether_addr mac{};
+  if (rte_eth_macaddr_get(0, &mac) != 0) {
+    Die("cannot read port 0's MAC address", "check the port (-a / --vdev)");
+  }
+  if (o.eth_peer.empty()) std::memcpy(join.data_mac.data(), mac.addr_bytes, 6);
+  if (!o.local_ip.empty() && !ParseIpv4(o.local_ip, &join.data_ipv4)) {
+    Die("bad --local_ip " + o.local_ip,
+        "use a dotted IPv4 address, e.g. 10.0.0.2");
+  }
+  return join;
+}
+
+// The frame template toward the server, from the WELCOME and our flags.
+FrameTemplate ServerTemplate(const WorkerOptions& o, const WelcomeMsg& wel,
+                             const PortCaps& caps, Endpoint* local) {
+  Endpoint server;
+  local->mac = caps.mac;
+  local->ipv4 = wel.worker_ipv4;  // ours, or the one the server assigned
+  local->udp_port = static_cast<uint16_t>(wel.udp_base_port + 1 + wel.rank);
+  server.ipv4 = wel.server_ipv4;
+  server.udp_port = wel.udp_base_port;
+  std::memcpy(server.mac.addr_bytes, wel.server_mac.data(), 6);
+  if (!o.eth_peer.empty() && !ParseMac(o.eth_peer, server.mac.addr_bytes)) {
+    Die("bad --eth_peer " + o.eth_peer, "use aa:bb:cc:dd:ee:ff");
+  }
+  return FrameTemplate(*local, server, caps);
+}
+
+void AddWorkerCounters(const LcoreConf& lc, const WorkerControl& control,
+                       const std::vector<std::unique_ptr<SendSide>>& push,
+                       const ReceiveSide& bcast, const PortDrops& drops,
+                       RunReport* report) {
+  uint64_t bitmaps_dropped = bcast.answer().dropped();
+  for (const auto& side : push) bitmaps_dropped += side->bitmaps_dropped();
+  const DatapathCounters& ctr = lc.counters;
+  const ReceiverRound& rx = bcast.receiver();
+  report->counters = {
+      {"tx_frames", ctr.tx_frames.load()},
+      {"rx_frames", ctr.rx_frames.load()},
+      {"injected_drops", ctr.injected_drops.load()},
+      {"tx_ring_full", ctr.tx_ring_full.load()},
+      {"mbuf_alloc_failures", ctr.mbuf_alloc_failures.load()},
+      {"bitmaps_dropped", bitmaps_dropped},
+      {"stops_sent", control.stops_sent()},
+      {"control_messages_in", control.messages_in()},
+      {"control_messages_out", control.messages_out()},
+      {"device_imissed", drops.imissed},
+      {"device_rx_nombuf", drops.rx_nombuf},
+      {"device_oerrors", drops.oerrors},
+      {"frames_unpinned_source", ctr.unpinned_source.load()},
+  };
+  const ReceiverRound* receivers[] = {&rx};
+  AddReceiverCounters("bcast_", receivers, false, &report->counters);
+  for (int s = 1; s < kNumFrameStatus; ++s) {
+    report->counters.emplace_back(
+        std::string("frame_") + FrameStatusName(static_cast<FrameStatus>(s)),
+        ctr.frame_drops[s].load());
+  }
+}
+
+// The data port, set up once the WELCOME said how many queues the server's
+// shards need; the push starts once the link is up (frames sent before are
+// lost and would make the first round look like a burst).
+PortCaps SetupWorkerPort(const WorkerOptions& o, uint16_t queues,
+                         rte_mempool** pool) {
+  PortOptions popts = o.dp.port;
+  popts.nb_queues = queues;
+  const uint32_t mbufs =
+      o.dp.mbufs ? o.dp.mbufs : MbufsNeeded(popts, o.dp.burst, 2048);
+  const int node = PortNumaNode(popts.port_id);
+  WarnLcoresOffNode(node, "dblp-worker");
+  *pool = CreatePoolOrDie("dblp_worker_pool", mbufs, popts.mtu, node);
+  const PortCaps caps = SetupPortOrDie(popts, *pool);
+  if (queues > 1 && caps.driver != "net_memif") {
+    Die("the server shards rounds over " + std::to_string(queues) +
+            " lcores, which port " + std::to_string(popts.port_id) + " (" +
+            caps.driver + ") cannot steer",
+        "run dblp-server with one datapath lcore, or connect over net_memif");
+  }
+  if (!WaitForLink(popts.port_id, o.join_timeout_ms)) {
+    Die("port " + std::to_string(popts.port_id) + " (" + caps.driver +
+            ") link is down after " + std::to_string(o.join_timeout_ms) + " ms",
+        "for net_memif start dblp-server (role=server, same socket=) "
+        "first; for a NIC check the cable and the switch port");
+  }
+  return caps;
+}
+
+}  // namespace dblp
