@@ -24,6 +24,7 @@
 #include "udp/udp_job.h"
 #include "worker_flags.h"
 
+DEFINE_uint32(join_timeout_ms, 30000, "give up joining after this long");
 DEFINE_string(server, "127.0.0.1:9100",
               "dblp-udp-server's control address (ip:port)");
 DEFINE_string(data, "0.0.0.0:0",

@@ -21,6 +21,7 @@
 #include "training/training_source.h"
 #endif
 
+DEFINE_uint32(join_timeout_ms, 30000, "give up joining after this long");
 DEFINE_string(server, "127.0.0.1:9100", "dblp-server's control address");
 DEFINE_string(name, "", "worker name shown by the server (default: host:pid)");
 DEFINE_string(local_ip, "",

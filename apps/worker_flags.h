@@ -33,7 +33,6 @@ DEFINE_string(norm_jumps, "",
               "synthetic: iterations where the gradient norm jumps (phase "
               "changes for the CLR detector)");
 DEFINE_uint32(jump_length, 10, "synthetic: iterations a norm jump lasts");
-DEFINE_uint32(join_timeout_ms, 30000, "give up joining after this long");
 
 namespace dblp {
 

@@ -5,9 +5,6 @@
 // (the pipes with their codec and delay, round_control.h's glue).
 #include "sim/memory_cluster.h"
 
-#include "dblp/handoff/gradient_source.h"
-#include "dblp/job/worker_model.h"
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -16,7 +13,11 @@
 #include <stdexcept>
 #include <string>
 
+#include "dblp/control/accepted_mail.h"
 #include "dblp/control/control.h"
+#include "dblp/handoff/gradient_source.h"
+#include "dblp/job/counters.h"
+#include "dblp/job/worker_model.h"
 #include "dblp/round/receive_side.h"
 #include "dblp/round/round_control.h"
 #include "dblp/round/round_events.h"
@@ -186,8 +187,10 @@ struct MemoryCluster::Impl {
     ControlPipe to_worker;  // server -> this worker
     ControlPipe to_server;  // this worker -> server
     std::vector<float> average;  // the model's mean (shared with `source`)
-    std::unique_ptr<SimSource> source;
+    std::unique_ptr<SimSource> source;    // RunIteration(grads)'s
+    GradientSource* gradients = nullptr;  // that, or the caller's source
     std::unique_ptr<WorkerModel> model;  // the apps' worker model
+    AcceptedInbox accepted;              // push feedback: the server's ACCEPTED
     std::vector<Packet> replay;  // frames kept to replay as stale later
     Bitmap bcast_arrived;
   };
@@ -216,16 +219,17 @@ struct MemoryCluster::Impl {
         !e.empty()) {
       throw std::invalid_argument("in-memory cluster: " + e);
     }
-    if (c.push_feedback || c.continue_on_worker_loss) {
+    if (c.continue_on_worker_loss) {
       throw std::invalid_argument(
-          "in-memory cluster: push feedback and worker loss are not "
-          "simulated (dblp-server and dblp-udp-server have them)");
+          "in-memory cluster: worker loss is not simulated (dblp-server and "
+          "dblp-udp-server have --on_worker_loss=continue)");
     }
     return c;
   }
 
-  explicit Impl(const ClusterConfig& c)
+  Impl(const ClusterConfig& c, std::vector<GradientSource*> sources)
       : cfg(Validated(c)),
+        external(std::move(sources)),
         layout(ChunkLayout::ForMtu(c.gradient_floats * sizeof(float), c.mtu)),
         fabric(c.num_workers + 1, c.ring_size),
         job(c, TolerancePolicy::Create(c.policy), layout,
@@ -264,11 +268,20 @@ struct MemoryCluster::Impl {
     Worker& wk = *workers.back();
     wk.average.assign(cfg.gradient_floats, 0.0f);
     wk.source = std::make_unique<SimSource>(cfg.gradient_floats, &wk.average);
+    wk.gradients = wk.source.get();
     WelcomeMsg wel;  // what a WELCOME tells a worker of the job
+    wel.rank = w;
+    wel.num_workers = cfg.num_workers;
     wel.resync_every = cfg.resync_every;
     wel.consistent_broadcast = cfg.consistent_broadcast;
-    wk.model =
-        std::make_unique<WorkerModel>(*wk.source, wel, layout, cfg.bcast_fill);
+    wel.push_feedback = cfg.push_feedback;
+    if (!external.empty()) {
+      wk.gradients = external.at(w);
+      wk.gradients->Bind(w, cfg.num_workers);
+      wk.gradients->OnJobStart(cfg.resync_every);
+    }
+    wk.model = std::make_unique<WorkerModel>(*wk.gradients, wel, layout,
+                                             cfg.bcast_fill);
     wk.to_worker.one_way_ns = cfg.control_one_way_ns;
     wk.to_server.one_way_ns = cfg.control_one_way_ns;
     wk.out = PipeOutbox{&wk.to_server, &wk.bcast, &clock};
@@ -320,7 +333,9 @@ struct MemoryCluster::Impl {
       ServerLink& ln = *links[w];
       Deliver(wk.to_worker, [&](const ControlMessage& m) {
         const auto* rb = std::get_if<RoundBeginMsg>(&m);
-        if (rb == nullptr) {
+        if (const auto* a = std::get_if<AcceptedMsg>(&m)) {
+          wk.accepted.Put(*a);
+        } else if (rb == nullptr) {
           DeliverToSides(m, &wk.push.side, &wk.bcast, clock.ns());
         } else if (rb->direction == Direction::kBroadcast) {
           wk.bcast.Announce(RoundBeginEvent{rb->direction, rb->round, rb->p,
@@ -394,7 +409,7 @@ struct MemoryCluster::Impl {
   // broadcast side's Step (STOP, BITMAP).
   void PollWorker(uint32_t w) {
     Worker& wk = *workers[w];
-    auto* avg = reinterpret_cast<uint8_t*>(wk.average.data());
+    auto* avg = reinterpret_cast<uint8_t*>(wk.model->avg().data());
     const bool any =
         DrainRing(fabric.port(WorkerEndpoint(w)), [&](const Packet& p) {
           wk.bcast.OnFrame(p.bytes.data(), p.bytes.size(),
@@ -512,14 +527,24 @@ struct MemoryCluster::Impl {
   static void Check(const std::string& why) {
     if (!why.empty()) throw std::logic_error("in-memory worker: " + why);
   }
-  // The simulator has no push feedback (refused by Validated).
-  struct NoFeedback {
-    bool TakeAccepted(uint32_t, Bitmap*) { return false; }
-    bool server_gone() const { return true; }
-    std::string failure() const { return "no push feedback in the simulator"; }
+  // A worker's ACCEPTED, delivered by its control pipe (push feedback).
+  struct SimFeedback {
+    AcceptedInbox* inbox;
+    bool TakeAccepted(uint32_t round, Bitmap* out) {
+      return inbox->Take(round, out);
+    }
+    bool server_gone() const { return false; }
+    std::string failure() const { return ""; }
   };
 
   void CheckGrads(std::span<const std::vector<float>> grads) const {
+    if (!external.empty()) {
+      if (!grads.empty()) {
+        throw std::invalid_argument(
+            "RunIteration: the workers have sources; pass no gradients");
+      }
+      return;
+    }
     if (grads.size() != workers.size()) {
       throw std::invalid_argument("RunIteration: need one gradient per worker");
     }
@@ -551,7 +576,7 @@ struct MemoryCluster::Impl {
       Worker& wk = *workers[w];
       links[w]->push.Begin(out.push_round, rb.p, open.deadline_ns,
                            rb.min_fraction, clock.ns());
-      wk.source->set_current(&grads[w]);
+      if (!grads.empty()) wk.source->set_current(&grads[w]);
       bool more = true;
       Check(wk.model->Prepare(iteration, &more));
       wk.push.Begin(out.push_round, wk.model->grad(), layout.num_chunks(),
@@ -584,7 +609,7 @@ struct MemoryCluster::Impl {
     reduced = job.ClosePush(iteration,
                             ClosedPush{static_cast<uint64_t>(push_end),
                                        push_arrived, push_stop_ns, out.burst},
-                            nullptr, &posts);
+                            &accepted, &posts);
     out.grad_norm = reduced.norm;
   }
 
@@ -593,9 +618,13 @@ struct MemoryCluster::Impl {
   void BeginBroadcast(IterationOutcome& out) {
     out.bcast_tolerance = reduced.broadcast;
     bcast_start_ns = clock.now;
-    for (const ControlRequest& r : posts) {  // the broadcast's ROUND_BEGIN
+    for (const ControlRequest& r : posts) {  // ACCEPTED, then ROUND_BEGIN
+      AcceptedMsg m;
       if (const auto* rb = std::get_if<RoundBeginRequest>(&r)) {
         Announce(*rb, out.bcast_round);
+      } else if (const auto* a = std::get_if<AcceptedRequest>(&r);
+                 a != nullptr && accepted.Take(a->peer, a->round, &m)) {
+        workers[a->peer]->to_worker.Send(m, clock.now);
       }
     }
     for (uint32_t w = 0; w < workers.size(); ++w) {
@@ -611,10 +640,30 @@ struct MemoryCluster::Impl {
       bcast_end = std::max(bcast_end, static_cast<double>(wk->bcast.stop_ns()));
       wk->bcast.Close();
       wk->bcast.receiver().SnapshotBitmap(wk->bcast_arrived);
-      NoFeedback none;
-      Check(wk->model->Absorb(iteration, none, wk->bcast_arrived, 0));
     }
     out.bcast_round_ns = bcast_end - bcast_start_ns;
+    // A broadcast shorter than a control message's flight: the ACCEPTED
+    // of push feedback is still on its way. Its landing time, then.
+    while (cfg.push_feedback && std::isfinite(NextControlTime())) {
+      clock.now = std::max(clock.now, NextControlTime());
+      DeliverAll();
+    }
+    for (uint32_t w = 0; w < workers.size(); ++w) Absorb(w);
+  }
+
+  void Absorb(uint32_t w) {
+    Worker& wk = *workers[w];
+    SimFeedback feedback{&wk.accepted};
+    Check(wk.model->Absorb(iteration, feedback, wk.bcast_arrived, 0));
+    if (!external.empty()) {
+      const std::span<const float> avg = wk.model->avg();
+      wk.average.assign(avg.begin(), avg.end());
+    }
+    if (cfg.on_absorbed) {
+      cfg.on_absorbed(AbsorbedView{iteration, w, wk.model->IsResync(iteration),
+                                   wk.model->grad(), wk.model->avg(),
+                                   &wk.bcast_arrived, wk.gradients});
+    }
   }
 
   void AddRecords(IterationOutcome& out) const {
@@ -668,9 +717,11 @@ struct MemoryCluster::Impl {
   }
 
   ClusterConfig cfg;
+  std::vector<GradientSource*> external;  // the caller's, one per worker
   ChunkLayout layout;
   LoopbackFabric fabric;
   ServerJob job;        // the server's job, as dblp-server's
+  AcceptedSlots accepted;  // push feedback, staged by the job
   ReducedPush reduced;  // this iteration's
   std::vector<ControlRequest> posts;  // what the job announced
   std::vector<Bitmap> push_arrived;   // per worker, the closed push
@@ -692,8 +743,9 @@ struct MemoryCluster::Impl {
   std::vector<Packet> rx_buf;
 };
 
-MemoryCluster::MemoryCluster(const ClusterConfig& config)
-    : impl_(std::make_unique<Impl>(config)) {}
+MemoryCluster::MemoryCluster(const ClusterConfig& config,
+                             std::vector<GradientSource*> sources)
+    : impl_(std::make_unique<Impl>(config, std::move(sources))) {}
 MemoryCluster::~MemoryCluster() = default;
 
 IterationOutcome MemoryCluster::RunIteration(
@@ -715,6 +767,22 @@ const Bitmap& MemoryCluster::push_arrived(uint32_t rank) const {
 }
 const Bitmap& MemoryCluster::bcast_arrived(uint32_t rank) const {
   return impl_->workers.at(rank)->bcast_arrived;
+}
+
+NamedCounters MemoryCluster::server_counters() const {
+  NamedCounters c;
+  std::vector<const ReceiverRound*> receivers;
+  for (const auto& ln : impl_->links) receivers.push_back(&ln->push.receiver());
+  AddReceiverCounters("push_", receivers, true, &c);
+  uint64_t injected = 0;
+  for (const auto& l : impl_->push_loss) injected += l->dropped();
+  c.emplace_back("injected_drops", injected);
+  c.emplace_back("frames_unpinned_source", impl_->unknown_source);
+  return c;
+}
+
+std::vector<IterationRecord>& MemoryCluster::server_rows() {
+  return impl_->job.rows();
 }
 
 ClusterCounters MemoryCluster::counters() const {

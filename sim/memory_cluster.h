@@ -17,7 +17,9 @@
 #include <vector>
 
 #include "dblp/emul/loss_model.h"
+#include "dblp/handoff/gradient_source.h"
 #include "dblp/job/server_job.h"
+#include "dblp/job/worker_job.h"
 #include "dblp/obs/records.h"
 #include "dblp/policy/loss_fill.h"
 #include "dblp/policy/tolerance.h"
@@ -49,6 +51,8 @@ struct ClusterConfig : ServerJobSettings {
   size_t ring_size = 1 << 16;       // receive ring per endpoint
   double ns_per_frame = 1230;       // 1500 B at 10 Gb/s (incl. overhead)
   double control_one_way_ns = 10000;
+  // Test seam (src/test_hooks/dumps.h): each worker's absorbed iteration.
+  AbsorbedObserver on_absorbed;
 };
 
 // Everything the cluster counted, summed over endpoints and rounds.
@@ -82,7 +86,11 @@ struct IterationOutcome {
 
 class MemoryCluster {
  public:
-  explicit MemoryCluster(const ClusterConfig& config);
+  // The caller hands each iteration's gradients to RunIteration(grads),
+  // or each worker has its own source (`sources`, one per rank, bound to
+  // it here: what the apps' --gradient makes) and RunIteration() asks it.
+  explicit MemoryCluster(const ClusterConfig& config,
+                         std::vector<GradientSource*> sources = {});
   ~MemoryCluster();
   MemoryCluster(const MemoryCluster&) = delete;
   MemoryCluster& operator=(const MemoryCluster&) = delete;
@@ -91,6 +99,7 @@ class MemoryCluster {
   // reduces, runs the tolerance policy on the mean's norm and broadcasts the
   // mean back. grads.size() == num_workers, each gradient_floats long.
   IterationOutcome RunIteration(std::span<const std::vector<float>> grads);
+  IterationOutcome RunIteration() { return RunIteration({}); }
 
   const ClusterConfig& config() const;
   const ChunkLayout& layout() const;
@@ -103,6 +112,11 @@ class MemoryCluster {
   // Which chunks of the last broadcast reached worker `rank`.
   const Bitmap& bcast_arrived(uint32_t rank) const;
   ClusterCounters counters() const;
+  // The server's counters by the apps' names (push_<verdict>,
+  // decode_<status>, injected_drops, frames_unpinned_source).
+  NamedCounters server_counters() const;
+  // The server's rows (the ServerJob's, as dblp-server writes them).
+  std::vector<IterationRecord>& server_rows();
 
  private:
   struct Impl;

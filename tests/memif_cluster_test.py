@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Multi-process cluster test: 1 server + 3 workers, over memif DPDK
-(dblp-server, dblp-worker) or kernel UDP (--transport=udp: dblp-udp-server,
-dblp-udp-worker), the same job flags and the same checks on either: the
-parity test of the one job over several transports.
+"""The parity test of the one job over its three transports: 1 server + 3
+workers over memif DPDK (dblp-server, dblp-worker), kernel UDP
+(--transport=udp: dblp-udp-server, dblp-udp-worker) or the simulator
+(--transport=sim: dblp-sim, every member in one process, modelled clock),
+the same job flags and the same checks on each.
 
 Runs a short job with Bernoulli loss on every data link, a 70% microburst,
 stale replays and malformed frames sent at the server, and integer-valued
@@ -42,13 +43,21 @@ K-th step is a re-synchronisation: its rounds are reliable, and every
 worker loads the same complete average. With --push_fill=rescale the
 expected mean divides by the workers whose chunk arrived.
 
-The hostile frames (--hostile_per_round) are a test hook of the DPDK worker
-only; on UDP their counters are not checked.
+With --lose_worker the last worker runs LOST_AFTER iterations and the
+server --on_worker_loss=continue: it is lost when the others push the next
+one, which still divides by W (its chunks count as missing); from then on
+the mean divides by the live workers, whose every round still meets the
+threshold, and the lost worker's rows deliver nothing (memif and UDP: the
+simulator loses no worker).
 
-Usage: memif_cluster_test.py BUILD_DIR [--transport=memif|udp]
+The hostile frames (--hostile_per_round) are a test hook of the DPDK worker
+only; on UDP and in the simulator their counters are not checked. The
+simulator has no frame tags (a modelled link has no observer).
+
+Usage: memif_cluster_test.py BUILD_DIR [--transport=memif|udp|sim]
            [--server_lcores=N] [--consistent] [--feedback]
            [--policy=fixed|dblp] [--resync=K] [--push_fill=zero|rescale]
-           [--frame_auth=header|full|none]
+           [--frame_auth=header|full|none] [--lose_worker]
 """
 
 import json
@@ -74,6 +83,7 @@ P_HIGH = 0.3
 CLR_FREQ = 2
 CLR_ETA = 0.05
 TIMEOUT_S = 240
+LOST_AFTER = 3  # --lose_worker: iterations the last worker runs
 
 
 def fail(msg):
@@ -84,10 +94,11 @@ def fail(msg):
 def parse_args():
     a = {"build": sys.argv[1], "transport": "memif", "lcores": 1,
          "consistent": False, "feedback": False, "frame_auth": "header",
-         "policy": "fixed", "resync": 0, "push_fill": "zero"}
+         "policy": "fixed", "resync": 0, "push_fill": "zero",
+         "lose_worker": False}
     for arg in sys.argv[2:]:
         key, _, value = arg.lstrip("-").partition("=")
-        if key in ("consistent", "feedback"):
+        if key in ("consistent", "feedback", "lose_worker"):
             a[key] = True
         elif key == "server_lcores":
             a["lcores"] = int(value)
@@ -97,6 +108,10 @@ def parse_args():
             a[key] = value
         else:
             fail("unknown argument " + arg)
+    if a["transport"] not in ("memif", "udp", "sim"):
+        fail("--transport=memif, udp or sim")
+    if a["lose_worker"] and a["transport"] == "sim":
+        fail("--lose_worker: the simulator loses no worker")
     return a
 
 
@@ -115,15 +130,32 @@ def job_flags(a, tmp, dump, secret):
         "--push_fill=" + a["push_fill"], "--resync_every=%d" % a["resync"],
         "--bcast_tolerance=%s" % ("consistent" if a["consistent"] else "same"),
         "--push_feedback=%s" % ("true" if a["feedback"] else "false"),
-        "--out_dir=" + os.path.join(tmp, "server"),
+        "--on_worker_loss=%s" % ("continue" if a["lose_worker"] else "abort"),
         "--frame_auth=" + a["frame_auth"]] + common
     worker = ["--iterations=%d" % ITERATIONS, "--floats=%d" % FLOATS,
               "--gradient=integer"] + common
     return server, worker
 
 
+def launch_sim(a, tmp, server_flags, worker_flags):
+    """The whole job in dblp-sim: one process, the same flags and files."""
+    sim = os.path.join(a["build"], "apps", "dblp-sim")
+    if not os.access(sim, os.X_OK):
+        fail("missing " + sim)
+    flags = server_flags + [f for f in worker_flags if f not in server_flags]
+    p = subprocess.run([sim, "--out_dir=" + tmp] + flags, capture_output=True,
+                       text=True, timeout=TIMEOUT_S)
+    if p.returncode != 0:
+        print(p.stdout[-2000:] + p.stderr[-2000:])
+        fail("dblp-sim exited with %d" % p.returncode)
+    return {"server": p.stdout}
+
+
 def launch(a, tmp, server_flags, worker_flags):
     """Server, then the workers in rank order; their outputs by name."""
+    if a["transport"] == "sim":
+        return launch_sim(a, tmp, server_flags, worker_flags)
+    server_flags = server_flags + ["--out_dir=" + os.path.join(tmp, "server")]
     build = a["build"]
     udp = a["transport"] == "udp"
     names = (("dblp-udp-server", "dblp-udp-worker") if udp else
@@ -162,6 +194,8 @@ def launch(a, tmp, server_flags, worker_flags):
         cpu = "1" if os.cpu_count() and os.cpu_count() > 1 else "0"
         for w in range(WORKERS):
             own = ["--out_dir=" + os.path.join(tmp, "worker%d" % w)]
+            if a["lose_worker"] and w == WORKERS - 1:
+                own.append("--iterations=%d" % LOST_AFTER)
             if udp:
                 cmd = [worker_bin, "--server=127.0.0.1:%d" % port,
                        "--name=w%d" % w] + own
@@ -174,7 +208,8 @@ def launch(a, tmp, server_flags, worker_flags):
                 cmd = [worker_bin] + weal + [
                     "--", "--server=127.0.0.1:%d" % port, "--stats_period=0",
                     "--hostile_per_round=4"] + own
-            p = subprocess.Popen(cmd + worker_flags, stdout=subprocess.PIPE,
+            p = subprocess.Popen(cmd + worker_flags + own[1:],
+                                 stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, text=True)
             procs.append(("worker%d" % w, p))
             time.sleep(0.2)  # join in rank order: rank == start order
@@ -257,7 +292,7 @@ def main():
     outputs = launch(a, tmp, server_flags, worker_flags)
 
     # ---- the checks -------------------------------------------------------
-    tag = 0 if frame_auth == "none" else 16
+    tag = 0 if frame_auth == "none" or a["transport"] == "sim" else 16
     chunk_floats = (((MTU - 20 - 8 - 20) & ~3) - tag) // 4
     n_chunks = (FLOATS + chunk_floats - 1) // chunk_floats
     rescale = a["push_fill"] == "rescale"
@@ -269,6 +304,16 @@ def main():
             ranks[w] = json.load(f)["rank"]
     if sorted(ranks.values()) != list(range(WORKERS)):
         fail("ranks %s" % ranks)
+    # --lose_worker: the rank that stops after LOST_AFTER iterations.
+    lost = ranks[WORKERS - 1] if a["lose_worker"] else None
+
+    def gone(r, it):
+        return r == lost and it >= LOST_AFTER
+
+    def divisor(it):
+        """What the zero fill divides by: every worker until the loss's
+        iteration (which still holds W), the live ones after."""
+        return WORKERS - 1 if lost is not None and it > LOST_AFTER else WORKERS
 
     # The server's rows: every iteration's push p and mean norm.
     # --iterations counts training steps; resyncs come on top.
@@ -307,6 +352,10 @@ def main():
             fail("iteration %d: the server pushed under p=%r, DBLP's rule "
                  "says %r" % (it, push_p[it], want_p[it]))
     for row in rows:
+        if gone(row["rank"], row["iteration"]):
+            if row["delivered_fraction"] != 0:
+                fail("a lost worker delivered: %s" % row)
+            continue
         if (row["delivered_fraction"] * n_chunks + 1e-9 <
                 stop_threshold(n_chunks, push_p[row["iteration"]])):
             fail("round below threshold: %s" % row)
@@ -333,6 +382,10 @@ def main():
                              n_chunks) for r in range(WORKERS)]
         for r in range(WORKERS):
             got = sum(arrived[r])
+            if gone(r, it):
+                if got:
+                    fail("iteration %d: lost worker %d's chunks summed" % (it, r))
+                continue
             if got < threshold:
                 fail("iteration %d worker %d: %d of %d chunks < threshold %d"
                      % (it, r, got, n_chunks, threshold))
@@ -350,7 +403,7 @@ def main():
             if rescale:
                 expect = f32(s / k) if k else 0.0
             else:
-                expect = f32(s / WORKERS)
+                expect = f32(s / divisor(it))
             pushed[j] += expect
             if consistent:
                 continue  # the sent mean holds the carry too: checked below
@@ -359,6 +412,8 @@ def main():
                      % (it, j, mean[j], expect))
         avgs = []
         for r in range(WORKERS):
+            if gone(r, it):
+                continue
             avg = read_f32(os.path.join(dump, "w%d_it%d_avg.f32" % (r, it)))
             got = read_bits(os.path.join(dump, "w%d_it%d_bcast.bits" % (r, it)),
                             n_chunks)
@@ -409,7 +464,7 @@ def main():
         fail("more accepted than sent chunks: stale frames accepted?")
     if c["injected_drops"] == 0:
         fail("no loss was injected")
-    if not udp:
+    if a["transport"] == "memif":
         # The DPDK worker's hostile frames (--hostile_per_round): stale,
         # foreign, future, forged and unpinned frames and bad DBLP bytes,
         # all counted and dropped while the means above matched bit for bit.
@@ -430,17 +485,24 @@ def main():
     if lcores > 1 and ("%d datapath lcore(s)" % lcores) not in outputs["server"]:
         fail("server did not run %d lcores:\n%s" % (lcores,
                                                      outputs["server"][-800:]))
+    if lost is not None:
+        if "continuing without worker %d" % lost not in outputs["server"]:
+            fail("the server did not say it continues without worker %d:\n%s"
+                 % (lost, outputs["server"][-800:]))
     if feedback and not ever_carried:
         fail("--feedback: nothing was ever carried, the test shows nothing")
-    print("%s cluster (%d server lcores, policy %s%s%s%s): %d iterations, %d "
+    print("%s cluster (%d server lcores, policy %s%s%s%s%s): %d iterations, %d "
           "dumped iterations checked bit for bit (%d broadcast chunks, %d "
           "resyncs), stale=%d bad_tag=%d unpinned=%d (frame_auth=%s)"
           % (a["transport"], lcores, a["policy"],
              ", consistent broadcast" if consistent else "",
              ", push feedback" if feedback else "",
-             ", %s fill" % a["push_fill"], iterations, DUMP_ITERS,
+             ", %s fill" % a["push_fill"],
+             ", worker %s lost after %d" % (lost, LOST_AFTER)
+             if lost is not None else "", iterations, DUMP_ITERS,
              checked_chunks, resyncs_checked, c["push_stale_round"],
-             c["push_bad_tag"], c["frames_unpinned_source"], frame_auth))
+             c["push_bad_tag"], c["frames_unpinned_source"],
+             "none" if a["transport"] == "sim" else frame_auth))
     shutil.rmtree(tmp, ignore_errors=True)
     print("1 passed, 0 failed")
 

@@ -48,8 +48,10 @@ export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1:print_s
 # Default: every test of the native suites but soak, whose resident-memory
 # bound (RSS back to its mid-run value within ~1 MiB) does not hold under
 # ASan's allocator (quarantine, shadow and metadata pages: +1.6 to +30 MiB
-# measured). Its other checks run in the plain build (tools/run-tests.sh).
-SKIP_TESTS=${ASAN_SKIP_TESTS:-soak}
+# measured), and bench, a timing run of the same apps and paths the
+# memif_cluster tests run here (30 s of CI for no path of its own). Their
+# other checks run in the plain build (tools/run-tests.sh).
+SKIP_TESTS=${ASAN_SKIP_TESTS:-soak bench}
 selection=("$@")
 if [ $# -eq 0 ]; then
   mapfile -t selection < <(
