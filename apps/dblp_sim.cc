@@ -113,8 +113,8 @@ int Run() {
   }
   server.report().rows = cluster.server_rows();
   server.report().counters = cluster.server_counters();
-  server.report().info = {{"transport", "simulator"},
-                          {"push_fill", dblp::FillModeName(c.push_fill)}};
+  server.report().info = cluster.server_info();
+  server.report().info.emplace_back("transport", "simulator");
   std::fputs(dblp::FormatRunSummary(server.report()).c_str(), stdout);
   int rc = 0;
   std::string err = server.Close();

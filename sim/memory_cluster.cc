@@ -781,6 +781,11 @@ NamedCounters MemoryCluster::server_counters() const {
   return c;
 }
 
+std::vector<std::pair<std::string, std::string>> MemoryCluster::server_info()
+    const {
+  return impl_->job.Info();
+}
+
 std::vector<IterationRecord>& MemoryCluster::server_rows() {
   return impl_->job.rows();
 }

@@ -115,6 +115,8 @@ class MemoryCluster {
   // The server's counters by the apps' names (push_<verdict>,
   // decode_<status>, injected_drops, frames_unpinned_source).
   NamedCounters server_counters() const;
+  // The server job's settings for a summary (ServerJob::Info).
+  std::vector<std::pair<std::string, std::string>> server_info() const;
   // The server's rows (the ServerJob's, as dblp-server writes them).
   std::vector<IterationRecord>& server_rows();
 

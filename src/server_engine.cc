@@ -222,17 +222,11 @@ int ServerRun::Report(const std::string& failure) {
     rte_eth_dev_stop(p);
     rte_eth_dev_close(p);
   }
-  report.info = {
-      {"loss", FormatLossSpec(o_.dp.loss)},
-      {"link_gbps",
-       o_.dp.link_gbps > 0 ? std::to_string(o_.dp.link_gbps) : "unpaced"},
-      {"chunks", std::to_string(layout_.num_chunks())},
-      {"chunk_bytes", std::to_string(layout_.chunk_payload())},
-      {"push_fill", FillModeName(o_.push_fill)},
-      {"broadcast", o_.reliable_broadcast     ? "reliable"
-                    : o_.consistent_broadcast ? "consistent"
-                                              : "same_p"},
-      {"resync_every", std::to_string(o_.resync_every)}};
+  report.info = job_->Info();
+  report.info.emplace_back("loss", FormatLossSpec(o_.dp.loss));
+  report.info.emplace_back("link_gbps", o_.dp.link_gbps > 0
+                                            ? std::to_string(o_.dp.link_gbps)
+                                            : "unpaced");
   // The prompt may have changed it.
   report.policy = job_->iteration().policy()->Describe();
   // The rows of a round the job ended in (push summed, broadcast cut

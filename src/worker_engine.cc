@@ -1,10 +1,8 @@
 #include "worker_engine.h"
 
 #include <rte_ethdev.h>
-#include <rte_mbuf.h>
 
 #include <cstdio>
-#include <exception>
 #include <optional>
 #include <vector>
 
@@ -37,7 +35,6 @@ class WorkerRun {
   const Bitmap& arrived() const { return arrived_; }
 
  private:
-  void StartSource();
   void BuildDatapath();
   std::string RunIterations();
   int Report(const std::string& failure);
@@ -69,36 +66,8 @@ class WorkerRun {
   // push with the round and its send order; none in a production job.
   std::unique_ptr<PushHook> push_hook_;
   Bitmap arrived_;
-  std::vector<std::pair<std::string, uint64_t>> resource_counters_;
+  std::optional<ResourceTrack> resources_;  // mbufs and RSS over the run
 };
-
-// Binds the source to our rank; the job refuses what cannot serve it.
-void WorkerRun::StartSource() {
-  WorkerJobSettings js{o_.bcast_fill, o_.dp.send_order,       o_.dp.seed,
-                       false,         o_.dp.round_timeout_ms, o_.on_absorbed};
-  try {
-    source_->Bind(wel_.rank, wel_.num_workers);
-    source_->OnJobStart(wel_.resync_every);
-  } catch (const std::exception& e) {
-    control_->Finish(false, e.what());
-    Die(std::string("the gradient source cannot start as rank ") +
-            std::to_string(wel_.rank) + " of " +
-            std::to_string(wel_.num_workers) + ": " + e.what(),
-        "check the source's flags (e.g. --max_train and --batch for the "
-        "number of workers)");
-  }
-  if (std::string e = WorkerModel::CheckBroadcastFill(wel_, o_.bcast_fill);
-      !e.empty()) {
-    control_->Finish(false, "--bcast_fill=prev with a consistent broadcast");
-    Die(e, "--bcast_fill=zero");
-  }
-  if (std::string e = WorkerModel::CheckSource(*source_); !e.empty()) {
-    control_->Finish(false, e);
-    Die(e, "check the trainer's dblp.Worker (same model on both sides)");
-  }
-  job_.emplace(*source_, wel_, layout_, js);
-  job_->set_row_stream(&rows_);
-}
 
 // The port, the sides, the lcore that runs them, the push hook.
 void WorkerRun::BuildDatapath() {
@@ -129,6 +98,7 @@ void WorkerRun::BuildDatapath() {
                                    WireBytesPerFrame(caps_.mtu),
                                    o_.dp.prefetch});
   }
+  resources_.emplace(pool_);
   pacer_.emplace(o_.dp.idle_spin, o_.dp.idle_sleep_us, o_.dp.round_timeout_ms,
                  &quit_, nullptr, o_.dp.deep_idle);
   const std::span<float> grad = job_->model().grad(), avg = job_->model().avg();
@@ -161,25 +131,21 @@ std::string WorkerRun::Exchange(uint64_t it, std::span<const uint32_t> order) {
 
 WorkerExchange WorkerRun::Exchanged(uint64_t it) const {
   const WorkerIterationTimes& t = lcore_->times();
-  return WorkerExchange{it,
-                        wel_.rank,
-                        push_ptrs_,
-                        t.bcast_done_ns,
-                        bcast_->receiver().delivered_fraction(),
-                        t.announced_p,
-                        t.critical,
-                        loss_->InBurst(it),
-                        false};
+  WorkerExchange x{it, wel_.rank, push_ptrs_, t.bcast_done_ns};
+  x.delivered_fraction = bcast_->receiver().delivered_fraction();
+  x.p = t.announced_p;
+  x.critical = t.critical;
+  x.burst = loss_->InBurst(it);
+  return x;
 }
 
 std::string WorkerRun::RunIterations() {
   const uint64_t iterations = job_->iterations(o_.iterations);
-  ResourceTrack resources(pool_);
   runtime_.round().total_iterations = iterations == UINT64_MAX ? 0 : iterations;
   std::string failure;
   bool more = true;
   for (uint64_t it = 0; it < iterations && more && failure.empty(); ++it) {
-    resources.Sample(it);
+    resources_->Sample(it);
     control_->set_iteration(it);
     runtime_.ApplyWorkerCommand(it);  // the prompt's, before the round opens
     runtime_.WorkerStarted(it);
@@ -189,7 +155,6 @@ std::string WorkerRun::RunIterations() {
     runtime_.WorkerDone(it, r.p, r.critical, r.delivered_fraction);
     runtime_.PublishStats();
   }
-  resources.AddTo(job_->rows().size(), &resource_counters_);
   return failure;
 }
 
@@ -201,13 +166,6 @@ int WorkerRun::Run() {
     DBLP_LOG(Error, "dblp-worker: %s", err.c_str());
     return 1;
   }
-  if (rte_eth_dev_count_avail() == 0) {
-    Die("no Ethernet port",
-        "give the worker a port: -a <PCI address> for a "
-        "NIC, bound to vfio-pci (deploy/bind-nic.sh; check: dpdk-devbind.py "
-        "--status-dev net), or "
-        "--vdev=net_memif0,role=client,socket=/tmp/dblp-w0.sock");
-  }
   lc_.lcore_id = rte_lcore_id();
   control_.emplace(o_.secret, &lc_.counters, o_.dp.stats_period_s);
   // Join checks the WELCOME (authenticity, layout, rank, ports) and exits
@@ -217,16 +175,14 @@ int WorkerRun::Run() {
   layout_ = ChunkLayout(wel_.total_bytes, wel_.chunk_payload);
   frame_key_ = DeriveFrameKey(o_.secret, wel_.job_nonce,
                               static_cast<FrameAuthMode>(wel_.frame_auth));
-  StartSource();
+  const WorkerJobSettings js{
+      o_.bcast_fill, o_.dp.send_order,       o_.dp.seed,
+      false,         o_.dp.round_timeout_ms, o_.on_absorbed};
+  StartWorkerSource(*source_, wel_, js, *control_);
+  job_.emplace(*source_, wel_, layout_, js);
+  job_->set_row_stream(&rows_);
   BuildDatapath();
-  std::printf(
-      "dblp-worker: rank %u of %u, session %08x, %s, %u chunks of %u "
-      "B, port %s (%s), server %s:%u\n",
-      wel_.rank, wel_.num_workers, wel_.session, source_->Describe().c_str(),
-      layout_.num_chunks(), layout_.chunk_payload(), caps_.driver.c_str(),
-      FormatMac(caps_.mac.addr_bytes).c_str(),
-      FormatIpv4(wel_.server_ipv4).c_str(), wel_.udp_base_port);
-  std::fflush(stdout);
+  PrintJoined(wel_, *source_, layout_, caps_);
   loss_->StartClock(NowNs());
   runtime_.SetLcores({&lc_}, wel_.num_shards);
   runtime_.SetCounters([&](CounterList* out) {
@@ -248,13 +204,15 @@ int WorkerRun::Report(const std::string& failure) {
   report.policy = wel_.policy;
   report.burst_iterations = o_.dp.bursts.iterations;
   report.rows = job_->rows();
+  std::vector<std::pair<std::string, uint64_t>> resources;
+  resources_->AddTo(report.rows.size(), &resources);
   // Before the server closes its side: memif's counters end with the link.
   report.xstats.emplace_back("port0", ReadXstats(0));
   control_->Finish(failure.empty(), failure);
   AwaitPeerClose(0, caps_);
   AddWorkerCounters(lc_, *control_, push_, *bcast_, ReadPortDrops(0), &report);
-  report.counters.insert(report.counters.end(), resource_counters_.begin(),
-                         resource_counters_.end());
+  report.counters.insert(report.counters.end(), resources.begin(),
+                         resources.end());
   runtime_.PublishFinal(report.counters, !failure.empty());
   report.info = {
       {"source", source_->Describe()},

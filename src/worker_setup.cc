@@ -2,6 +2,7 @@
 
 #include <rte_ethdev.h>
 
+#include <cstdio>
 #include <cstring>
 #include <string>
 
@@ -12,6 +13,13 @@
 namespace dblp {
 
 JoinMsg MakeJoin(const WorkerOptions& o, const GradientSource& source) {
+  if (rte_eth_dev_count_avail() == 0) {
+    Die("no Ethernet port",
+        "give the worker a port: -a <PCI address> for a "
+        "NIC, bound to vfio-pci (deploy/bind-nic.sh; check: dpdk-devbind.py "
+        "--status-dev net), or "
+        "--vdev=net_memif0,role=client,socket=/tmp/dblp-w0.sock");
+  }
   JoinMsg join;
   join.worker_name = o.name;
   join.total_bytes = source.floats() * sizeof(float);
@@ -30,6 +38,43 @@ JoinMsg MakeJoin(const WorkerOptions& o, const GradientSource& source) {
         "use a dotted IPv4 address, e.g. 10.0.0.2");
   }
   return join;
+}
+
+// Binds the source to our rank; the job refuses what cannot serve it.
+void StartWorkerSource(GradientSource& source, const WelcomeMsg& wel,
+                       const WorkerJobSettings& js, WorkerControl& control) {
+  try {
+    source.Bind(wel.rank, wel.num_workers);
+    source.OnJobStart(wel.resync_every);
+  } catch (const std::exception& e) {
+    control.Finish(false, e.what());
+    Die(std::string("the gradient source cannot start as rank ") +
+            std::to_string(wel.rank) + " of " +
+            std::to_string(wel.num_workers) + ": " + e.what(),
+        "check the source's flags (e.g. --max_train and --batch for the "
+        "number of workers)");
+  }
+  if (std::string e = WorkerModel::CheckBroadcastFill(wel, js.bcast_fill);
+      !e.empty()) {
+    control.Finish(false, "--bcast_fill=prev with a consistent broadcast");
+    Die(e, "--bcast_fill=zero");
+  }
+  if (std::string e = WorkerModel::CheckSource(source); !e.empty()) {
+    control.Finish(false, e);
+    Die(e, "check the trainer's dblp.Worker (same model on both sides)");
+  }
+}
+
+void PrintJoined(const WelcomeMsg& wel, const GradientSource& source,
+                 const ChunkLayout& layout, const PortCaps& caps) {
+  std::printf(
+      "dblp-worker: rank %u of %u, session %08x, %s, %u chunks of %u "
+      "B, port %s (%s), server %s:%u\n",
+      wel.rank, wel.num_workers, wel.session, source.Describe().c_str(),
+      layout.num_chunks(), layout.chunk_payload(), caps.driver.c_str(),
+      FormatMac(caps.mac.addr_bytes).c_str(),
+      FormatIpv4(wel.server_ipv4).c_str(), wel.udp_base_port);
+  std::fflush(stdout);
 }
 
 // The frame template toward the server, from the WELCOME and our flags.

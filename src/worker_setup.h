@@ -24,6 +24,16 @@ namespace dblp {
 // the server pins (port 0's MAC unless behind a router, --local_ip).
 JoinMsg MakeJoin(const WorkerOptions& o, const GradientSource& source);
 
+// Binds `source` to the WELCOME's rank; refuses (telling the server, then
+// Die() with the fix) a source or a fill that cannot serve the job.
+void StartWorkerSource(GradientSource& source, const WelcomeMsg& wel,
+                       const WorkerJobSettings& js, WorkerControl& control);
+
+// The line that says the worker joined: rank, session, source, chunks,
+// port, server.
+void PrintJoined(const WelcomeMsg& wel, const GradientSource& source,
+                 const ChunkLayout& layout, const PortCaps& caps);
+
 // The data port, set up once the WELCOME said how many queues the server's
 // shards need; returns once the link is up.
 PortCaps SetupWorkerPort(const WorkerOptions& o, uint16_t queues,

@@ -260,13 +260,9 @@ UdpJobServerResult JobServer::Run() {
   report_.role = "server";
   report_.policy = policy_text_;
   report_.burst_iterations = o_.bursts.iterations;
-  report_.info = {{"transport", "kernel-udp"},
-                  {"loss", o_.loss},
-                  {"chunks", std::to_string(layout_.num_chunks())},
-                  {"chunk_bytes", std::to_string(layout_.chunk_payload())},
-                  {"push_fill", FillModeName(o_.push_fill)},
-                  {"resync_every", std::to_string(o_.resync_every)},
-                  {"broadcast", o_.push_only ? "none" : "same_p"}};
+  if (job_) report_.info = job_->Info();
+  report_.info.emplace_back("transport", "kernel-udp");
+  report_.info.emplace_back("loss", o_.loss);
   udp::FinishReport(row_stream_, std::move(report_), &res_);
   return res_;
 }

@@ -100,6 +100,17 @@ void ServerJob::CloseBroadcast(
   if (stream_ != nullptr) stream_->Sync(rows_);
 }
 
+std::vector<std::pair<std::string, std::string>> ServerJob::Info() const {
+  return {{"chunks", std::to_string(layout_.num_chunks())},
+          {"chunk_bytes", std::to_string(layout_.chunk_payload())},
+          {"push_fill", FillModeName(s_.push_fill)},
+          {"broadcast", s_.push_only              ? "none"
+                        : s_.reliable_broadcast   ? "reliable"
+                        : s_.consistent_broadcast ? "consistent"
+                                                  : "same_p"},
+          {"resync_every", std::to_string(s_.resync_every)}};
+}
+
 uint32_t ServerJob::live_count() const {
   uint32_t n = 0;
   for (uint32_t w = 0; w < workers(); ++w) n += alive(w) ? 1 : 0;

@@ -128,6 +128,9 @@ class ServerJob {
   ServerIteration& iteration() { return iteration_; }
   std::vector<IterationRecord>& rows() { return rows_; }
   void set_row_stream(RowStream* s) { stream_ = s; }
+  // The job's settings for a summary's info (chunks, fill, broadcast,
+  // resync), the same keys on every transport.
+  std::vector<std::pair<std::string, std::string>> Info() const;
   const std::string& name(uint32_t w) const { return names_[w]; }
 
  private:
