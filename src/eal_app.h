@@ -30,6 +30,16 @@ std::vector<char*> AppArguments(int argc, char** argv);
 // rte_exit with a formatted "what failed: why. Try: fix" message.
 [[noreturn]] void Die(const std::string& what, const std::string& fix);
 
+// What a reusable part of the apps returns instead of exiting: what
+// failed and the fix (empty `what`: it worked). Only setup code turns it
+// into Die().
+struct AppFailure {
+  std::string what;
+  std::string fix;
+  bool failed() const { return !what.empty(); }
+};
+[[noreturn]] inline void Die(const AppFailure& f) { Die(f.what, f.fix); }
+
 // Parses "a.b.c.d" into a host-order IPv4 address; false on junk.
 bool ParseIpv4(const std::string& text, uint32_t* out);
 std::string FormatIpv4(uint32_t host_order);

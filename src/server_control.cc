@@ -215,14 +215,14 @@ void ServerControl::SendRequests() {
   }
 }
 
-const JoinMsg& ServerControl::AdmitWorkers(const std::string& listen,
-                                           uint32_t timeout_ms,
-                                           const std::atomic<bool>& quit,
-                                           bool realtime) {
+AppFailure ServerControl::AdmitWorkers(const std::string& listen,
+                                       uint32_t timeout_ms,
+                                       const std::atomic<bool>& quit,
+                                       bool realtime) {
   std::string err;
   if (!sidecar_.Listen(listen, &err)) {
-    Die("cannot listen on " + listen + ": " + err,
-        "pick a free --listen=IP:PORT");
+    return {"cannot listen on " + listen + ": " + err,
+            "pick a free --listen=IP:PORT"};
   }
   std::printf(
       "dblp-server: %u port(s), waiting for %u workers on %s "
@@ -242,12 +242,12 @@ const JoinMsg& ServerControl::AdmitWorkers(const std::string& listen,
         shortfall = admission_.desk().Shortfall();
       }
       Stop();
-      Die(shortfall,
-          "start all workers with --server=" + listen + " or lower --workers");
+      return {shortfall, "start all workers with --server=" + listen +
+                             " or lower --workers"};
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  return admission_.desk().first();
+  return {};
 }
 
 void ServerControl::Attach(std::vector<std::vector<ReceiveSide*>> push,

@@ -58,8 +58,12 @@ class ServerControl {
   // Listens on `listen` and waits until every worker joined; ends the
   // process with a message naming the fix otherwise. Returns the first
   // JOIN (the job's gradient size and layers).
-  const JoinMsg& AdmitWorkers(const std::string& listen, uint32_t timeout_ms,
-                              const std::atomic<bool>& quit, bool realtime);
+  // Fails (the channel stopped) when it cannot listen, or when not every
+  // worker joined within timeout_ms (or `quit`): the shortfall and the fix.
+  AppFailure AdmitWorkers(const std::string& listen, uint32_t timeout_ms,
+                          const std::atomic<bool>& quit, bool realtime);
+  // The first JOIN (every JOIN's gradient), once AdmitWorkers succeeded.
+  const JoinMsg& first_join() const { return admission_.desk().first(); }
   // Datapath, once, before the first round: worker w's sides, one per
   // shard (lcore): push[w][k], bcast[w][k].
   void Attach(std::vector<std::vector<ReceiveSide*>> push,

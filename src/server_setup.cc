@@ -80,9 +80,10 @@ ServerAdmission AdmitServerWorkers(const ServerOptions& o,
                        o.resync_every, o.push_feedback, o.consistent_broadcast,
                        &o.secret, o.frame_auth, job_nonce},
       counters, o.dp.stats_period_s, o.control_limits);
-  a.gradient_bytes =
-      a.control->AdmitWorkers(o.listen, o.join_timeout_ms, quit, o.dp.realtime)
-          .total_bytes;
+  const AppFailure f =
+      a.control->AdmitWorkers(o.listen, o.join_timeout_ms, quit, o.dp.realtime);
+  if (f.failed()) Die(f);
+  a.gradient_bytes = a.control->first_join().total_bytes;
   return a;
 }
 

@@ -153,14 +153,13 @@ void WorkerControl::SendRequests() {
   }
 }
 
-const WelcomeMsg& WorkerControl::Join(const std::string& server, JoinMsg join,
-                                      uint32_t timeout_ms,
-                                      const std::atomic<bool>& quit,
-                                      bool realtime) {
+AppFailure WorkerControl::Join(const std::string& server, JoinMsg join,
+                               uint32_t timeout_ms,
+                               const std::atomic<bool>& quit, bool realtime) {
   std::string err;
   if (!sidecar_.Connect(server, timeout_ms, &conn_, &err)) {
-    Die("cannot reach dblp-server at " + server + ": " + err,
-        "start dblp-server first and check --server=IP:PORT");
+    return {"cannot reach dblp-server at " + server + ": " + err,
+            "start dblp-server first and check --server=IP:PORT"};
   }
   handshake_.Start(&join);
   join_ = join;
@@ -172,19 +171,19 @@ const WelcomeMsg& WorkerControl::Join(const std::string& server, JoinMsg join,
   while (!welcomed_.load(std::memory_order_acquire)) {
     if (server_gone()) {
       StopThread();
-      Die("joining dblp-server at " + server + " failed: " + failure_,
-          "see above; the server's log says what it refused");
+      return {"joining dblp-server at " + server + " failed: " + failure_,
+              "see above; the server's log says what it refused"};
     }
     if (quit.load() || std::chrono::steady_clock::now() > deadline) {
       StopThread();
-      Die("no WELCOME from dblp-server at " + server +
-              (failure_.empty() ? "" : " (" + failure_ + ")"),
-          "check that the server expects this many workers (--workers) and "
-          "that every worker sends the same gradient size (--floats)");
+      return {"no WELCOME from dblp-server at " + server +
+                  (failure_.empty() ? "" : " (" + failure_ + ")"),
+              "check that the server expects this many workers (--workers) "
+              "and that every worker sends the same gradient size (--floats)"};
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  return welcome_;
+  return {};
 }
 
 void WorkerControl::Attach(std::vector<SendSide*> push, ReceiveSide* bcast) {

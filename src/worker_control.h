@@ -32,13 +32,13 @@ class WorkerControl {
 
   // Connects to `server`, sends `join` (with a fresh nonce), proves the
   // secret and waits for the WELCOME, which must carry the server's MAC and
-  // a layout this worker can hold (ValidateWelcome). A server that cannot
-  // be reached, refuses, fails authentication, lies or stays silent ends
-  // the process with a message naming the fix (exit code 1, never a
-  // signal).
-  const WelcomeMsg& Join(const std::string& server, JoinMsg join,
-                         uint32_t timeout_ms, const std::atomic<bool>& quit,
-                         bool realtime);
+  // a layout this worker can hold (ValidateWelcome); then welcome() is it.
+  // A server that cannot be reached, refuses, fails authentication, lies
+  // or stays silent fails the join (the channel stopped) with a message
+  // naming the fix; the engine exits with it (code 1, never a signal).
+  AppFailure Join(const std::string& server, JoinMsg join, uint32_t timeout_ms,
+                  const std::atomic<bool>& quit, bool realtime);
+  const WelcomeMsg& welcome() const { return welcome_; }
   // Datapath, once, before the first round: the sides that STOP, BITMAP
   // and PROBE messages go to (a push side per server shard).
   void Attach(std::vector<SendSide*> push, ReceiveSide* bcast);

@@ -168,10 +168,13 @@ int WorkerRun::Run() {
   }
   lc_.lcore_id = rte_lcore_id();
   control_.emplace(o_.secret, &lc_.counters, o_.dp.stats_period_s);
-  // Join checks the WELCOME (authenticity, layout, rank, ports) and exits
-  // naming the fix if it is wrong.
-  wel_ = control_->Join(o_.server, MakeJoin(o_, *source_), o_.join_timeout_ms,
-                        quit_, o_.dp.realtime);
+  // Join checks the WELCOME (authenticity, layout, rank, ports); a wrong
+  // one ends the worker naming the fix.
+  const AppFailure joined =
+      control_->Join(o_.server, MakeJoin(o_, *source_), o_.join_timeout_ms,
+                     quit_, o_.dp.realtime);
+  if (joined.failed()) Die(joined);
+  wel_ = control_->welcome();
   layout_ = ChunkLayout(wel_.total_bytes, wel_.chunk_payload);
   frame_key_ = DeriveFrameKey(o_.secret, wel_.job_nonce,
                               static_cast<FrameAuthMode>(wel_.frame_auth));

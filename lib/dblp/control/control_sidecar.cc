@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 
 #include "dblp/base/log.h"
+#include "dblp/base/sys_error.h"
 #ifdef __GLIBC__
 #include <malloc.h>
 #endif
@@ -68,10 +69,6 @@ constexpr bool kCanTrim = false;
 
 std::string Ms(std::chrono::milliseconds d) {
   return std::to_string(d.count()) + " ms";
-}
-
-std::string ErrnoText(int err) {
-  return std::error_code(err, std::generic_category()).message();
 }
 
 std::string DescribeIoError(const char* op, int err) {
@@ -231,23 +228,12 @@ bool ControlSidecar::Listen(const std::string& addr, std::string* error,
   int one = 1;
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   if (bind(fd, reinterpret_cast<const sockaddr*>(&sa), sizeof sa) != 0) {
-    const int err = errno;
-    switch (err) {
-      case EADDRINUSE:
-        return fail("address already in use (is another " + app.name +
-                    " running? stop it or choose another " + app.listen_flag +
-                    " port)");
-      case EADDRNOTAVAIL:
-        return fail(
-            "not an address of this host (use 0.0.0.0 or a local IP in " +
-            app.listen_flag + ")");
-      case EACCES:
-        return fail(
-            "permission denied (ports below 1024 need root; use a "
-            "higher port)");
-      default:
-        return fail("bind(): " + ErrnoText(err));
-    }
+    const int err = errno;  // before the strings below allocate
+    return fail(BindFailureText(err,
+                                "is another " + app.name +
+                                    " running? stop it or choose another " +
+                                    app.listen_flag + " port",
+                                "0.0.0.0 or a local IP in " + app.listen_flag));
   }
   if (::listen(fd, SOMAXCONN) != 0)
     return fail("listen(): " + ErrnoText(errno));

@@ -7,15 +7,10 @@
 #include <algorithm>
 #include <cstring>
 
+#include "dblp/base/sys_error.h"
+
 namespace dblp {
 namespace {
-
-std::string ErrnoText(int err) {
-  char buf[128];
-  // GNU strerror_r may return a static string instead of filling buf.
-  const char* s = strerror_r(err, buf, sizeof buf);
-  return std::string(s) + " (errno " + std::to_string(err) + ")";
-}
 
 // The receive-overflow counter rides in a cmsg with each datagram.
 constexpr size_t kControlSpace = CMSG_SPACE(sizeof(uint32_t));
@@ -69,23 +64,12 @@ bool UdpSocketPort::Open(const std::string& bind_addr,
   fd_ = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd_ < 0) return fail("socket(): " + ErrnoText(errno));
   if (bind(fd_, reinterpret_cast<const sockaddr*>(&sa), sizeof sa) != 0) {
-    const int err = errno;
-    switch (err) {
-      case EADDRINUSE:
-        return fail(
-            "port already in use (another process has it: stop it "
-            "or pick another port, 0 = any free one)");
-      case EADDRNOTAVAIL:
-        return fail(
-            "not an address of this host (use 0.0.0.0, 127.0.0.1 "
-            "or a local IP)");
-      case EACCES:
-        return fail(
-            "permission denied (ports below 1024 need root; use a "
-            "higher port)");
-      default:
-        return fail("bind(): " + ErrnoText(err));
-    }
+    const int err = errno;  // before the strings below allocate
+    return fail(BindFailureText(
+        err,
+        "another process has it: stop it or pick another port, 0 = "
+        "any free one",
+        "0.0.0.0, 127.0.0.1 or a local IP"));
   }
   socklen_t len = sizeof bound_;
   if (getsockname(fd_, reinterpret_cast<sockaddr*>(&bound_), &len) != 0) {
