@@ -1,12 +1,9 @@
+// The control sidecar's I/O: epoll over the listening socket and the
+// connections, reads into frames, writes, closes. Its authenticated
+// channel is sidecar_tags.cc, its limits sidecar_limits.cc.
 #include "dblp/control/control_sidecar.h"
 
 #include <arpa/inet.h>
-
-#include "dblp/base/log.h"
-#include "dblp/base/sys_error.h"
-#ifdef __GLIBC__
-#include <malloc.h>
-#endif
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -28,44 +25,14 @@
 #include <utility>
 
 #include "dblp/base/ipv4_endpoint.h"
+#include "dblp/base/log.h"
+#include "dblp/base/sys_error.h"
 #include "dblp/control/job_auth.h"
-#include "dblp/security/hmac.h"
+#include "dblp/control/sidecar_internal.h"
 
 namespace dblp {
 
-namespace {
-
-// epoll_event.data tags. Connections carry kConnTag | id so that a stale
-// event for a connection closed earlier in the same batch finds nothing
-// (ids are never reused) instead of hitting whatever reused its fd.
-constexpr uint64_t kWakeTag = 1;
-constexpr uint64_t kTimerTag = 2;
-constexpr uint64_t kListenTag = 3;
-constexpr uint64_t kConnTag = uint64_t{1} << 32;
-
-constexpr size_t kReadChunk = 64 * 1024;
-// Reads per readiness event: a peer that floods us cannot starve the other
-// connections (epoll is level-triggered, we come back to it next turn).
-constexpr int kMaxReadsPerEvent = 16;
-constexpr int kMaxAcceptsPerEvent = 64;
-constexpr std::chrono::milliseconds kAcceptPause{100};
-// A refused connection is logged at most once per this period; the lines in
-// between are counted into the next one, so a flood cannot flood stderr.
-constexpr std::chrono::seconds kRefusalLogPeriod{5};
-// A decoder that held more than this for one frame is replaced by a fresh
-// one once the frame is consumed: ControlDecoder keeps its capacity, and a
-// peer's single large frame must not pin that memory for the connection's
-// lifetime. At or below it, reuse saves an allocation per frame.
-constexpr size_t kShrinkAbove = 64 * 1024;
-// malloc_trim once this much peer-controlled buffer memory was freed, at
-// most once per kTrimPeriod (it walks every arena).
-constexpr size_t kTrimAfterBytes = size_t{1} << 20;
-constexpr std::chrono::milliseconds kTrimPeriod{100};
-#ifdef __GLIBC__
-constexpr bool kCanTrim = true;
-#else
-constexpr bool kCanTrim = false;
-#endif
+namespace sidecar {
 
 std::string Ms(std::chrono::milliseconds d) {
   return std::to_string(d.count()) + " ms";
@@ -83,6 +50,12 @@ std::string DescribeIoError(const char* op, int err) {
       return std::string(op) + " failed: " + ErrnoText(err);
   }
 }
+
+}  // namespace sidecar
+
+using namespace sidecar;  // NOLINT: this file's own constants and helpers
+
+namespace {
 
 // Parses "ip:port" (see ParseIpv4Endpoint): any address and port 0 only
 // for a listening socket.
@@ -115,43 +88,7 @@ bool IsSelfConnect(int fd) {
 
 }  // namespace
 
-struct ControlSidecar::Conn {
-  Conn(ConnId i, int f, std::string p, uint32_t max_frame)
-      : id(i), fd(f), peer(std::move(p)), decoder(max_frame) {}
 
-  size_t pending() const { return out.size() - out_off; }
-
-  // A frame's length prefix or body is still to come.
-  bool in_frame() const { return hdr_have > 0 || body_left > 0; }
-
-  ConnId id;
-  int fd;  // -1 once the socket is closed
-  std::string peer;
-  ControlDecoder decoder;
-  bool accepted = false;        // from our listening socket: max_connections
-  bool trusted = true;          // accepted ones start untrusted (Trust())
-  Clock::time_point opened{};   // the join deadline runs from here
-  Clock::time_point last_rx{};  // the idle timeout runs from here
-  Clock::time_point frame_start{};  // first byte of the frame in progress
-  // Frame boundaries, tracked beside the decoder so each length prefix is
-  // checked against the limit in force when it completes.
-  std::array<uint8_t, kControlFrameHeader> hdr{};
-  size_t hdr_have = 0;       // bytes of the current length prefix seen
-  uint64_t body_left = 0;    // bytes of the current frame still to come
-  size_t rx_peak = 0;        // most bytes the decoder held since it was made
-  std::vector<uint8_t> out;  // encoded frames not yet written
-  size_t out_off = 0;        // written prefix of out
-  bool closing = false;      // logically closed: on_close queued, no Send
-  bool wr_shut = false;      // our FIN sent
-  bool eof = false;          // peer's FIN seen
-  Clock::time_point deadline{};  // closing: close the socket by then
-  uint32_t armed = 0;            // epoll events currently registered
-  // An authenticated channel (Authenticate): each direction's key and
-  // next sequence number, and the message waiting for its TAG.
-  std::unique_ptr<ChannelKeys> keys;
-  uint64_t send_seq = 0, recv_seq = 0;
-  std::optional<ControlMessage> untagged;
-};
 
 ControlSidecar::ControlSidecar(Callbacks cb, uint32_t max_frame,
                                ControlLimits limits)
@@ -370,97 +307,12 @@ std::string ControlSidecar::PeerAddress(ConnId id) const {
   return c ? c->peer : std::string();
 }
 
-void ControlSidecar::Trust(ConnId id) {
-  Conn* c = Find(id);
-  if (c == nullptr || c->closing || c->fd < 0) return;
-  c->trusted = true;
-}
 
-void ControlSidecar::Authenticate(ConnId id, const ChannelKeys& keys) {
-  Conn* c = Find(id);
-  if (c == nullptr || c->closing || c->fd < 0) return;
-  c->keys = std::make_unique<ChannelKeys>(keys);
-  c->send_seq = c->recv_seq = 0;
-}
 
-namespace {
 
-// A TAG's MAC: the direction's key over the sequence number and the
-// message's canonical encoding (what was, or would have been, sent).
-AuthBytes TagMac(const AuthBytes& key, uint64_t seq,
-                 std::span<const uint8_t> frame) {
-  uint8_t seq_be[8];
-  for (int i = 0; i < 8; ++i)
-    seq_be[i] = static_cast<uint8_t>(seq >> (56 - 8 * i));
-  return HmacSha256(key, "dblp/4 tag", {seq_be, frame});
-}
 
-}  // namespace
 
-void ControlSidecar::Append(Conn& c, const ControlMessage& m) {
-  const size_t start = c.out.size();
-  EncodeControl(m, c.out);  // leaves out unchanged if it throws
-  if (c.keys) {
-    try {
-      const std::span<const uint8_t> frame(c.out.data() + start,
-                                           c.out.size() - start);
-      const TagMsg tag{c.send_seq, TagMac(c.keys->send, c.send_seq, frame)};
-      EncodeControl(tag, c.out);
-    } catch (...) {
-      c.out.resize(start);  // never a message without its TAG
-      throw;
-    }
-    ++c.send_seq;
-  }
-  messages_out_.fetch_add(1, std::memory_order_relaxed);
-}
 
-// False also if libcrypto fails: the message is not delivered.
-bool ControlSidecar::TagMatches(Conn& c, const TagMsg& tag) {
-  try {
-    return AuthEqual(
-        tag.mac, TagMac(c.keys->recv, c.recv_seq, EncodeControl(*c.untagged)));
-  } catch (const std::exception& e) {
-    Log(std::string("control sidecar: ") + e.what());
-    return false;
-  }
-}
-
-// An authenticated channel delivers a message only with its TAG, in
-// sequence. Returns false (the connection is closing) on anything else.
-bool ControlSidecar::CheckTag(Conn& c, ControlMessage& m, bool* deliver) {
-  *deliver = false;
-  const auto* tag = std::get_if<TagMsg>(&m);
-  std::string why;
-  if (tag == nullptr) {
-    if (!c.untagged) {
-      c.untagged = std::move(m);
-      return true;  // its TAG comes next
-    }
-    why = std::string(ControlTypeName(*c.untagged)) + " without its TAG";
-  } else if (!c.untagged) {
-    why = "TAG without a message";
-  } else if (tag->seq != c.recv_seq || !TagMatches(c, *tag)) {
-    why = std::string(ControlTypeName(*c.untagged)) +
-          " failed authentication (TAG " + std::to_string(tag->seq) +
-          ", expected " + std::to_string(c.recv_seq) +
-          "): injected, changed, replayed or reordered on the way";
-  } else {
-    ++c.recv_seq;
-    m = std::move(*c.untagged);
-    c.untagged.reset();
-    *deliver = true;
-    return true;
-  }
-  protocol_errors_.fetch_add(1, std::memory_order_relaxed);
-  CloseWithError(c, kErrorCodeProtocol, "protocol error: " + why);
-  return false;
-}
-
-bool ControlSidecar::IsTrusted(ConnId id) const {
-  const Conn* c = Find(id);
-  return c != nullptr && c->trusted;
-}
 
 bool ControlSidecar::Send(ConnId id, const ControlMessage& m,
                           std::string* error) {
@@ -776,201 +628,13 @@ void ControlSidecar::HandleWritable(Conn& c) {
   if (Flush(c)) Update(c);
 }
 
-void ControlSidecar::HandleAccept() {
-  for (int i = 0; i < kMaxAcceptsPerEvent; ++i) {
-    sockaddr_in sa{};
-    socklen_t len = sizeof sa;
-    const int fd = accept4(listen_fd_, reinterpret_cast<sockaddr*>(&sa), &len,
-                           SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) {
-      const int err = errno;
-      if (err == EINTR || err == ECONNABORTED || err == EPROTO) continue;
-      if (err == EAGAIN || err == EWOULDBLOCK) return;
-      if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
-        // The pending connection stays in the backlog and keeps the socket
-        // readable; stop polling it for a while instead of spinning.
-        Log("control sidecar: accept() failed: " + ErrnoText(err) +
-            "; pausing accepts for 100 ms (raise `ulimit -n`?)");
-        epoll_ctl(epfd_, EPOLL_CTL_DEL, listen_fd_, nullptr);
-        listen_paused_ = true;
-        listen_paused_until_ = Clock::now() + kAcceptPause;
-        return;
-      }
-      Log("control sidecar: accept() failed: " + ErrnoText(err));
-      return;
-    }
-    if (limits_.max_connections > 0 &&
-        open_accepted_.load(std::memory_order_relaxed) >=
-            limits_.max_connections) {
-      RefuseConnection(fd, FormatIpv4Endpoint(sa));
-      continue;
-    }
-    const ConnId id = AddConn(fd, FormatIpv4Endpoint(sa), /*accepted=*/true);
-    if (id != 0 && cb_.on_accept) cb_.on_accept(id);
-  }
-}
 
-void ControlSidecar::RefuseConnection(int fd, const std::string& peer) {
-  connections_refused_.fetch_add(1, std::memory_order_relaxed);
-  const std::string limit = std::to_string(limits_.max_connections) +
-                            " connections open (max_connections)";
-  // Best effort, one non-blocking write into an empty socket buffer: a
-  // legitimate peer learns why; a peer that already sent data may see a
-  // reset instead (we close without reading).
-  std::vector<uint8_t> frame;
-  try {
-    EncodeControl(ErrorMsg{kErrorCodeLimit,
-                           "too many connections: " + limit + "; try later"},
-                  frame);
-    if (::send(fd, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT) >
-        0) {
-      messages_out_.fetch_add(1, std::memory_order_relaxed);
-    }
-  } catch (const std::invalid_argument&) {
-    // Cannot happen for this message; the close below is what matters.
-  }
-  ::close(fd);
-  const auto now = Clock::now();
-  if (now < next_refusal_log_) {
-    ++refusals_not_logged_;
-    return;
-  }
-  std::string line = "control sidecar: refused a connection from " + peer +
-                     ": " + limit +
-                     "; raise max_connections (the server's "
-                     "--control_max_connections) if these peers are "
-                     "legitimate";
-  if (refusals_not_logged_ > 0) {
-    line += " (" + std::to_string(refusals_not_logged_) +
-            " more refused since the last such line)";
-  }
-  refusals_not_logged_ = 0;
-  next_refusal_log_ = now + kRefusalLogPeriod;
-  Log(line);
-}
 
-void ControlSidecar::ResumeListen() {
-  if (!listen_paused_ || Clock::now() < listen_paused_until_) return;
-  epoll_event ev{};
-  ev.events = EPOLLIN;
-  ev.data.u64 = kListenTag;
-  if (epoll_ctl(epfd_, EPOLL_CTL_ADD, listen_fd_, &ev) == 0) {
-    listen_paused_ = false;
-  } else {
-    listen_paused_until_ = Clock::now() + kAcceptPause;
-  }
-}
 
-void ControlSidecar::ExpireLingering() {
-  const auto now = Clock::now();
-  std::erase_if(lingering_, [&](ConnId id) {
-    Conn* c = Find(id);
-    if (c == nullptr || c->fd < 0) return true;
-    if (now < c->deadline) return false;
-    CloseSocket(*c);
-    return true;
-  });
-}
 
-ControlSidecar::Clock::time_point ControlSidecar::LimitDeadline(
-    const Conn& c, LimitKind* which) const {
-  auto t = Clock::time_point::max();
-  *which = LimitKind::kNone;
-  auto consider = [&](Clock::time_point d, LimitKind k) {
-    if (d < t) {
-      t = d;
-      *which = k;
-    }
-  };
-  if (!c.trusted && limits_.join_deadline.count() > 0) {
-    consider(c.opened + limits_.join_deadline, LimitKind::kJoin);
-  }
-  if (c.in_frame() && limits_.partial_message_timeout.count() > 0) {
-    consider(c.frame_start + limits_.partial_message_timeout,
-             LimitKind::kPartial);
-  }
-  if (limits_.idle_timeout.count() > 0) {
-    consider(c.last_rx + limits_.idle_timeout, LimitKind::kIdle);
-  }
-  return t;
-}
 
-void ControlSidecar::ExpireLimits() {
-  const auto now = Clock::now();
-  if (now < next_limit_check_) return;
-  next_limit_check_ = Clock::time_point::max();
-  // Closing only queues on_close and moves ids to lingering_/dead_; conns_
-  // itself is not modified until Reap(), so iterating it here is safe.
-  for (auto& [id, cp] : conns_) {
-    Conn& c = *cp;
-    if (c.closing || c.fd < 0) continue;
-    LimitKind which;
-    const auto t = LimitDeadline(c, &which);
-    if (which == LimitKind::kNone) continue;
-    if (now < t) {
-      NoteDeadline(t);
-      continue;
-    }
-    std::string why;
-    switch (which) {
-      case LimitKind::kJoin:
-        join_timeouts_.fetch_add(1, std::memory_order_relaxed);
-        why = "join deadline: the peer did not authenticate within " +
-              Ms(limits_.join_deadline) + " (join_deadline)";
-        break;
-      case LimitKind::kPartial:
-        partial_timeouts_.fetch_add(1, std::memory_order_relaxed);
-        why = "partial message timeout: a message begun " +
-              Ms(limits_.partial_message_timeout) +
-              " ago is still incomplete (" +
-              std::to_string(c.decoder.buffered()) +
-              " bytes of it arrived; partial_message_timeout)";
-        break;
-      case LimitKind::kIdle:
-        idle_timeouts_.fetch_add(1, std::memory_order_relaxed);
-        why = "idle timeout: nothing received for " + Ms(limits_.idle_timeout) +
-              " (idle_timeout)";
-        break;
-      case LimitKind::kNone:
-        break;
-    }
-    CloseWithError(c, kErrorCodeLimit, why);
-  }
-}
 
-void ControlSidecar::TrimHeap() {
-  if (freed_bytes_ < kTrimAfterBytes) return;
-  const auto now = Clock::now();
-  if (now < next_trim_) return;
-#ifdef __GLIBC__
-  malloc_trim(0);
-#endif
-  freed_bytes_ = 0;
-  next_trim_ = now + kTrimPeriod;
-}
 
-int ControlSidecar::NextTimeoutMs() const {
-  std::optional<Clock::time_point> next;
-  auto consider = [&](Clock::time_point t) {
-    if (!next || t < *next) next = t;
-  };
-  for (ConnId id : lingering_) {
-    if (const Conn* c = Find(id); c != nullptr && c->fd >= 0) {
-      consider(c->deadline);
-    }
-  }
-  if (listen_paused_) consider(listen_paused_until_);
-  if (next_limit_check_ != Clock::time_point::max()) {
-    consider(next_limit_check_);
-  }
-  if (kCanTrim && freed_bytes_ >= kTrimAfterBytes) consider(next_trim_);
-  if (!next) return -1;
-  const auto left = *next - Clock::now();
-  if (left <= Clock::duration::zero()) return 0;
-  // Round up: waking a hair early would just spin once more.
-  return static_cast<int>(
-      std::chrono::ceil<std::chrono::milliseconds>(left).count());
-}
 
 void ControlSidecar::DeliverCloses() {
   // on_close may close more connections (Send failing, Close): loop until
