@@ -88,8 +88,6 @@ bool IsSelfConnect(int fd) {
 
 }  // namespace
 
-
-
 ControlSidecar::ControlSidecar(Callbacks cb, uint32_t max_frame,
                                ControlLimits limits)
     : cb_(std::move(cb)),
@@ -306,13 +304,6 @@ std::string ControlSidecar::PeerAddress(ConnId id) const {
   const Conn* c = Find(id);
   return c ? c->peer : std::string();
 }
-
-
-
-
-
-
-
 
 bool ControlSidecar::Send(ConnId id, const ControlMessage& m,
                           std::string* error) {
@@ -627,14 +618,6 @@ void ControlSidecar::HandleReadable(Conn& c) {
 void ControlSidecar::HandleWritable(Conn& c) {
   if (Flush(c)) Update(c);
 }
-
-
-
-
-
-
-
-
 
 void ControlSidecar::DeliverCloses() {
   // on_close may close more connections (Send failing, Close): loop until

@@ -68,12 +68,13 @@ const ReducedPush& ServerJob::ClosePush(uint64_t it, const ClosedPush& c,
       post->push_back(AcceptedRequest{static_cast<uint16_t>(w), PushRound(it)});
     }
   }
-  if (!s_.push_only) {
-    const RoundTolerance& t = r.broadcast;
-    post->push_back(RoundBeginRequest{
-        Direction::kBroadcast, BroadcastRound(it), t.p, t.deadline_ns,
-        t.deadline_ns ? t.min_fraction : 0, t.critical});
-  }
+  // Always announced: a push bench's broadcast (push_only) closes at once
+  // (a 1 ns deadline, a floor of no chunk), which ends the worker's round.
+  const RoundTolerance& t = r.broadcast;
+  post->push_back(RoundBeginRequest{Direction::kBroadcast, BroadcastRound(it),
+                                    t.p, t.deadline_ns,
+                                    t.deadline_ns ? t.min_fraction : 0,
+                                    t.critical});
   next_ = r.next;
   // The next round's divisor: this one may still hold a lost worker's
   // chunks.

@@ -73,7 +73,7 @@ class ServerJob {
   // Every live worker's push side closed: reduces, runs the policy, adds
   // the push half of each worker's row, stages push feedback in `accepted`
   // and appends to `post` the requests to send, in order (each worker's
-  // ACCEPTED, then the broadcast's ROUND_BEGIN unless push_only).
+  // ACCEPTED, then the broadcast's ROUND_BEGIN).
   const ReducedPush& ClosePush(uint64_t it, const ClosedPush& c,
                                AcceptedSlots* accepted,
                                std::vector<ControlRequest>* post);
