@@ -244,6 +244,7 @@ void ServerLcore::ReceiveBurst(uint16_t port, rte_mbuf** pkts, uint16_t n,
     reducer.Accumulate(h.seq, payload);
   };
   const uint32_t num_workers = static_cast<uint32_t>(links_.size());
+  const std::atomic<bool>* alive = job_.alive_flags();
   for (uint16_t i = 0; i < n; ++i) {
     if (prefetch) {
       // Headers a few frames ahead; the next frame's sum slice, which the
@@ -264,7 +265,7 @@ void ServerLcore::ReceiveBurst(uint16_t port, rte_mbuf** pkts, uint16_t n,
     const uint16_t rank = PeekSenderRank(pf.dblp, pf.dblp_len);
     const uint16_t w = rank < num_workers ? rank : 0;
     ServerLink& l = *links_[w];
-    if (!job_.alive(w)) {
+    if (!alive[w].load(std::memory_order_relaxed)) {
       DatapathCounters::Add(conf_.counters.from_lost_worker);
       continue;
     }

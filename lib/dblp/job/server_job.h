@@ -93,6 +93,8 @@ class ServerJob {
   bool alive(uint32_t w) const {
     return alive_[w].load(std::memory_order_relaxed);
   }
+  // The flags themselves, for a per-frame check without the indirection.
+  const std::atomic<bool>* alive_flags() const { return alive_.get(); }
   uint32_t live_count() const;
   uint32_t workers() const { return static_cast<uint32_t>(names_.size()); }
   // Coordinator: worker w finished its iterations (BYE).
