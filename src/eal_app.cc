@@ -205,21 +205,4 @@ std::string FormatMac(const uint8_t mac[6]) {
   return buf;
 }
 
-void IdleBackoff::Idle() {
-  if (empty_ < spin_polls_) {
-    ++empty_;
-    rte_pause();
-    return;
-  }
-  if (max_sleep_us_ == 0) {
-    rte_pause();
-    return;
-  }
-  // nanosleep, not a busy delay: the point is to give the core away.
-  rte_delay_us_sleep(sleep_us_);
-  ++sleeps_;
-  idle_us_ += sleep_us_;
-  sleep_us_ = std::min(sleep_us_ * 2, deep_.Cap(idle_us_, max_sleep_us_));
-}
-
 }  // namespace dblp

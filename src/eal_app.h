@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "dblp/base/deep_idle.h"
+#include "dblp/base/idle_backoff.h"
 
 namespace dblp {
 
@@ -58,26 +59,5 @@ std::string FormatMac(const uint8_t mac[6]);
 inline constexpr int kSidecarRtPriority = 2;
 inline constexpr int kDatapathRtPriority = 1;
 bool SetRealtime(pthread_t thread, int priority);
-
-// Idle back-off for poll loops sharing few cores: after `spin_polls` empty
-// polls it pauses, then sleeps with a growing interval up to `max_sleep_us`.
-// Any work resets it. max_sleep_us = 0 disables sleeping (pure poll mode).
-class IdleBackoff {
- public:
-  IdleBackoff(uint32_t spin_polls, uint32_t max_sleep_us, DeepIdle deep = {})
-      : spin_polls_(spin_polls), max_sleep_us_(max_sleep_us), deep_(deep) {}
-  void Work() { empty_ = 0; sleep_us_ = 1; idle_us_ = 0; }
-  void Idle();
-  uint64_t sleeps() const { return sleeps_; }
-
- private:
-  uint32_t spin_polls_;
-  uint32_t max_sleep_us_;
-  uint32_t empty_ = 0;
-  uint32_t sleep_us_ = 1;
-  uint64_t sleeps_ = 0;
-  DeepIdle deep_;
-  uint64_t idle_us_ = 0;  // slept since the last Work()
-};
 
 }  // namespace dblp

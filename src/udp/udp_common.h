@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "dblp/base/deep_idle.h"
+#include "dblp/base/idle_backoff.h"
 #include "dblp/control/control_sidecar.h"
 #include "dblp/obs/run_report.h"
 #include "dblp/round/round_events.h"
@@ -75,31 +76,6 @@ class Outbox {
  private:
   EventQueue<ControlRequest>* queue_;
   ControlSidecar* sidecar_;
-};
-
-// Busy polling while there is work; when idle, yield first (the sidecar
-// threads may share our core), then sleep briefly so an idle round does
-// not burn a core for nothing.
-class Backoff {
- public:
-  explicit Backoff(uint32_t sleep_us, DeepIdle deep = {})
-      : sleep_us_(sleep_us), deep_(deep) {}
-  void Work() { empty_ = 0; idle_us_ = 0; }
-  void Idle() {
-    if (++empty_ < 512 || sleep_us_ == 0) {
-      std::this_thread::yield();
-    } else {
-      const uint32_t us = deep_.Cap(idle_us_, sleep_us_);
-      std::this_thread::sleep_for(std::chrono::microseconds(us));
-      idle_us_ += us;
-    }
-  }
-
- private:
-  uint32_t sleep_us_;
-  DeepIdle deep_;
-  uint32_t empty_ = 0;
-  uint64_t idle_us_ = 0;  // slept since the last Work()
 };
 
 // Watchdog of a poll loop: fails a round that makes no progress.

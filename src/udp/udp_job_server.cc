@@ -42,7 +42,6 @@
 namespace dblp {
 namespace {
 
-using udp::Backoff;
 using udp::EventQueue;
 using udp::NowNs;
 using udp::Outbox;
@@ -454,7 +453,10 @@ std::string JobServer::SetUpJob() {
 }
 
 std::string JobServer::ServeRounds(Outbox& out) {
-  Backoff backoff(o_.idle_sleep_us, o_.deep_idle);
+  // Yields, not pauses, while spinning: the sidecar thread may share the
+  // core.
+  IdleBackoff backoff(512, o_.idle_sleep_us, o_.deep_idle,
+                      IdleBackoff::Spin::kYield);
   Watchdog watchdog(o_.round_timeout_ms);
   std::string failure;
   OpenPush(out);

@@ -37,7 +37,6 @@
 namespace dblp {
 namespace {
 
-using udp::Backoff;
 using udp::EventQueue;
 using udp::kServerEndpoint;
 using udp::NowNs;
@@ -136,7 +135,7 @@ class JobWorker {
   std::unique_ptr<PacketFrames<UdpSocketPort>> frames_;
   std::unique_ptr<RxLossInjector> loss_;
   std::vector<Packet> pkts_;
-  std::optional<Backoff> backoff_;
+  std::optional<IdleBackoff> backoff_;
   std::vector<DatapathEvent> taken_;
   bool have_go_ = false;  // a push ROUND_BEGIN came; go_round_ is its round
   uint32_t go_round_ = 0;
@@ -374,7 +373,10 @@ std::string JobWorker::SetUpJob() {
   loss_->StartClock(NowNs());
   pkts_.resize(udp::kRxBurst);
   for (Packet& p : pkts_) p.bytes.reserve(o_.mtu - udp::kIpUdpHeaders);
-  backoff_.emplace(o_.idle_sleep_us, o_.deep_idle);
+  // Yields, not pauses, while spinning: the sidecar thread may share the
+  // core.
+  backoff_.emplace(512, o_.idle_sleep_us, o_.deep_idle,
+                   IdleBackoff::Spin::kYield);
   return "";
 }
 

@@ -147,54 +147,52 @@ UdpPushWorkerResult RunUdpPushWorker(const UdpPushWorkerOptions& o) {
 // Bench: both in one process
 // ---------------------------------------------------------------------------
 
-UdpPushBenchResult RunUdpPushBench(const UdpPushBenchOptions& o) {
-  UdpPushBenchResult res;
+namespace {
+
+// Both sides' option errors up front (a side that fails alone would leave
+// the other waiting for its join timeout): "" or why not; *ctrl is the
+// server's control address to connect to.
+std::string CheckBenchOptions(const UdpPushBenchOptions& o, sockaddr_in* ctrl) {
   if (!(o.size_mb > 0) || !std::isfinite(o.size_mb) || o.size_mb > 4096) {
-    res.exit_code = 2;
-    res.error = "size_mb must be in (0, 4096]";
-    return res;
+    return "size_mb must be in (0, 4096]";
   }
-  res.size_bytes = std::max<uint64_t>(
-      4, static_cast<uint64_t>(o.size_mb * 1048576.0) / 4 * 4);
-  sockaddr_in ctrl{};
   std::string err;
-  // Both sides' option errors up front: a side that fails alone would
-  // leave the other waiting for its join timeout.
   if (!CheckCpu(o.server_cpu, &err) || !CheckCpu(o.worker_cpu, &err)) {
-    res.exit_code = 2;
-    res.error = err;
-    return res;
+    return err;
   }
   if (std::string e = CheckCommon(o.mtu, o.round_timeout_ms); !e.empty()) {
+    return e;
+  }
+  if (o.burst == 0 || o.burst > UdpSocketPort::kMaxBurst) {
+    return "burst must be in 1.." + std::to_string(UdpSocketPort::kMaxBurst);
+  }
+  if (!ParseIpv4Endpoint(o.control, true, true, "127.0.0.1:9100", ctrl, &err)) {
+    return "control: " + err;
+  }
+  if (ctrl->sin_addr.s_addr == htonl(INADDR_ANY)) {
+    ctrl->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  }
+  // Both sides' directories, like the other option errors (each side
+  // opens its own again when it starts).
+  for (const char* side : {"/server", "/worker"}) {
+    RowStream probe;
+    if (!o.out_dir.empty() && !probe.Open(o.out_dir + side, &err)) return err;
+  }
+  return "";
+}
+
+}  // namespace
+
+UdpPushBenchResult RunUdpPushBench(const UdpPushBenchOptions& o) {
+  UdpPushBenchResult res;
+  sockaddr_in ctrl{};
+  if (std::string e = CheckBenchOptions(o, &ctrl); !e.empty()) {
     res.exit_code = 2;
     res.error = e;
     return res;
   }
-  if (o.burst == 0 || o.burst > UdpSocketPort::kMaxBurst) {
-    res.exit_code = 2;
-    res.error =
-        "burst must be in 1.." + std::to_string(UdpSocketPort::kMaxBurst);
-    return res;
-  }
-  if (!ParseIpv4Endpoint(o.control, true, true, "127.0.0.1:9100", &ctrl,
-                         &err)) {
-    res.exit_code = 2;
-    res.error = "control: " + err;
-    return res;
-  }
-  if (ctrl.sin_addr.s_addr == htonl(INADDR_ANY)) {
-    ctrl.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  }
-  // Both sides' directories up front, like the other option errors (each
-  // side opens its own again when it starts).
-  for (const char* side : {"/server", "/worker"}) {
-    RowStream probe;
-    if (!o.out_dir.empty() && !probe.Open(o.out_dir + side, &err)) {
-      res.exit_code = 2;
-      res.error = err;
-      return res;
-    }
-  }
+  res.size_bytes = std::max<uint64_t>(
+      4, static_cast<uint64_t>(o.size_mb * 1048576.0) / 4 * 4);
 
   UdpPushServerOptions so;
   so.secret = o.secret;
