@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "dblp/base/round_pacer.h"
 #include "dblp/control/control.h"
 #include "dblp/control/control_sidecar.h"
 #include "dblp/emul/loss_model.h"
@@ -163,62 +164,6 @@ struct RingOutbox {
     ring->Push(r);
     sidecar->Wakeup();
   }
-};
-
-// The idle back-off and no-progress watchdog of a poll loop. The loop reads
-// the clock once per turn and passes it in. With several lcores on one job
-// the watchdog is the job's (`shared_progress`): an lcore whose shard has
-// nothing to do is not stuck while another makes progress.
-class RoundPacer {
- public:
-  enum class Step : uint8_t { kContinue, kTimedOut, kQuit };
-  RoundPacer(uint32_t idle_spin, uint32_t idle_sleep_us, uint32_t timeout_ms,
-             const std::atomic<bool>* quit,
-             std::atomic<uint64_t>* shared_progress = nullptr,
-             DeepIdle deep_idle = {})
-      : backoff_(idle_spin, idle_sleep_us, deep_idle),
-        timeout_ns_(uint64_t{timeout_ms} * 1000000),
-        timeout_ms_(timeout_ms),
-        quit_(quit),
-        shared_(shared_progress) {}
-  void Start(uint64_t now_ns) { Progress(now_ns); }
-  // After one loop turn; `work` = anything was received, sent or handled.
-  // Sleeps when idle (sharing few cores with other processes).
-  Step After(bool work, uint64_t now_ns) {
-    if (work) {
-      backoff_.Work();
-      Progress(now_ns);
-      return Step::kContinue;
-    }
-    if (quit_->load(std::memory_order_relaxed)) return Step::kQuit;
-    uint64_t last = last_progress_;
-    if (shared_ != nullptr) {
-      last = std::max(last, shared_->load(std::memory_order_relaxed));
-    }
-    // Another lcore's progress may be stamped after our `now_ns`.
-    if (now_ns > last && now_ns - last > timeout_ns_) return Step::kTimedOut;
-    backoff_.Idle();
-    return Step::kContinue;
-  }
-  uint32_t timeout_ms() const { return timeout_ms_; }
-  uint64_t sleeps() const { return backoff_.sleeps(); }
-
- private:
-  void Progress(uint64_t now_ns) {
-    // The shared line is written at most once a millisecond.
-    if (shared_ != nullptr && now_ns - last_published_ > 1000000) {
-      shared_->store(now_ns, std::memory_order_relaxed);
-      last_published_ = now_ns;
-    }
-    last_progress_ = now_ns;
-  }
-  IdleBackoff backoff_;
-  uint64_t timeout_ns_;
-  uint32_t timeout_ms_;
-  const std::atomic<bool>* quit_;
-  std::atomic<uint64_t>* shared_;  // every lcore of the job: relaxed
-  uint64_t last_progress_ = 0;
-  uint64_t last_published_ = 0;
 };
 
 // The RX step both apps share: validates a received frame's L2-L4 headers

@@ -15,6 +15,7 @@
 
 #include "dblp/base/deep_idle.h"
 #include "dblp/base/idle_backoff.h"
+#include "dblp/base/round_pacer.h"
 #include "dblp/control/control_sidecar.h"
 #include "dblp/obs/run_report.h"
 #include "dblp/round/round_events.h"
@@ -76,19 +77,6 @@ class Outbox {
  private:
   EventQueue<ControlRequest>* queue_;
   ControlSidecar* sidecar_;
-};
-
-// Watchdog of a poll loop: fails a round that makes no progress.
-class Watchdog {
- public:
-  explicit Watchdog(uint32_t timeout_ms)
-      : timeout_ns_(uint64_t{timeout_ms} * 1000000) {}
-  void Progress() { last_ = NowNs(); }
-  bool Expired() const { return NowNs() - last_ > timeout_ns_; }
-
- private:
-  uint64_t timeout_ns_;
-  uint64_t last_ = NowNs();
 };
 
 // Checked before any socket opens, so a bad CPU fails fast on both sides.

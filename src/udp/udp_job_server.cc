@@ -45,7 +45,6 @@ namespace {
 using udp::EventQueue;
 using udp::NowNs;
 using udp::Outbox;
-using udp::Watchdog;
 
 class JobServer {
  public:
@@ -455,9 +454,9 @@ std::string JobServer::SetUpJob() {
 std::string JobServer::ServeRounds(Outbox& out) {
   // Yields, not pauses, while spinning: the sidecar thread may share the
   // core.
-  IdleBackoff backoff(512, o_.idle_sleep_us, o_.deep_idle,
-                      IdleBackoff::Spin::kYield);
-  Watchdog watchdog(o_.round_timeout_ms);
+  RoundPacer pacer(512, o_.idle_sleep_us, o_.round_timeout_ms, nullptr, nullptr,
+                   o_.deep_idle, IdleBackoff::Spin::kYield);
+  pacer.Start(NowNs());
   std::string failure;
   OpenPush(out);
   for (;;) {
@@ -474,13 +473,9 @@ std::string JobServer::ServeRounds(Outbox& out) {
     if (CloseBroadcastIfDone()) work = progress = true;
     if (!broadcasting_ && job_->AllLiveSaidBye()) return "";
     if (!broadcasting_ && CloseRoundIfStopped(out)) work = progress = true;
-    if (progress) watchdog.Progress();
-    if (work) {
-      backoff.Work();
-    } else {
-      backoff.Idle();
+    if (pacer.After(work, progress, NowNs()) == RoundPacer::Step::kTimedOut) {
+      return NoProgress();
     }
-    if (!progress && watchdog.Expired()) return NoProgress();
   }
 }
 

@@ -41,7 +41,6 @@ using udp::EventQueue;
 using udp::kServerEndpoint;
 using udp::NowNs;
 using udp::Outbox;
-using udp::Watchdog;
 
 class JobWorker {
  public:
@@ -135,7 +134,7 @@ class JobWorker {
   std::unique_ptr<PacketFrames<UdpSocketPort>> frames_;
   std::unique_ptr<RxLossInjector> loss_;
   std::vector<Packet> pkts_;
-  std::optional<IdleBackoff> backoff_;
+  std::optional<RoundPacer> pacer_;
   std::vector<DatapathEvent> taken_;
   bool have_go_ = false;  // a push ROUND_BEGIN came; go_round_ is its round
   uint32_t go_round_ = 0;
@@ -375,8 +374,8 @@ std::string JobWorker::SetUpJob() {
   for (Packet& p : pkts_) p.bytes.reserve(o_.mtu - udp::kIpUdpHeaders);
   // Yields, not pauses, while spinning: the sidecar thread may share the
   // core.
-  backoff_.emplace(512, o_.idle_sleep_us, o_.deep_idle,
-                   IdleBackoff::Spin::kYield);
+  pacer_.emplace(512, o_.idle_sleep_us, o_.round_timeout_ms, nullptr, nullptr,
+                 o_.deep_idle, IdleBackoff::Spin::kYield);
   return "";
 }
 
@@ -437,19 +436,14 @@ bool JobWorker::TakeEvents() {
 
 // Waits for the server to open `round` (its ROUND_BEGIN).
 std::string JobWorker::AwaitRoundBegin(uint32_t round) {
-  Watchdog watchdog(o_.round_timeout_ms);
+  pacer_->Start(NowNs());
   while (!(have_go_ && go_round_ == round)) {
     const bool any = TakeEvents();
     if (server_gone_.load(std::memory_order_acquire)) return gone_why_;
-    if (any) {
-      backoff_->Work();
-      continue;
-    }
-    if (watchdog.Expired()) {
+    if (pacer_->After(any, NowNs()) == RoundPacer::Step::kTimedOut) {
       return "the server never opened push round " + std::to_string(round) +
              " (waited " + std::to_string(o_.round_timeout_ms) + " ms)";
     }
-    backoff_->Idle();
   }
   push_p_ = go_p_;
   push_critical_ = go_critical_;
@@ -468,7 +462,7 @@ std::string JobWorker::Exchange(uint64_t it, std::span<const uint32_t> order) {
   const uint32_t round = PushRound(it);
   if (std::string e = AwaitRoundBegin(round); !e.empty()) return e;
   push_->Begin(round, order, NowNs());
-  Watchdog watchdog(o_.round_timeout_ms);
+  pacer_->Start(NowNs());
   for (;;) {
     const uint64_t sent = push_->sender().packets_sent();
     bool progress = TakeEvents();
@@ -490,15 +484,10 @@ std::string JobWorker::Exchange(uint64_t it, std::span<const uint32_t> order) {
     // A PROBE retry is work but no progress: only frames sent (a new
     // pass), frames accepted and control events feed the watchdog, so a
     // silent server still times the round out.
-    if (progress || push_->sender().packets_sent() != sent) {
-      watchdog.Progress();
+    progress = progress || push_->sender().packets_sent() != sent;
+    if (pacer_->After(work, progress, NowNs()) == RoundPacer::Step::kTimedOut) {
+      return Stalled(it);
     }
-    if (work) {
-      backoff_->Work();
-      continue;
-    }
-    if (watchdog.Expired()) return Stalled(it);
-    backoff_->Idle();
   }
 }
 

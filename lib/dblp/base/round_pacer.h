@@ -1,0 +1,83 @@
+// The pace of a poll loop: its idle back-off (idle_backoff.h) and its
+// no-progress watchdog, for every transport's loops (the DPDK lcores, the
+// kernel-UDP threads). The loop reads its clock once per turn and passes
+// it in. With several lcores on one job the watchdog is the job's
+// (`shared_progress`): an lcore whose shard has nothing to do is not stuck
+// while another makes progress.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+
+#include "dblp/base/deep_idle.h"
+#include "dblp/base/idle_backoff.h"
+
+namespace dblp {
+
+class RoundPacer {
+ public:
+  enum class Step : uint8_t { kContinue, kTimedOut, kQuit };
+  // `quit` (may be null): a signal ends the loop. `shared_progress` (may
+  // be null): the job's latest progress, every lcore's.
+  RoundPacer(uint32_t idle_spin, uint32_t idle_sleep_us, uint32_t timeout_ms,
+             const std::atomic<bool>* quit,
+             std::atomic<uint64_t>* shared_progress = nullptr,
+             DeepIdle deep_idle = {},
+             IdleBackoff::Spin spin = IdleBackoff::Spin::kPause)
+      : backoff_(idle_spin, idle_sleep_us, deep_idle, spin),
+        timeout_ns_(uint64_t{timeout_ms} * 1000000),
+        timeout_ms_(timeout_ms),
+        quit_(quit),
+        shared_(shared_progress) {}
+  // A wait begins: the watchdog counts from `now_ns`.
+  void Start(uint64_t now_ns) { Progress(now_ns); }
+  // After one loop turn. `work` (anything received, sent or handled) ends
+  // the back-off; `progress` (what moves the round) feeds the watchdog, so
+  // a loop that only retries still times out.
+  Step After(bool work, bool progress, uint64_t now_ns) {
+    if (progress) Progress(now_ns);
+    if (quit_ != nullptr && quit_->load(std::memory_order_relaxed)) {
+      return Step::kQuit;
+    }
+    if (!progress && Expired(now_ns)) return Step::kTimedOut;
+    if (work) {
+      backoff_.Work();
+    } else {
+      backoff_.Idle();
+    }
+    return Step::kContinue;
+  }
+  // Any work counts as progress.
+  Step After(bool work, uint64_t now_ns) { return After(work, work, now_ns); }
+  uint32_t timeout_ms() const { return timeout_ms_; }
+  uint64_t sleeps() const { return backoff_.sleeps(); }
+
+ private:
+  bool Expired(uint64_t now_ns) const {
+    uint64_t last = last_progress_;
+    if (shared_ != nullptr) {
+      last = std::max(last, shared_->load(std::memory_order_relaxed));
+    }
+    // Another lcore's progress may be stamped after our `now_ns`.
+    return now_ns > last && now_ns - last > timeout_ns_;
+  }
+  void Progress(uint64_t now_ns) {
+    // The shared line is written at most once a millisecond.
+    if (shared_ != nullptr && now_ns - last_published_ > 1000000) {
+      shared_->store(now_ns, std::memory_order_relaxed);
+      last_published_ = now_ns;
+    }
+    last_progress_ = now_ns;
+  }
+
+  IdleBackoff backoff_;
+  uint64_t timeout_ns_;
+  uint32_t timeout_ms_;
+  const std::atomic<bool>* quit_;
+  std::atomic<uint64_t>* shared_;  // every lcore of the job: relaxed
+  uint64_t last_progress_ = 0;
+  uint64_t last_published_ = 0;
+};
+
+}  // namespace dblp
