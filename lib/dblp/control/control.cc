@@ -1,9 +1,13 @@
 #include "dblp/control/control.h"
 
+#include <array>
 #include <bit>
 #include <cmath>
+#include <concepts>
 #include <limits>
 #include <stdexcept>
+#include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 
@@ -55,19 +59,138 @@ uint32_t LoadBe32(const uint8_t* p) {
 uint64_t WordsFor(uint32_t num_bits) { return (uint64_t{num_bits} + 63) / 64; }
 
 // ---------------------------------------------------------------------------
-// Validation (shared by encoder and decoder).
+// One field list per message (Fields, below), walked by three visitors: the
+// Writer encodes it, the Reader decodes it (structural checks: lengths and
+// counts, before any allocation), the Checker validates its values (for
+// the encoder before writing, for the decoder after reading). Every
+// visitor call names the field for the error text.
 
-class Checker {
+template <class M, class T>
+concept Like = std::same_as<std::remove_const_t<M>, T>;
+
+template <class V>
+bool Fields(V& v, Like<JoinMsg> auto& m) {
+  return v.U16(m.protocol_version, "protocol_version") &&
+         v.U32(m.session, "session") &&
+         v.Str(m.worker_name, kMaxControlString, "worker_name") &&
+         v.U64(m.total_bytes, "total_bytes") && v.U32(m.mtu, "mtu") &&
+         v.Layers(m.layers) && v.Bytes(m.nonce, "nonce") &&
+         v.Bytes(m.data_mac, "data_mac") && v.U32(m.data_ipv4, "data_ipv4") &&
+         v.U16(m.data_udp_port, "data_udp_port");
+}
+template <class V>
+bool Fields(V& v, Like<ChallengeMsg> auto& m) {
+  return v.Bytes(m.nonce, "nonce") && v.Bytes(m.proof, "proof");
+}
+template <class V>
+bool Fields(V& v, Like<ProofMsg> auto& m) {
+  return v.Bytes(m.proof, "proof");
+}
+template <class V>
+bool Fields(V& v, Like<TagMsg> auto& m) {
+  return v.U64(m.seq, "seq") && v.Bytes(m.mac, "mac");
+}
+template <class V>
+bool Fields(V& v, Like<WelcomeMsg> auto& m) {
+  return v.U32(m.session, "session") && v.U16(m.rank, "rank") &&
+         v.U16(m.num_workers, "num_workers") && v.U32(m.mtu, "mtu") &&
+         v.U32(m.chunk_payload, "chunk_payload") &&
+         v.U32(m.num_chunks, "num_chunks") &&
+         v.U64(m.total_bytes, "total_bytes") &&
+         v.U16(m.udp_base_port, "udp_base_port") &&
+         v.U16(m.num_shards, "num_shards") &&
+         v.U32(m.resync_every, "resync_every") &&
+         v.Flag(m.push_feedback, "push_feedback") &&
+         v.Flag(m.consistent_broadcast, "consistent_broadcast") &&
+         v.U32(m.server_ipv4, "server_ipv4") &&
+         v.Bytes(m.server_mac, "server_mac") &&
+         v.Str(m.policy, kMaxControlString, "policy") && v.Layers(m.layers) &&
+         v.U32(m.worker_ipv4, "worker_ipv4") &&
+         v.Enum(m.frame_auth, kMaxFrameAuthMode, "frame_auth") &&
+         v.Bytes(m.job_nonce, "job_nonce") && v.Bytes(m.mac, "mac");
+}
+template <class V>
+bool Fields(V& v, Like<RoundBeginMsg> auto& m) {
+  // p must stay below 1 (a round needs a chunk); a deadline's floor may
+  // ask for every chunk (LTP's --ltp_min_fraction is in (0, 1]).
+  return v.U32(m.round, "round") && v.U32(m.iteration, "iteration") &&
+         v.Dir(m.direction) && v.Fraction(m.p, "p", false) &&
+         v.U64(m.deadline_ns, "deadline_ns") &&
+         v.Fraction(m.min_fraction, "min_fraction", true) &&
+         v.Flag(m.critical, "critical");
+}
+template <class V>
+bool Fields(V& v, Like<ProbeMsg> auto& m) {
+  return v.U32(m.round, "round") && v.Dir(m.direction) &&
+         v.U32(m.pass, "pass") && v.U16(m.shard, "shard");
+}
+template <class V>
+bool Fields(V& v, Like<BitmapMsg> auto& m) {
+  return v.U32(m.round, "round") && v.Dir(m.direction) &&
+         v.Words(m.num_bits, m.words) && v.U16(m.shard, "shard");
+}
+template <class V>
+bool Fields(V& v, Like<AcceptedMsg> auto& m) {
+  return v.U32(m.round, "round") && v.Words(m.num_bits, m.words);
+}
+template <class V>
+bool Fields(V& v, Like<StopMsg> auto& m) {
+  return v.U32(m.round, "round") && v.Dir(m.direction) &&
+         v.U32(m.received, "received") && v.Reason(m.reason);
+}
+template <class V>
+bool Fields(V& v, Like<ByeMsg> auto& m) {
+  return v.Str(m.reason, kMaxControlString, "reason");
+}
+template <class V>
+bool Fields(V& v, Like<ErrorMsg> auto& m) {
+  return v.U16(m.code, "code") && v.Str(m.text, kMaxControlString, "text");
+}
+
+// A field's error: "<MSG>.<field>: <why>".
+class FieldErrors {
  public:
-  explicit Checker(const char* msg) : msg_(msg) {}
-
-  bool Fail(ControlError e, const std::string& field, const std::string& why) {
+  explicit FieldErrors(const char* msg) : msg_(msg) {}
+  bool Fail(ControlError e, std::string_view field, const std::string& why) {
     err_ = e;
-    text_ = std::string(msg_) + "." + field + ": " + why;
+    text_ = std::string(msg_) + "." + std::string(field) + ": " + why;
     return false;
   }
+  ControlError err() const { return err_; }
+  std::string& text() { return text_; }
 
-  bool String(const std::string& s, size_t limit, const std::string& field) {
+ private:
+  const char* msg_;
+  ControlError err_ = ControlError::kNone;
+  std::string text_;
+};
+
+// ---------------------------------------------------------------------------
+// Validation of the values (shared by encoder and decoder).
+
+class Checker : public FieldErrors {
+ public:
+  using FieldErrors::FieldErrors;
+
+  template <class T>
+  bool U16(const T&, std::string_view) {
+    return true;
+  }
+  template <class T>
+  bool U32(const T&, std::string_view) {
+    return true;
+  }
+  template <class T>
+  bool U64(const T&, std::string_view) {
+    return true;
+  }
+  bool Flag(bool, std::string_view) { return true; }
+  template <size_t N>
+  bool Bytes(const std::array<uint8_t, N>&, std::string_view) {
+    return true;
+  }
+
+  bool Str(const std::string& s, size_t limit, std::string_view field) {
     if (s.size() > limit) {
       return Fail(
           ControlError::kStringTooLong, field,
@@ -85,7 +208,7 @@ class Checker {
     for (size_t i = 0; i < layers.size(); ++i) {
       const std::string field = "layers[" + std::to_string(i) + "]";
       const LayerInfo& l = layers[i];
-      if (!String(l.name, kMaxLayerName, field + ".name")) return false;
+      if (!Str(l.name, kMaxLayerName, field + ".name")) return false;
       if (l.shape.size() > kMaxShapeDims) {
         return Fail(ControlError::kTooManyItems, field + ".shape",
                     std::to_string(l.shape.size()) + " dims > limit " +
@@ -111,9 +234,24 @@ class Checker {
     return true;
   }
 
-  // p must stay below 1 (a round needs a chunk); a deadline's floor may
-  // ask for every chunk (LTP's --ltp_min_fraction is in (0, 1]).
-  bool Fraction(double x, const char* field, bool one_allowed = false) {
+  bool Reason(StopReason r) {
+    const auto v = static_cast<uint8_t>(r);
+    if (v > static_cast<uint8_t>(StopReason::kComplete)) {
+      return Fail(ControlError::kBadValue, "reason",
+                  "unknown value " + std::to_string(v));
+    }
+    return true;
+  }
+
+  bool Enum(uint8_t v, uint8_t max, std::string_view field) {
+    if (v > max) {
+      return Fail(ControlError::kBadValue, field,
+                  "unknown mode " + std::to_string(v));
+    }
+    return true;
+  }
+
+  bool Fraction(double x, std::string_view field, bool one_allowed) {
     // Written so that NaN fails too.
     if (!(std::isfinite(x) && x >= 0.0 &&
           (x < 1.0 || (one_allowed && x == 1.0)))) {
@@ -124,29 +262,6 @@ class Checker {
     return true;
   }
 
-  bool Check(const JoinMsg& m) {
-    return String(m.worker_name, kMaxControlString, "worker_name") &&
-           Layers(m.layers);
-  }
-  bool Check(const WelcomeMsg& m) {
-    if (m.frame_auth > kMaxFrameAuthMode) {
-      return Fail(ControlError::kBadValue, "frame_auth",
-                  "unknown mode " + std::to_string(m.frame_auth));
-    }
-    return String(m.policy, kMaxControlString, "policy") && Layers(m.layers);
-  }
-  bool Check(const ChallengeMsg&) { return true; }
-  bool Check(const ProofMsg&) { return true; }
-  bool Check(const TagMsg&) { return true; }
-  bool Check(const RoundBeginMsg& m) {
-    return Dir(m.direction) && Fraction(m.p, "p") &&
-           Fraction(m.min_fraction, "min_fraction", /*one_allowed=*/true);
-  }
-  bool Check(const ProbeMsg& m) { return Dir(m.direction); }
-  bool Check(const BitmapMsg& m) {
-    return Dir(m.direction) && Words(m.num_bits, m.words);
-  }
-  bool Check(const AcceptedMsg& m) { return Words(m.num_bits, m.words); }
   bool Words(uint32_t num_bits, const std::vector<uint64_t>& words) {
     const uint64_t want = WordsFor(num_bits);
     if (words.size() != want) {
@@ -162,29 +277,6 @@ class Checker {
     }
     return true;
   }
-  bool Check(const StopMsg& m) {
-    if (!Dir(m.direction)) return false;
-    const auto r = static_cast<uint8_t>(m.reason);
-    if (r > static_cast<uint8_t>(StopReason::kComplete)) {
-      return Fail(ControlError::kBadValue, "reason",
-                  "unknown value " + std::to_string(r));
-    }
-    return true;
-  }
-  bool Check(const ByeMsg& m) {
-    return String(m.reason, kMaxControlString, "reason");
-  }
-  bool Check(const ErrorMsg& m) {
-    return String(m.text, kMaxControlString, "text");
-  }
-
-  ControlError err() const { return err_; }
-  std::string& text() { return text_; }
-
- private:
-  const char* msg_;
-  ControlError err_ = ControlError::kNone;
-  std::string text_;
 };
 
 // ---------------------------------------------------------------------------
@@ -194,122 +286,53 @@ class Writer {
  public:
   explicit Writer(std::vector<uint8_t>& out) : out_(out) {}
 
-  void U8(uint8_t v) { out_.push_back(v); }
-  void U16(uint16_t v) {
+  bool U8(uint8_t v) {
+    out_.push_back(v);
+    return true;
+  }
+  bool U16(uint16_t v, std::string_view = {}) {
     U8(static_cast<uint8_t>(v >> 8));
-    U8(static_cast<uint8_t>(v));
+    return U8(static_cast<uint8_t>(v));
   }
-  void U32(uint32_t v) {
+  bool U32(uint32_t v, std::string_view = {}) {
     U16(static_cast<uint16_t>(v >> 16));
-    U16(static_cast<uint16_t>(v));
+    return U16(static_cast<uint16_t>(v));
   }
-  void U64(uint64_t v) {
+  bool U64(uint64_t v, std::string_view = {}) {
     U32(static_cast<uint32_t>(v >> 32));
-    U32(static_cast<uint32_t>(v));
+    return U32(static_cast<uint32_t>(v));
   }
-  void I64(int64_t v) { U64(static_cast<uint64_t>(v)); }
-  void F64(double v) { U64(std::bit_cast<uint64_t>(v)); }
-  void Dir(Direction d) { U8(static_cast<uint8_t>(d)); }
-  void Str(const std::string& s) {
+  bool Flag(bool v, std::string_view) { return U8(v ? 1 : 0); }
+  bool Dir(Direction d) { return U8(static_cast<uint8_t>(d)); }
+  bool Reason(StopReason r) { return U8(static_cast<uint8_t>(r)); }
+  bool Enum(uint8_t v, uint8_t, std::string_view) { return U8(v); }
+  bool Fraction(double v, std::string_view, bool) {
+    return U64(std::bit_cast<uint64_t>(v));
+  }
+  bool Str(const std::string& s, size_t, std::string_view = {}) {
     U16(static_cast<uint16_t>(s.size()));
     out_.insert(out_.end(), s.begin(), s.end());
-  }
-  void Layers(const std::vector<LayerInfo>& layers) {
-    U32(static_cast<uint32_t>(layers.size()));
-    for (const LayerInfo& l : layers) {
-      Str(l.name);
-      U32(static_cast<uint32_t>(l.shape.size()));
-      for (int64_t d : l.shape) I64(d);
-    }
-  }
-
-  void Body(const JoinMsg& m) {
-    U16(m.protocol_version);
-    U32(m.session);
-    Str(m.worker_name);
-    U64(m.total_bytes);
-    U32(m.mtu);
-    Layers(m.layers);
-    Raw(m.nonce);
-    Raw(m.data_mac);
-    U32(m.data_ipv4);
-    U16(m.data_udp_port);
+    return true;
   }
   template <size_t N>
-  void Raw(const std::array<uint8_t, N>& a) {
+  bool Bytes(const std::array<uint8_t, N>& a, std::string_view) {
     out_.insert(out_.end(), a.begin(), a.end());
+    return true;
   }
-  void Body(const ChallengeMsg& m) {
-    Raw(m.nonce);
-    Raw(m.proof);
+  bool Layers(const std::vector<LayerInfo>& layers) {
+    U32(static_cast<uint32_t>(layers.size()));
+    for (const LayerInfo& l : layers) {
+      Str(l.name, kMaxLayerName);
+      U32(static_cast<uint32_t>(l.shape.size()));
+      for (int64_t d : l.shape) U64(static_cast<uint64_t>(d));
+    }
+    return true;
   }
-  void Body(const ProofMsg& m) { Raw(m.proof); }
-  void Body(const TagMsg& m) {
-    U64(m.seq);
-    Raw(m.mac);
-  }
-  void Body(const WelcomeMsg& m) {
-    U32(m.session);
-    U16(m.rank);
-    U16(m.num_workers);
-    U32(m.mtu);
-    U32(m.chunk_payload);
-    U32(m.num_chunks);
-    U64(m.total_bytes);
-    U16(m.udp_base_port);
-    U16(m.num_shards);
-    U32(m.resync_every);
-    U8(m.push_feedback ? 1 : 0);
-    U8(m.consistent_broadcast ? 1 : 0);
-    U32(m.server_ipv4);
-    out_.insert(out_.end(), m.server_mac.begin(), m.server_mac.end());
-    Str(m.policy);
-    Layers(m.layers);
-    U32(m.worker_ipv4);
-    U8(m.frame_auth);
-    Raw(m.job_nonce);
-    Raw(m.mac);
-  }
-  void Body(const RoundBeginMsg& m) {
-    U32(m.round);
-    U32(m.iteration);
-    Dir(m.direction);
-    F64(m.p);
-    U64(m.deadline_ns);
-    F64(m.min_fraction);
-    U8(m.critical ? 1 : 0);
-  }
-  void Body(const ProbeMsg& m) {
-    U32(m.round);
-    Dir(m.direction);
-    U32(m.pass);
-    U16(m.shard);
-  }
-  void Body(const BitmapMsg& m) {
-    U32(m.round);
-    Dir(m.direction);
-    Words(m.num_bits, m.words);
-    U16(m.shard);
-  }
-  void Body(const AcceptedMsg& m) {
-    U32(m.round);
-    Words(m.num_bits, m.words);
-  }
-  void Words(uint32_t num_bits, const std::vector<uint64_t>& words) {
+  bool Words(uint32_t num_bits, const std::vector<uint64_t>& words) {
     U32(num_bits);
     U32(static_cast<uint32_t>(words.size()));
     for (uint64_t w : words) U64(w);
-  }
-  void Body(const StopMsg& m) {
-    U32(m.round);
-    Dir(m.direction);
-    U32(m.received);
-    U8(static_cast<uint8_t>(m.reason));
-  }
-  void Body(const ByeMsg& m) { Str(m.reason); }
-  void Body(const ErrorMsg& m) {
-    U16(m.code);
-    Str(m.text);
+    return true;
   }
 
  private:
@@ -320,23 +343,15 @@ class Writer {
 // Decoding of one complete frame body. Structural checks (lengths, counts)
 // happen here, before any allocation; value rules are left to Checker.
 
-class Reader {
+class Reader : public FieldErrors {
  public:
   Reader(const uint8_t* p, size_t n, const char* msg)
-      : p_(p), n_(n), msg_(msg) {}
+      : FieldErrors(msg), p_(p), n_(n) {}
 
   size_t remaining() const { return n_ - pos_; }
-  ControlError err() const { return err_; }
-  std::string& text() { return text_; }
-
-  bool Fail(ControlError e, const std::string& field, const std::string& why) {
-    err_ = e;
-    text_ = std::string(msg_) + "." + field + ": " + why;
-    return false;
-  }
 
   // Fails unless `n` more bytes are in the body.
-  bool Need(uint64_t n, const std::string& field) {
+  bool Need(uint64_t n, std::string_view field) {
     if (n > remaining()) {
       return Fail(ControlError::kTruncatedBody, field,
                   "needs " + std::to_string(n) + " bytes, " +
@@ -345,12 +360,12 @@ class Reader {
     return true;
   }
 
-  bool U8(uint8_t& v, const std::string& f) {
+  bool U8(uint8_t& v, std::string_view f) {
     if (!Need(1, f)) return false;
     v = p_[pos_++];
     return true;
   }
-  bool Flag(bool& v, const std::string& f) {
+  bool Flag(bool& v, std::string_view f) {
     uint8_t b;
     if (!U8(b, f)) return false;
     if (b > 1) {
@@ -360,47 +375,32 @@ class Reader {
     v = b == 1;
     return true;
   }
-  bool U16(uint16_t& v, const std::string& f) {
-    uint64_t x;
-    if (!Uint(2, x, f)) return false;
-    v = static_cast<uint16_t>(x);
-    return true;
-  }
-  bool U32(uint32_t& v, const std::string& f) {
-    uint64_t x;
-    if (!Uint(4, x, f)) return false;
-    v = static_cast<uint32_t>(x);
-    return true;
-  }
-  bool U64(uint64_t& v, const std::string& f) { return Uint(8, v, f); }
-  bool I64(int64_t& v, const std::string& f) {
-    uint64_t x;
-    if (!Uint(8, x, f)) return false;
-    v = static_cast<int64_t>(x);
-    return true;
-  }
-  bool F64(double& v, const std::string& f) {
+  bool U16(uint16_t& v, std::string_view f) { return Uint(2, v, f); }
+  bool U32(uint32_t& v, std::string_view f) { return Uint(4, v, f); }
+  bool U64(uint64_t& v, std::string_view f) { return Uint(8, v, f); }
+  bool Fraction(double& v, std::string_view f, bool) {
     uint64_t x;
     if (!Uint(8, x, f)) return false;
     v = std::bit_cast<double>(x);
     return true;
   }
   // Enums are taken raw; Checker rejects values outside the enum.
-  bool Dir(Direction& d, const std::string& f) {
+  bool Enum(uint8_t& v, uint8_t, std::string_view f) { return U8(v, f); }
+  bool Dir(Direction& d) {
     uint8_t x;
-    if (!U8(x, f)) return false;
+    if (!U8(x, "direction")) return false;
     d = static_cast<Direction>(x);
     return true;
   }
-  bool Reason(StopReason& r, const std::string& f) {
+  bool Reason(StopReason& r) {
     uint8_t x;
-    if (!U8(x, f)) return false;
+    if (!U8(x, "reason")) return false;
     r = static_cast<StopReason>(x);
     return true;
   }
-  bool Str(std::string& s, size_t limit, const std::string& f) {
+  bool Str(std::string& s, size_t limit, std::string_view f) {
     uint16_t len;
-    if (!U16(len, f + ".length")) return false;
+    if (!U16(len, std::string(f) + ".length")) return false;
     if (len > limit) {
       return Fail(
           ControlError::kStringTooLong, f,
@@ -412,7 +412,7 @@ class Reader {
     return true;
   }
   template <size_t N>
-  bool Bytes(std::array<uint8_t, N>& a, const std::string& f) {
+  bool Bytes(std::array<uint8_t, N>& a, std::string_view f) {
     if (!Need(N, f)) return false;
     for (size_t i = 0; i < N; ++i) a[i] = p_[pos_++];
     return true;
@@ -443,60 +443,12 @@ class Reader {
       }
       l.shape.resize(dims);
       for (uint32_t d = 0; d < dims; ++d) {
-        if (!I64(l.shape[d], field + ".shape")) return false;
+        uint64_t x;
+        if (!Uint(8, x, field + ".shape")) return false;
+        l.shape[d] = static_cast<int64_t>(x);
       }
     }
     return true;
-  }
-
-  bool Body(JoinMsg& m) {
-    return U16(m.protocol_version, "protocol_version") &&
-           U32(m.session, "session") &&
-           Str(m.worker_name, kMaxControlString, "worker_name") &&
-           U64(m.total_bytes, "total_bytes") && U32(m.mtu, "mtu") &&
-           Layers(m.layers) && Bytes(m.nonce, "nonce") &&
-           Bytes(m.data_mac, "data_mac") && U32(m.data_ipv4, "data_ipv4") &&
-           U16(m.data_udp_port, "data_udp_port");
-  }
-  bool Body(ChallengeMsg& m) {
-    return Bytes(m.nonce, "nonce") && Bytes(m.proof, "proof");
-  }
-  bool Body(ProofMsg& m) { return Bytes(m.proof, "proof"); }
-  bool Body(TagMsg& m) { return U64(m.seq, "seq") && Bytes(m.mac, "mac"); }
-  bool Body(WelcomeMsg& m) {
-    return U32(m.session, "session") && U16(m.rank, "rank") &&
-           U16(m.num_workers, "num_workers") && U32(m.mtu, "mtu") &&
-           U32(m.chunk_payload, "chunk_payload") &&
-           U32(m.num_chunks, "num_chunks") &&
-           U64(m.total_bytes, "total_bytes") &&
-           U16(m.udp_base_port, "udp_base_port") &&
-           U16(m.num_shards, "num_shards") &&
-           U32(m.resync_every, "resync_every") &&
-           Flag(m.push_feedback, "push_feedback") &&
-           Flag(m.consistent_broadcast, "consistent_broadcast") &&
-           U32(m.server_ipv4, "server_ipv4") &&
-           Bytes(m.server_mac, "server_mac") &&
-           Str(m.policy, kMaxControlString, "policy") && Layers(m.layers) &&
-           U32(m.worker_ipv4, "worker_ipv4") &&
-           U8(m.frame_auth, "frame_auth") && Bytes(m.job_nonce, "job_nonce") &&
-           Bytes(m.mac, "mac");
-  }
-  bool Body(RoundBeginMsg& m) {
-    return U32(m.round, "round") && U32(m.iteration, "iteration") &&
-           Dir(m.direction, "direction") && F64(m.p, "p") &&
-           U64(m.deadline_ns, "deadline_ns") &&
-           F64(m.min_fraction, "min_fraction") && Flag(m.critical, "critical");
-  }
-  bool Body(ProbeMsg& m) {
-    return U32(m.round, "round") && Dir(m.direction, "direction") &&
-           U32(m.pass, "pass") && U16(m.shard, "shard");
-  }
-  bool Body(BitmapMsg& m) {
-    return U32(m.round, "round") && Dir(m.direction, "direction") &&
-           Words(m.num_bits, m.words) && U16(m.shard, "shard");
-  }
-  bool Body(AcceptedMsg& m) {
-    return U32(m.round, "round") && Words(m.num_bits, m.words);
   }
   bool Words(uint32_t& num_bits, std::vector<uint64_t>& words) {
     uint32_t n;
@@ -519,29 +471,20 @@ class Reader {
     }
     return true;
   }
-  bool Body(StopMsg& m) {
-    return U32(m.round, "round") && Dir(m.direction, "direction") &&
-           U32(m.received, "received") && Reason(m.reason, "reason");
-  }
-  bool Body(ByeMsg& m) { return Str(m.reason, kMaxControlString, "reason"); }
-  bool Body(ErrorMsg& m) {
-    return U16(m.code, "code") && Str(m.text, kMaxControlString, "text");
-  }
 
  private:
-  bool Uint(size_t bytes, uint64_t& v, const std::string& f) {
+  template <class T>
+  bool Uint(size_t bytes, T& v, std::string_view f) {
     if (!Need(bytes, f)) return false;
-    v = 0;
-    for (size_t i = 0; i < bytes; ++i) v = (v << 8) | p_[pos_++];
+    uint64_t x = 0;
+    for (size_t i = 0; i < bytes; ++i) x = (x << 8) | p_[pos_++];
+    v = static_cast<T>(x);
     return true;
   }
 
   const uint8_t* p_;
   size_t n_;
   size_t pos_ = 0;
-  const char* msg_;
-  ControlError err_ = ControlError::kNone;
-  std::string text_;
 };
 
 bool IsKnownType(uint8_t t) {
@@ -555,7 +498,7 @@ bool ParseAs(const uint8_t* body, size_t len, const char* name,
              ControlMessage& out, ControlError& err, std::string& text) {
   T m;
   Reader r(body, len, name);
-  if (!r.Body(m)) {
+  if (!Fields(r, m)) {
     err = r.err();
     text = std::move(r.text());
     return false;
@@ -567,7 +510,7 @@ bool ParseAs(const uint8_t* body, size_t len, const char* name,
     return false;
   }
   Checker c(name);
-  if (!c.Check(m)) {
+  if (!Fields(c, m)) {
     err = c.err();
     text = std::move(c.text());
     return false;
@@ -656,7 +599,7 @@ const char* ControlTypeName(const ControlMessage& m) {
 
 ControlError ValidateControl(const ControlMessage& m, std::string* text) {
   Checker c(ControlTypeName(m));
-  if (std::visit([&c](const auto& msg) { return c.Check(msg); }, m)) {
+  if (std::visit([&c](const auto& msg) { return Fields(c, msg); }, m)) {
     return ControlError::kNone;
   }
   if (text != nullptr) *text = std::move(c.text());
@@ -674,7 +617,7 @@ void EncodeControl(const ControlMessage& m, std::vector<uint8_t>& out) {
   out.resize(start + kControlFrameHeader);
   out.push_back(static_cast<uint8_t>(TypeOf(m)));
   Writer w(out);
-  std::visit([&w](const auto& msg) { w.Body(msg); }, m);
+  std::visit([&w](const auto& msg) { Fields(w, msg); }, m);
   const size_t len = out.size() - start - kControlFrameHeader;
   if (len > std::numeric_limits<uint32_t>::max()) {
     out.resize(start);
