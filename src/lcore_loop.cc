@@ -444,10 +444,13 @@ bool ServerLcore::RunUntil(Done done, bool broadcasting) {
 // fewer --iterations. True if the job ends.
 bool ServerLcore::FinishedEarly(uint64_t it) {
   const uint32_t round = PushRound(it);
+  const uint32_t live = job_.live_count();
   const std::string failure = job_.FinishedEarly(
       it, [&](uint32_t w) { return workers_[w]->push_stop.Received(round); },
       [&](uint32_t w) { return workers_[w]->push_stop.taken(round); });
-  for (uint32_t w = 0; w < workers_.size(); ++w) LoseWorker(w, "");
+  if (job_.live_count() != live) {  // the job went on without someone
+    for (uint32_t w = 0; w < workers_.size(); ++w) LoseWorker(w, "");
+  }
   if (failure.empty()) return false;
   sync_.Fail(failure);
   return true;
