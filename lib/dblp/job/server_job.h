@@ -18,7 +18,6 @@
 
 #include <atomic>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -133,7 +132,6 @@ class ServerJob {
   // The job's settings for a summary's info (chunks, fill, broadcast,
   // resync), the same keys on every transport.
   std::vector<std::pair<std::string, std::string>> Info() const;
-  const std::string& name(uint32_t w) const { return names_[w]; }
 
  private:
   const ServerJobSettings s_;
