@@ -57,6 +57,7 @@ dblp::ClusterConfig ConfigFromFlags() {
   c.bcast_fill = dblp::BcastFillFromFlags();
   c.ns_per_frame = FLAGS_ns_per_frame;
   c.control_one_way_ns = FLAGS_control_one_way_ns;
+  c.round_timeout_ms = FLAGS_round_timeout_ms;
   c.on_absorbed = dblp::WorkerDumps(FLAGS_dump_dir, FLAGS_dump_iterations);
   return c;
 }

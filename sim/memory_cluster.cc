@@ -517,9 +517,47 @@ struct MemoryCluster::Impl {
 
   void RunRound(Direction d) {
     rr = 0;
+    uint64_t mark = Progress(d);
+    double last_progress = clock.now;
+    const double timeout_ns = 1e6 * cfg.round_timeout_ms;
     while (!RoundOver(d)) {
       if (!Turn(d) && !RoundOver(d)) WaitForEvent(NextDeadline(d));
+      const uint64_t next = Progress(d);
+      if (next != mark) {
+        mark = next;
+        last_progress = clock.now;
+      } else if (clock.now - last_progress > timeout_ns) {
+        throw std::runtime_error(Stalled(d));
+      }
     }
+  }
+
+  // What moves a round in direction `d`, as the apps' loops count it.
+  uint64_t Progress(Direction d) const {
+    uint64_t mark = 0;
+    for (uint32_t w = 0; w < workers.size(); ++w) {
+      if (d == Direction::kPush) {
+        mark += workers[w]->push.side.progress() + links[w]->push.progress();
+      } else {
+        mark += links[w]->bcast.side.progress() + workers[w]->bcast.progress();
+      }
+    }
+    return mark;
+  }
+
+  std::string Stalled(Direction d) const {
+    const std::string why =
+        d == Direction::kPush
+            ? job.PushStalled(iteration, cfg.round_timeout_ms,
+                              [&](uint32_t w) {
+                                return links[w]->push.receiver().received();
+                              })
+            : job.BroadcastStalled(iteration, cfg.round_timeout_ms,
+                                   [&](uint32_t w) {
+                                     return links[w]->bcast.side.done() &&
+                                            workers[w]->bcast.stopped();
+                                   });
+    return why + " (modelled time; --loss, --round_timeout_ms)";
   }
 
   // ---- one iteration -------------------------------------------------------

@@ -51,6 +51,10 @@ struct ClusterConfig : ServerJobSettings {
   size_t ring_size = 1 << 16;       // receive ring per endpoint
   double ns_per_frame = 1230;       // 1500 B at 10 Gb/s (incl. overhead)
   double control_one_way_ns = 10000;
+  // Modelled time without progress (send_side.h, receive_side.h) after
+  // which a round fails (std::runtime_error naming the workers), as
+  // --round_timeout_ms in the apps: 100% loss ends, never spins.
+  uint32_t round_timeout_ms = 30000;
   // Test seam (src/test_hooks/dumps.h): each worker's absorbed iteration.
   AbsorbedObserver on_absorbed;
 };

@@ -99,6 +99,7 @@ bool WorkerLcore::HandleEvents(uint64_t now_ns) {
   while (control_.events().Pop(&e)) {
     any = true;
     if (const auto* rb = std::get_if<RoundBeginEvent>(&e)) {
+      ++announcements_;
       if (rb->direction == Direction::kPush) {
         have_go_ = true;
         go_round_ = rb->round;
@@ -139,11 +140,23 @@ bool WorkerLcore::Turn(uint64_t now_ns) {
   return work;
 }
 
+// Only what moves the job counts for the watchdog: chunks that set a new
+// bit, first-pass frames, a BITMAP showing more delivered, STOP, a
+// ROUND_BEGIN. Retransmissions into a dead link, PROBE retries and
+// frames that are not the server's (a shared L2 port's ARP, TCP ACKs,
+// strangers) do not, so 100% loss or a stopped server times out.
+uint64_t WorkerLcore::Progress() const {
+  uint64_t mark = bcast_.progress() + announcements_;
+  for (const auto& s : push_) mark += s->progress();
+  return mark;
+}
+
 template <class Done>
 bool WorkerLcore::RunUntil(Done done, const char* waiting_for, uint64_t it,
                            std::string* failure) {
   RoundPacer& pacer = *setup_.pacer;
   pacer.Start(NowNs());
+  uint64_t mark = Progress();
   for (;;) {
     const uint64_t now = NowNs();
     const bool work = Turn(now);
@@ -156,22 +169,46 @@ bool WorkerLcore::RunUntil(Done done, const char* waiting_for, uint64_t it,
       *failure = control_.failure();
       return false;
     }
-    switch (pacer.After(work, now)) {
+    const uint64_t next = Progress();
+    const bool progress = next != mark;
+    mark = next;
+    switch (pacer.After(work, progress, now)) {
       case RoundPacer::Step::kContinue:
         continue;
       case RoundPacer::Step::kQuit:
         *failure = "interrupted";
         return false;
       case RoundPacer::Step::kTimedOut:
-        *failure = "iteration " + std::to_string(it) + ": " + waiting_for +
-                   ": no progress for " + std::to_string(pacer.timeout_ms()) +
-                   " ms (push " + (PushDone() ? "done" : "pending") +
-                   ", broadcast " +
-                   std::to_string(bcast_.receiver().received()) + "/" +
-                   std::to_string(setup_.layout->num_chunks()) + ")";
+        *failure = Stalled(waiting_for, it);
         return false;
     }
   }
+}
+
+// Names the server and the phase that stalled (`waiting_for`, or in the
+// exchange the push until it is done, then the broadcast), with what each
+// direction delivered.
+std::string WorkerLcore::Stalled(const char* waiting_for, uint64_t it) const {
+  if (waiting_for == nullptr) {
+    waiting_for = PushDone() ? "the broadcast stalled" : "the push stalled";
+  }
+  std::string s = "iteration " + std::to_string(it) + ": " + waiting_for +
+                  ": no progress from server " + setup_.server + " for " +
+                  std::to_string(setup_.pacer->timeout_ms()) + " ms (push ";
+  if (PushDone()) {
+    s += "done";
+  } else {
+    uint32_t passes = 0;
+    for (const auto& side : push_) {
+      passes = std::max(passes, side->sender().passes());
+    }
+    s += "pending after " + std::to_string(passes) + " passes";
+  }
+  s += ", broadcast " + std::to_string(bcast_.receiver().received()) + "/" +
+       std::to_string(setup_.layout->num_chunks()) +
+       " chunks); check that the server runs and that frames pass both "
+       "ways (--loss, the link), or raise --round_timeout_ms";
+  return s;
 }
 
 bool WorkerLcore::AwaitPushRound(uint64_t it, std::string* failure) {
@@ -195,8 +232,8 @@ bool WorkerLcore::Exchange(uint64_t it, std::span<const uint32_t> order,
                     setup_.layout->num_chunks());
   }
   const bool ok =
-      RunUntil([&] { return PushDone() && !bcast_.receiver().open(); },
-               "the exchange stalled", it, failure);
+      RunUntil([&] { return PushDone() && !bcast_.receiver().open(); }, nullptr,
+               it, failure);
   times_.push_done_ns = 0;
   for (const auto& s : push_) {
     times_.push_done_ns = std::max(times_.push_done_ns, s->done_ns());
@@ -365,9 +402,11 @@ bool ServerLcore::HandleEvents() {
   while (control_.events().Pop(&e)) {
     if (const auto* bye = std::get_if<PeerByeEvent>(&e)) {
       if (bye->peer < workers_.size()) job_.OnBye(bye->peer);
+      ++departures_;
     } else if (const auto* gone = std::get_if<PeerGoneEvent>(&e)) {
       const uint32_t w = gone->peer;
       if (w >= workers_.size()) continue;
+      ++departures_;
       const std::string why = control_.worker_error(w);
       if (!LoseWorker(w, job_.OnGone(w, !why.empty(), why, iteration_))) {
         return false;
@@ -415,9 +454,21 @@ std::string ServerLcore::Stalled(bool broadcasting) const {
   });
 }
 
+// What moves the job on this lcore (WorkerLcore::Progress): new chunks of
+// a push, first-pass broadcast frames, BITMAPs showing more delivered,
+// STOPs, BYEs and lost workers; never a frame that sets no new bit.
+uint64_t ServerLcore::Progress() const {
+  uint64_t mark = departures_;
+  for (const ServerLink* l : links_) {
+    mark += l->push.progress() + l->bcast.progress();
+  }
+  return mark;
+}
+
 template <class Done>
 bool ServerLcore::RunUntil(Done done, bool broadcasting) {
   pacer_.Start(NowNs());
+  uint64_t mark = Progress();
   for (;;) {
     const uint64_t now = NowNs();
     const bool work = Turn(now, broadcasting);
@@ -427,7 +478,10 @@ bool ServerLcore::RunUntil(Done done, bool broadcasting) {
     if (conf_.shard == 0 && !broadcasting && FinishedEarly(iteration_)) {
       return false;
     }
-    switch (pacer_.After(work, now)) {
+    const uint64_t next = Progress();
+    const bool progress = next != mark;
+    mark = next;
+    switch (pacer_.After(work, progress, now)) {
       case RoundPacer::Step::kContinue:
         continue;
       case RoundPacer::Step::kQuit:

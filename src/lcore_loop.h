@@ -104,6 +104,7 @@ class WorkerLcore {
     const uint8_t* gradient = nullptr;  // what the push sends
     uint8_t* mean = nullptr;            // where the broadcast lands
     RoundPacer* pacer = nullptr;
+    std::string server;  // its --server, to name it when it falls silent
   };
   WorkerLcore(LcoreConf& conf, WorkerControl& control,
               std::vector<std::unique_ptr<SendSide>>& push, ReceiveSide& bcast,
@@ -123,9 +124,11 @@ class WorkerLcore {
   uint16_t PollBroadcast(uint64_t now_ns, uint16_t queue);
   bool HandleEvents(uint64_t now_ns);
   bool PushDone() const;
+  uint64_t Progress() const;
   template <class Done>
   bool RunUntil(Done done, const char* waiting_for, uint64_t it,
                 std::string* failure);
+  std::string Stalled(const char* waiting_for, uint64_t it) const;
 
   LcoreConf& conf_;
   WorkerControl& control_;
@@ -141,6 +144,7 @@ class WorkerLcore {
   uint32_t go_round_ = 0;  // the latest push ROUND_BEGIN
   double go_p_ = 0;
   bool go_critical_ = false;
+  uint64_t announcements_ = 0;  // ROUND_BEGINs taken: they move the job
   WorkerIterationTimes times_;
 };
 
@@ -266,6 +270,7 @@ class ServerLcore {
   bool HandleEvents();
   bool LoseWorker(uint32_t w, const std::string& failure);
   std::string Stalled(bool broadcasting) const;
+  uint64_t Progress() const;
   uint64_t DrainedFor(const ServerLink& l) const;
   bool FinishedEarly(uint64_t it);
   PushEnd RunPush(uint64_t it);
@@ -286,6 +291,7 @@ class ServerLcore {
   std::vector<uint64_t> drained_gen_;  // per port: last short poll
   uint32_t rr_ = 0;                    // broadcast round robin
   uint64_t iteration_ = 0;
+  uint64_t departures_ = 0;  // BYEs and lost workers: they move the job
 };
 
 }  // namespace dblp

@@ -104,7 +104,7 @@ void WorkerControl::OnMessage(const ControlMessage& m) {
     return gone(why);
   }
   if (const auto* e = std::get_if<ErrorMsg>(&m)) {
-    return gone((welcomed_.load() ? "server: " : "server refused: ") +
+    return gone("server " + server_ + (welcomed_.load() ? ": " : " refused: ") +
                 e->text);
   }
   if (std::holds_alternative<ByeMsg>(m)) return gone("server said BYE");
@@ -156,6 +156,7 @@ void WorkerControl::SendRequests() {
 AppFailure WorkerControl::Join(const std::string& server, JoinMsg join,
                                uint32_t timeout_ms,
                                const std::atomic<bool>& quit, bool realtime) {
+  server_ = server;
   std::string err;
   if (!sidecar_.Connect(server, timeout_ms, &conn_, &err)) {
     return {"cannot reach dblp-server at " + server + ": " + err,
@@ -197,7 +198,11 @@ void WorkerControl::Finish(bool ok, const std::string& error) {
   final_error_ = error;
   RingOutbox out = outbox();
   out.Post(FinishRequest{ok});
-  for (int i = 0; i < 200 && !closed_.load(std::memory_order_acquire); ++i) {
+  // After a BYE the server closes at once; after an ERROR it may be the
+  // peer that fell silent, so the wait is short (the close at exit tells
+  // it too).
+  const int waits = ok ? 200 : 40;
+  for (int i = 0; i < waits && !closed_.load(std::memory_order_acquire); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   StopThread();

@@ -83,6 +83,7 @@ class WorkerControl {
   ConnId conn_ = 0;
   WorkerHandshake handshake_;  // sidecar only (Join starts it before)
   JoinMsg join_;               // Join: wo before the thread; sidecar: ro
+  std::string server_;         // Join: wo before the thread; sidecar: ro
 
   // Shared between the sidecar thread and the datapath lcore.
   WelcomeMsg welcome_;                 // sidecar: wo before welcomed_

@@ -112,7 +112,8 @@ void WorkerRun::BuildDatapath() {
       lc_, *control_, push_, *bcast_,
       WorkerLcore::Setup{0, queues, local_.udp_port, wel_.server_ipv4, &layout_,
                          &*loss_, &tx_, &to_server_, grad_bytes,
-                         reinterpret_cast<uint8_t*>(avg.data()), &*pacer_});
+                         reinterpret_cast<uint8_t*>(avg.data()), &*pacer_,
+                         o_.server});
   if (o_.push_hook) {
     push_hook_ = o_.push_hook(
         PushHookContext{&wel_, pool_, &lc_.counters, &to_server_, &caps_,
@@ -199,8 +200,13 @@ int WorkerRun::Run() {
   return Report(failure);
 }
 
-// The summary and the exit code; the port closes after the server's.
+// The summary and the exit code; the port closes after the server's. A
+// failure is said at once and waits for nobody: the server may be the
+// peer that fell silent.
 int WorkerRun::Report(const std::string& failure) {
+  if (!failure.empty()) {
+    DBLP_LOG(Error, "dblp-worker %u: %s", wel_.rank, failure.c_str());
+  }
   RunReport report;
   report.role = "worker";
   report.rank = wel_.rank;
@@ -212,7 +218,7 @@ int WorkerRun::Report(const std::string& failure) {
   // Before the server closes its side: memif's counters end with the link.
   report.xstats.emplace_back("port0", ReadXstats(0));
   control_->Finish(failure.empty(), failure);
-  AwaitPeerClose(0, caps_);
+  if (failure.empty()) AwaitPeerClose(0, caps_);
   AddWorkerCounters(lc_, *control_, push_, *bcast_, ReadPortDrops(0), &report);
   report.counters.insert(report.counters.end(), resources.begin(),
                          resources.end());
@@ -231,10 +237,7 @@ int WorkerRun::Report(const std::string& failure) {
     DBLP_LOG(Error, "dblp-worker: %s", err.c_str());
     exit_code = 1;
   }
-  if (!failure.empty()) {
-    DBLP_LOG(Error, "dblp-worker %u: %s", wel_.rank, failure.c_str());
-    source_->Fail(failure);
-  }
+  if (!failure.empty()) source_->Fail(failure);
   rte_eth_dev_stop(0);
   rte_eth_dev_close(0);
   return exit_code;

@@ -54,15 +54,16 @@ TEST(RoundPacer, TimesOutOnlyWithoutProgressAnywhere) {
   a.Start(t0);
   b.Start(t0);
   // Lcore b keeps working; idle lcore a is not stuck.
-  b.After(true, t0 + 3'000'000);
-  EXPECT_EQ(a.After(false, t0 + 3'500'000), RoundPacer::Step::kContinue);
+  b.After(true, true, t0 + 3'000'000);
+  EXPECT_EQ(a.After(false, false, t0 + 3'500'000), RoundPacer::Step::kContinue);
   // Another lcore's progress stamped after our clock read is no timeout
   // (an unsigned underflow once read it as one).
   shared.store(t0 + 9'000'000);
-  EXPECT_EQ(a.After(false, t0 + 8'999'000), RoundPacer::Step::kContinue);
-  EXPECT_EQ(a.After(false, t0 + 10'500'000), RoundPacer::Step::kTimedOut);
+  EXPECT_EQ(a.After(false, false, t0 + 8'999'000), RoundPacer::Step::kContinue);
+  EXPECT_EQ(a.After(false, false, t0 + 10'500'000),
+            RoundPacer::Step::kTimedOut);
   quit.store(true);
-  EXPECT_EQ(a.After(false, t0 + 10'500'000), RoundPacer::Step::kQuit);
+  EXPECT_EQ(a.After(false, false, t0 + 10'500'000), RoundPacer::Step::kQuit);
 }
 
 TEST(JobSync, PhasesStayInStepAndAFailureReleasesEveryone) {

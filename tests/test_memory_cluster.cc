@@ -520,6 +520,30 @@ TEST(MemoryClusterTest, RoundCounterWrapsCleanly) {
   EXPECT_GE(cc.stale_refused(), 19u * 3u);
 }
 
+// A dead link ends the round after --round_timeout_ms of modelled time
+// without progress, naming the round and the workers; it never spins.
+TEST(MemoryClusterTest, TotalLossTimesOutNamingTheRound) {
+  for (const bool on_push : {true, false}) {
+    ClusterConfig c = SmallConfig(3);
+    c.round_timeout_ms = 50;
+    (on_push ? c.push_loss : c.bcast_loss) = Bernoulli(1.0);
+    MemoryCluster cluster(c);
+    std::vector<std::vector<float>> grads(
+        c.num_workers, std::vector<float>(c.gradient_floats, 1.0f));
+    try {
+      cluster.RunIteration(grads);
+      ADD_FAILURE() << "a round with 100% loss finished";
+    } catch (const std::runtime_error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(on_push ? "push round" : "broadcast round"),
+                std::string::npos)
+          << what;
+      EXPECT_NE(what.find("worker 0 ("), std::string::npos) << what;
+      EXPECT_NE(what.find("no progress for 50 ms"), std::string::npos) << what;
+    }
+  }
+}
+
 TEST(MemoryClusterTest, LtpDeadlineClosesWithTheMinimumFraction) {
   uint64_t closed_early = 0;
   for (uint64_t seed = 1; seed <= 10; ++seed) {

@@ -128,6 +128,53 @@ TEST_F(Link, AProbeRetryIsNoProgress) {
   EXPECT_EQ(send_->probes_sent(), 2u);
 }
 
+// The loops' watchdog (round_pacer.h) reads the sides' progress(): under
+// 100% loss the first pass moves it, then nothing does, however many
+// passes, PROBEs and BITMAPs follow.
+TEST_F(Link, ResendingIntoADeadLinkIsNoProgress) {
+  SetUpLink(2000, 8);
+  frames_.drop = [](uint32_t) { return true; };
+  Begin(0, 0.0);
+  for (int i = 0; i < 20 && send_->sender().passes() < 2; ++i) Turn();
+  ASSERT_EQ(send_->sender().passes(), 2u);  // the first BITMAP came back
+  const uint64_t sent = send_->progress(), received = recv_->progress();
+  for (int i = 0; i < 2000; ++i) Turn();
+  EXPECT_GE(send_->sender().passes(), 10u);
+  EXPECT_GT(send_->sender().packets_resent(), 100u);
+  EXPECT_EQ(send_->progress(), sent);
+  EXPECT_EQ(recv_->progress(), received);
+  // One chunk gets through: both sides move.
+  frames_.drop = [](uint32_t seq) { return seq != 3; };
+  for (int i = 0; i < 200 && recv_->receiver().received() == 0; ++i) Turn();
+  EXPECT_GT(recv_->progress(), received);
+  for (int i = 0; i < 200 && send_->progress() == sent; ++i) Turn();
+  EXPECT_GT(send_->progress(), sent);  // the BITMAP that shows it
+}
+
+TEST_F(Link, DuplicatesAndStaleFramesAreNoProgress) {
+  SetUpLink(640, 8);
+  Begin(2, 0.0);
+  Turn();
+  std::deque<std::vector<uint8_t>> copies = frames_.wire;
+  RunUntilDone();
+  const uint64_t done = recv_->progress();
+  for (auto& f : copies) frames_.wire.push_back(f);  // duplicates
+  Turn();
+  EXPECT_EQ(recv_->progress(), done);
+  Begin(4, 0.0);  // a new round is progress; round 2's frames are not
+  const uint64_t begun = recv_->progress();
+  EXPECT_GT(begun, done);
+  for (auto& f : copies) frames_.wire.push_back(f);
+  recv_->Step(now_, RxProgress{}, rx_out_);
+  while (!frames_.wire.empty()) {
+    const std::vector<uint8_t> f = std::move(frames_.wire.front());
+    frames_.wire.pop_front();
+    recv_->OnFrame(f.data(), f.size(),
+                   [](const DataHeader&, const uint8_t*) {});
+  }
+  EXPECT_EQ(recv_->progress(), begun);
+}
+
 TEST_F(Link, BusyBitmapMailboxCountsTheDropAndTheRoundGoesOn) {
   SetUpLink(640, 8);
   Begin(0, 0.0);

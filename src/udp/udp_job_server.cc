@@ -80,9 +80,10 @@ class JobServer {
   std::string SetUpJob();
   std::string ServeRounds(Outbox& out);
   void OpenPush(Outbox& out);
-  bool Receive(bool* progress);
+  bool Receive();
+  uint64_t Progress() const;
   bool StepSides(Outbox& out);
-  bool StepBroadcast(Outbox& out, bool* progress);
+  bool StepBroadcast(Outbox& out);
   bool TakeEvents(std::string* failure);
   std::string FinishedEarly();
   bool Alive(uint32_t w) const { return job_->alive(w); }
@@ -152,6 +153,7 @@ class JobServer {
   std::vector<DatapathEvent> taken_;
   std::vector<uint32_t> order_buf_;
   std::vector<std::unique_ptr<PacketFrames<UdpSocketPort>>> frames_;
+  uint64_t departures_ = 0;    // BYEs and lost connections taken
   uint64_t it_ = 0;            // the open push round's iteration
   bool broadcasting_ = false;  // iteration it_ - 1's mean is going out
   uint64_t unpinned_ = 0;      // frames from an unpinned address
@@ -459,20 +461,25 @@ std::string JobServer::ServeRounds(Outbox& out) {
   pacer.Start(NowNs());
   std::string failure;
   OpenPush(out);
+  uint64_t mark = Progress();
   for (;;) {
-    // `work` ends the idle back-off; only `progress` (a new chunk, a new
-    // pass of the broadcast, a new round) feeds the watchdog, so a round
-    // whose every frame is lost still times out.
-    bool progress = false;
-    bool work = Receive(&progress);
+    // `work` ends the idle back-off; only progress (Progress: a new
+    // chunk, a first-pass frame, a BITMAP showing more, a STOP, a new
+    // round, a departure) feeds the watchdog, so a round whose every
+    // frame is lost, or whose peer stopped, still times out.
+    bool work = Receive();
     work = TakeEvents(&failure) || work;
     if (failure.empty()) failure = FinishedEarly();
     if (!failure.empty()) return failure;
     work = StepSides(out) || work;
-    if (broadcasting_) work = StepBroadcast(out, &progress) || work;
-    if (CloseBroadcastIfDone()) work = progress = true;
+    if (broadcasting_) work = StepBroadcast(out) || work;
+    bool moved = CloseBroadcastIfDone();
     if (!broadcasting_ && job_->AllLiveSaidBye()) return "";
-    if (!broadcasting_ && CloseRoundIfStopped(out)) work = progress = true;
+    if (!broadcasting_ && CloseRoundIfStopped(out)) moved = true;
+    const uint64_t next = Progress();
+    const bool progress = moved || next != mark;
+    mark = next;
+    work = work || moved;
     if (pacer.After(work, progress, NowNs()) == RoundPacer::Step::kTimedOut) {
       return NoProgress();
     }
@@ -490,7 +497,7 @@ void JobServer::OpenPush(Outbox& out) {
 }
 
 // One RX poll: each frame to its worker's side, accepted chunks summed.
-bool JobServer::Receive(bool* progress) {
+bool JobServer::Receive() {
   const uint32_t W = o_.workers;
   ++poll_gen_;
   const uint16_t n = port_.RxBurst(pkts_.data(), udp::kRxBurst);
@@ -518,9 +525,7 @@ bool JobServer::Receive(bool* progress) {
       continue;
     }
     arrivals_[w] = 1;
-    if (push_[w]->OnFrame(buf, len, accumulate) == Verdict::kAccepted) {
-      *progress = true;
-    }
+    push_[w]->OnFrame(buf, len, accumulate);
   }
   return n > 0;
 }
@@ -535,24 +540,31 @@ bool JobServer::StepSides(Outbox& out) {
   return asked;
 }
 
-// One burst to each worker whose broadcast is not done. A new frame sent
-// is progress (a pass); a PROBE retry is not.
-bool JobServer::StepBroadcast(Outbox& out, bool* progress) {
+// One burst to each worker whose broadcast is not done.
+bool JobServer::StepBroadcast(Outbox& out) {
   const uint64_t now = NowNs();
   bool work = false;
   for (uint32_t w = 0; w < o_.workers; ++w) {
     if (!Alive(w)) continue;
-    SendSide& side = *bcast_[w];
-    const uint64_t sent = side.sender().packets_sent();
-    work = side.Step(now, *frames_[w], out) || work;
-    if (side.sender().packets_sent() != sent || side.done()) *progress = true;
+    work = bcast_[w]->Step(now, *frames_[w], out) || work;
   }
   return work;
+}
+
+// What moves the job (send_side.h, receive_side.h): never a duplicate, a
+// stranger's frame, a resent pass or a PROBE retry.
+uint64_t JobServer::Progress() const {
+  uint64_t mark = departures_;
+  for (uint32_t w = 0; w < o_.workers; ++w) {
+    mark += push_[w]->progress() + bcast_[w]->progress();
+  }
+  return mark;
 }
 
 bool JobServer::TakeEvents(std::string* failure) {
   if (!events_.Drain(&taken_)) return false;
   for (const DatapathEvent& e : taken_) {
+    ++departures_;  // only BYE and lost connections come here
     if (const auto* bye = std::get_if<PeerByeEvent>(&e)) {
       job_->OnBye(bye->peer);
     } else if (const auto* gone = std::get_if<PeerGoneEvent>(&e);

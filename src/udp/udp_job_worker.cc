@@ -76,6 +76,7 @@ class JobWorker {
   std::string StartSource();
   std::string RunIterations();
   bool TakeEvents();
+  uint64_t Progress() const;
   std::string AwaitRoundBegin(uint32_t round);
 
  public:
@@ -138,6 +139,7 @@ class JobWorker {
   std::vector<DatapathEvent> taken_;
   bool have_go_ = false;  // a push ROUND_BEGIN came; go_round_ is its round
   uint32_t go_round_ = 0;
+  uint64_t announcements_ = 0;  // ROUND_BEGINs taken: they move the job
   double go_p_ = 0;
   bool go_critical_ = false;
   // What the server announced for this iteration's push.
@@ -284,7 +286,7 @@ void JobWorker::OnMessage(const ControlMessage& m) {
              DeliverToSides(m, push_.get(), bcast_.get(), NowNs())) {
     // STOP or BITMAP for the push, PROBE for the broadcast.
   } else if (const auto* e = std::get_if<ErrorMsg>(&m)) {
-    ServerGone("server: " + e->text);
+    ServerGone("server " + o_.server + ": " + e->text);
   } else if (std::holds_alternative<ByeMsg>(m)) {
     ServerGone("server said BYE");
   }
@@ -421,6 +423,7 @@ bool JobWorker::TakeEvents() {
   for (const DatapathEvent& e : taken_) {
     const auto* rb = std::get_if<RoundBeginEvent>(&e);
     if (rb == nullptr) continue;
+    ++announcements_;
     if (rb->direction == Direction::kPush) {
       have_go_ = true;
       go_round_ = rb->round;
@@ -440,7 +443,8 @@ std::string JobWorker::AwaitRoundBegin(uint32_t round) {
   while (!(have_go_ && go_round_ == round)) {
     const bool any = TakeEvents();
     if (server_gone_.load(std::memory_order_acquire)) return gone_why_;
-    if (pacer_->After(any, NowNs()) == RoundPacer::Step::kTimedOut) {
+    // Only the awaited ROUND_BEGIN (which ends the wait) moves it.
+    if (pacer_->After(any, false, NowNs()) == RoundPacer::Step::kTimedOut) {
       return "the server never opened push round " + std::to_string(round) +
              " (waited " + std::to_string(o_.round_timeout_ms) + " ms)";
     }
@@ -463,13 +467,13 @@ std::string JobWorker::Exchange(uint64_t it, std::span<const uint32_t> order) {
   if (std::string e = AwaitRoundBegin(round); !e.empty()) return e;
   push_->Begin(round, order, NowNs());
   pacer_->Start(NowNs());
+  uint64_t mark = Progress();
   for (;;) {
-    const uint64_t sent = push_->sender().packets_sent();
-    bool progress = TakeEvents();
-    bool work = progress;
+    bool work = TakeEvents();
     if (!o_.push_only) {
-      work = Receive(&progress) || work;
-      const RxProgress rx{progress, poll_gen_, drained_gen_};
+      bool accepted = false;
+      work = Receive(&accepted) || work;
+      const RxProgress rx{accepted, poll_gen_, drained_gen_};
       work = bcast_->Step(NowNs(), rx, out) || work;
     }
     work = push_->Step(NowNs(), *frames_, out) || work;
@@ -481,14 +485,22 @@ std::string JobWorker::Exchange(uint64_t it, std::span<const uint32_t> order) {
       return "";
     }
     if (server_gone_.load(std::memory_order_acquire)) return gone_why_;
-    // A PROBE retry is work but no progress: only frames sent (a new
-    // pass), frames accepted and control events feed the watchdog, so a
-    // silent server still times the round out.
-    progress = progress || push_->sender().packets_sent() != sent;
+    // A PROBE retry, a resent pass or a duplicate is work but no
+    // progress (Progress), so a silent server or a dead link still times
+    // the round out.
+    const uint64_t next = Progress();
+    const bool progress = next != mark;
+    mark = next;
     if (pacer_->After(work, progress, NowNs()) == RoundPacer::Step::kTimedOut) {
       return Stalled(it);
     }
   }
+}
+
+// Chunks that set a new bit, first-pass frames, BITMAPs showing more
+// delivered, STOPs, ROUND_BEGINs (send_side.h, receive_side.h).
+uint64_t JobWorker::Progress() const {
+  return push_->progress() + (bcast_ ? bcast_->progress() : 0) + announcements_;
 }
 
 // The push is done and the broadcast receiver STOPped (closed here, its
@@ -530,7 +542,9 @@ bool JobWorker::Receive(bool* progress) {
 
 std::string JobWorker::Stalled(uint64_t it) const {
   const SenderRound& s = push_->sender();
-  std::string why = "iteration " + std::to_string(it) + ": no progress for " +
+  std::string why = "iteration " + std::to_string(it) + ": the " +
+                    (push_->done() ? "broadcast" : "push") +
+                    " stalled: no progress from server " + o_.server + " for " +
                     std::to_string(o_.round_timeout_ms) + " ms (push ";
   if (push_->done()) {
     why += "done";
@@ -545,7 +559,9 @@ std::string JobWorker::Stalled(uint64_t it) const {
     why += "; broadcast " + std::to_string(bcast_->receiver().received()) +
            "/" + std::to_string(layout_.num_chunks()) + " chunks";
   }
-  return why + ")";
+  return why +
+         "); check that the server runs and that frames pass both ways "
+         "(--loss, the link), or raise --round_timeout_ms";
 }
 
 // The row's inputs (the push bench's delivered fraction is its push's).

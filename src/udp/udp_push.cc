@@ -258,7 +258,10 @@ UdpPushBenchResult RunUdpPushBench(const UdpPushBenchOptions& o) {
   if (sres.exit_code == 2 || wres.exit_code == 2) res.exit_code = 2;
   if (!sres.error.empty()) res.error = "server: " + sres.error;
   // A worker that failed because the server did repeats the server's cause.
-  if (!wres.error.empty() && wres.error != "server: " + sres.error) {
+  const bool repeats = !sres.error.empty() &&
+                       wres.error.size() > sres.error.size() &&
+                       wres.error.ends_with(": " + sres.error);
+  if (!wres.error.empty() && !repeats) {
     res.error +=
         (res.error.empty() ? "" : "; ") + std::string("worker: ") + wres.error;
   }

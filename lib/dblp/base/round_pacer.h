@@ -33,8 +33,10 @@ class RoundPacer {
   // A wait begins: the watchdog counts from `now_ns`.
   void Start(uint64_t now_ns) { Progress(now_ns); }
   // After one loop turn. `work` (anything received, sent or handled) ends
-  // the back-off; `progress` (what moves the round) feeds the watchdog, so
-  // a loop that only retries still times out.
+  // the back-off; `progress` (what moves the round: the sides' progress(),
+  // send_side.h and receive_side.h) feeds the watchdog, so a loop that
+  // only retries, resends into a dead link or hears strangers still times
+  // out.
   Step After(bool work, bool progress, uint64_t now_ns) {
     if (progress) Progress(now_ns);
     if (quit_ != nullptr && quit_->load(std::memory_order_relaxed)) {
@@ -48,8 +50,6 @@ class RoundPacer {
     }
     return Step::kContinue;
   }
-  // Any work counts as progress.
-  Step After(bool work, uint64_t now_ns) { return After(work, work, now_ns); }
   uint32_t timeout_ms() const { return timeout_ms_; }
   uint64_t sleeps() const { return backoff_.sleeps(); }
 

@@ -28,6 +28,11 @@ std::string NoProgressText(std::string_view round_name, uint32_t timeout_ms) {
          std::to_string(timeout_ms) + " ms";
 }
 
+std::string StalledLinkHint() {
+  return " (frames stopped arriving or stopped adding anything new: check "
+         "the link and --loss on both ends, or raise --round_timeout_ms)";
+}
+
 // A worker with nothing sent may be waiting for its trainer.
 std::string PushStalledHint() {
   return " (a worker that sent nothing may be waiting for its trainer: a "

@@ -24,5 +24,7 @@ std::string WorkerLostText(uint32_t rank, std::string_view name,
 // each worker delivered, plus the hint about a trainer's pause.
 std::string NoProgressText(std::string_view round_name, uint32_t timeout_ms);
 std::string PushStalledHint();
+// A round that moved and then stopped: the link or the loss.
+std::string StalledLinkHint();
 
 }  // namespace dblp

@@ -177,11 +177,15 @@ std::string ServerJob::PushStalled(uint64_t it, uint32_t timeout_ms,
   std::string s = NoProgressText("push round " + std::to_string(PushRound(it)),
                                  timeout_ms) +
                   "; chunks received:";
+  bool silent = false;
   for (uint32_t w = 0; w < workers(); ++w) {
-    s += " w" + std::to_string(w) + "=" + std::to_string(received(w)) + "/" +
-         std::to_string(layout_.num_chunks());
+    if (!alive(w)) continue;
+    const uint32_t got = received(w);
+    silent = silent || got == 0;
+    s += (w ? ", " : " ") + WorkerLabel(w, names_[w]) + " " +
+         std::to_string(got) + "/" + std::to_string(layout_.num_chunks());
   }
-  return s + PushStalledHint();
+  return s + (silent ? PushStalledHint() : StalledLinkHint());
 }
 
 template <class Done>
@@ -190,11 +194,11 @@ std::string ServerJob::BroadcastStalled(uint64_t it, uint32_t timeout_ms,
   std::string s =
       NoProgressText("broadcast round " + std::to_string(BroadcastRound(it)),
                      timeout_ms) +
-      "; pending:";
+      "; not delivered to:";
   for (uint32_t w = 0; w < workers(); ++w) {
-    if (alive(w) && !done(w)) s += " w" + std::to_string(w);
+    if (alive(w) && !done(w)) s += " " + WorkerLabel(w, names_[w]);
   }
-  return s;
+  return s + StalledLinkHint();
 }
 
 }  // namespace dblp

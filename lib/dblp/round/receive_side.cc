@@ -4,6 +4,7 @@ namespace dblp {
 
 void ReceiveSide::Begin(uint32_t round, double p, uint64_t deadline_abs_ns,
                         double min_fraction, uint64_t now_ns) {
+  progress_base_ += rx_.received() + 1;  // the new round resets received()
   rx_.Begin(round, p, deadline_abs_ns, min_fraction);
   begun_ = true;
   probe_pending_ = false;

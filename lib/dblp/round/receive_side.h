@@ -104,6 +104,11 @@ class ReceiveSide {
                          : rx_.stop_taken();
   }
   uint64_t stop_ns() const { return stop_ns_; }
+  // Datapath: grows with every chunk that set a new bit, every round
+  // begun and every STOP; never with a duplicate, a stranger's frame or a
+  // retransmission of what already arrived. The loops' watchdog compares
+  // it between turns (round_pacer.h).
+  uint64_t progress() const { return progress_base_ + rx_.received() + stops_; }
   const ReceiverRound& receiver() const { return rx_; }
   ReceiverRound& receiver() { return rx_; }
   const ReceiveSideConfig& config() const { return config_; }
@@ -130,6 +135,7 @@ class ReceiveSide {
   RoundBeginEvent early_;   // a ROUND_BEGIN ahead of its Begin
   uint64_t stop_ns_ = 0;
   uint64_t stops_ = 0;
+  uint64_t progress_base_ = 0;  // progress() of the rounds before this one
   Bitmap snapshot_;
 };
 

@@ -5,6 +5,8 @@ namespace dblp {
 void SendSide::Begin(uint32_t round, std::span<const uint32_t> order,
                      uint64_t now_ns, uint32_t num_chunks) {
   round_.Begin(round, order, num_chunks);
+  ++progress_;
+  known_delivered_ = 0;
   // From now on the control thread accepts this round's STOP.
   live_round_.store(round, std::memory_order_release);
   done_ = false;
@@ -38,6 +40,11 @@ bool SendSide::ApplyBitmap() {
   bool applied = false;
   if (bitmap_.round() == round_.round() && round_.OnBitmap(bitmap_.slot())) {
     applied = true;
+    const uint32_t delivered = bitmap_.slot().Count();
+    if (delivered > known_delivered_) {
+      known_delivered_ = delivered;
+      ++progress_;
+    }
     probe_out_ = false;
     if (bitmap_.at_ns() > probe_ns_) {
       rtt_sum_us_ += static_cast<double>(bitmap_.at_ns() - probe_ns_) / 1e3;
@@ -50,6 +57,7 @@ bool SendSide::ApplyBitmap() {
 
 void SendSide::Finish(uint64_t now_ns) {
   done_ = true;
+  ++progress_;
   const uint64_t word = (static_cast<uint64_t>(round_.round()) << 1) | 1;
   done_ns_ = now_ns;
   done_stop_received_ = 0;
