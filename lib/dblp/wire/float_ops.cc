@@ -51,33 +51,31 @@ DBLP_VECTOR_CLONES ChunkScan ScanFloats(const uint8_t* __restrict src,
   using F8 = float __attribute__((vector_size(32)));
   using U8 = uint32_t __attribute__((vector_size(32)));
   constexpr size_t kLanes = 8;
-  constexpr int kChains = 4;  // independent sums hide the add's latency
-  F8 sq[kChains] = {};
+  // Four named sums (an array of them stays in memory): independent chains
+  // hide the add's latency.
+  F8 sq0 = {}, sq1 = {}, sq2 = {}, sq3 = {};
   U8 mx = {};
-  size_t i = 0;
-  for (; i + kChains * kLanes <= n; i += kChains * kLanes) {
-    for (int c = 0; c < kChains; ++c) {
-      F8 v;
-      std::memcpy(&v, src + (i + c * kLanes) * sizeof(float), sizeof(v));
-      U8 bits;
-      std::memcpy(&bits, &v, sizeof(bits));
-      bits &= 0x7fffffffu;
-      mx = mx > bits ? mx : bits;
-      sq[c] += v * v;
-    }
-  }
-  for (; i + kLanes <= n; i += kLanes) {
+  const auto lane = [&](size_t at, F8& sq) {
     F8 v;
-    std::memcpy(&v, src + i * sizeof(float), sizeof(v));
+    std::memcpy(&v, src + at * sizeof(float), sizeof(v));
     U8 bits;
     std::memcpy(&bits, &v, sizeof(bits));
     bits &= 0x7fffffffu;
     mx = mx > bits ? mx : bits;
-    sq[0] += v * v;
+    sq += v * v;
+  };
+  size_t i = 0;
+  for (; i + 4 * kLanes <= n; i += 4 * kLanes) {
+    lane(i, sq0);
+    lane(i + kLanes, sq1);
+    lane(i + 2 * kLanes, sq2);
+    lane(i + 3 * kLanes, sq3);
   }
+  for (; i + kLanes <= n; i += kLanes) lane(i, sq0);
+  const F8 sq = (sq0 + sq1) + (sq2 + sq3);
   ChunkScan s;
   for (size_t j = 0; j < kLanes; ++j) {
-    for (int c = 0; c < kChains; ++c) s.sum_squares += sq[c][j];
+    s.sum_squares += sq[j];
     s.max_abs_bits = s.max_abs_bits > mx[j] ? s.max_abs_bits : mx[j];
   }
   for (; i < n; ++i) {
