@@ -6,7 +6,10 @@
 //         frame-sized buffers after the Ethernet/IPv4/UDP/DBLP headers: the
 //         worker's frame build without the headers;
 //   add:  every chunk, in the same order, from such a frame into a sum
-//         buffer of the gradient's size with the server's AddFloats.
+//         buffer of the gradient's size with the server's AddFloats; and
+//         again with the server's check of each chunk first (ScanFloats:
+//         NaN, infinity, the chunk's norm; lib/dblp/policy/mean_reducer.h),
+//         reported as checked_add.
 // Each is timed over --rounds rounds after one warm-up round.
 //
 // Exit codes: 0 done, 2 bad flags.
@@ -229,8 +232,10 @@ class Floor {
     return MsSince(t0);
   }
 
-  double AddRound() {
+  // `check`: ScanFloats each chunk before adding it, as the server does.
+  double AddRound(bool check) {
     const auto t0 = Clock::now();
+    double squares = 0;
     uint32_t slot = 0;
     const size_t n = seqs_.size();
     const auto* sum = reinterpret_cast<const uint8_t*>(sum_.data());
@@ -238,11 +243,21 @@ class Floor {
       const uint32_t seq = seqs_[i];
       // The server prefetches the next frame's sum slice the same way.
       if (prefetch_ && i + 1 < n) PrefetchChunk<1>(sum, seqs_[i + 1]);
-      dblp::AddFloats(sum_.data() + layout_.Offset(seq) / sizeof(float),
-                      Payload(slot), layout_.Length(seq) / sizeof(float));
+      const size_t floats = layout_.Length(seq) / sizeof(float);
+      bool finite = true;
+      if (check) {
+        const dblp::ChunkScan c = dblp::ScanFloats(Payload(slot), floats);
+        finite = c.max_abs_bits < dblp::kNonFiniteBits;
+        squares += c.sum_squares;
+      }
+      if (finite) {
+        dblp::AddFloats(sum_.data() + layout_.Offset(seq) / sizeof(float),
+                        Payload(slot), floats);
+      }
       if (++slot == ring_) slot = 0;
     }
     ClobberMemory();
+    norms_ += squares;  // kept, so the scan is not optimised away
     return MsSince(t0);
   }
 
@@ -281,6 +296,7 @@ class Floor {
   std::vector<float> sum_;
   dblp::SendOrder order_;
   std::vector<uint32_t> seqs_;
+  double norms_ = 0;
 };
 
 std::string Num(double v) {
@@ -325,7 +341,7 @@ int main(int argc, char** argv) {
   const bool add = FLAGS_measure != "copy";
 
   // Iteration 0 is the warm-up, as dblp-bench drops the apps' first round.
-  std::vector<double> copy_ms, add_ms;
+  std::vector<double> copy_ms, add_ms, checked_ms;
   if (copy) {
     for (uint32_t it = 0; it <= FLAGS_rounds; ++it) {
       floor.Order(it);
@@ -338,8 +354,14 @@ int main(int argc, char** argv) {
     floor.StoreAll();
     for (uint32_t it = 0; it <= FLAGS_rounds; ++it) {
       floor.Order(it);
-      const double ms = floor.AddRound();
+      const double ms = floor.AddRound(false);
       if (it > 0) add_ms.push_back(ms);
+    }
+    floor.StoreAll();
+    for (uint32_t it = 0; it <= FLAGS_rounds; ++it) {
+      floor.Order(it);
+      const double ms = floor.AddRound(true);
+      if (it > 0) checked_ms.push_back(ms);
     }
   }
 
@@ -353,7 +375,7 @@ int main(int argc, char** argv) {
     << ",\"prefetch\":" << (FLAGS_prefetch ? "true" : "false")
     << ",\"cpu\":" << FLAGS_cpu
     << ",\"rounds\":" << FLAGS_rounds;
-  Stats cs, as;
+  Stats cs, as, ks;
   if (copy) {
     cs = Summarize(copy_ms, chunks);
     j << ",\"copy\":" << StatsJson(cs);
@@ -361,6 +383,8 @@ int main(int argc, char** argv) {
   if (add) {
     as = Summarize(add_ms, chunks);
     j << ",\"add\":" << StatsJson(as);
+    ks = Summarize(checked_ms, chunks);
+    j << ",\"checked_add\":" << StatsJson(ks);
   }
   j << "}\n";
 
@@ -380,6 +404,10 @@ int main(int argc, char** argv) {
     if (add) {
       std::printf("add:  median %.3f ms, min %.3f ms, %.2f Mchunks/s\n",
                   as.median_ms, as.min_ms, as.chunks_per_s / 1e6);
+      std::printf(
+          "checked add: median %.3f ms, min %.3f ms, %.2f "
+          "Mchunks/s\n",
+          ks.median_ms, ks.min_ms, ks.chunks_per_s / 1e6);
     }
   }
   if (!FLAGS_out.empty()) {

@@ -104,9 +104,14 @@ int Run() {
   }
   const dblp::ResyncSchedule resync(c.resync_every);
   const uint64_t iterations = resync.ProtocolIterations(FLAGS_iterations);
+  std::string failure;
   for (uint64_t it = 0; it < iterations; ++it) {
     const dblp::IterationOutcome o = cluster.RunIteration();
     server.rows().Sync(cluster.server_rows());
+    if (!o.failure.empty()) {
+      failure = o.failure;
+      break;
+    }
     for (uint32_t w = 0; w < c.num_workers; ++w) {
       workers[w]->report().rows.push_back(o.workers[w]);
       workers[w]->rows().Append(o.workers[w]);
@@ -118,6 +123,10 @@ int Run() {
   server.report().info.emplace_back("transport", "simulator");
   std::fputs(dblp::FormatRunSummary(server.report()).c_str(), stdout);
   int rc = 0;
+  if (!failure.empty()) {
+    DBLP_LOG(Error, "dblp-sim: %s", failure.c_str());
+    rc = 1;
+  }
   std::string err = server.Close();
   for (auto& w : workers) {
     if (err.empty()) err = w->Close();

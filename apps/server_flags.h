@@ -8,6 +8,7 @@
 #include <gflags/gflags.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -96,6 +97,16 @@ DEFINE_bool(push_feedback, false,
             "after every push tell each worker the "
             "chunks the server summed, so it carries the rest into its next "
             "push (error feedback: nothing pushed is lost for good)");
+DEFINE_string(on_bad_gradient, "abort",
+              "a worker's chunk with NaN or infinite floats, or one whose "
+              "sum would overflow float32, is refused and left out of its "
+              "chunk's mean; then: abort (end the job naming the worker and "
+              "the iteration) | drop (go on without it, counted in the "
+              "summary and the rows, logged)");
+DEFINE_double(clip_norm, 0,
+              "scale each worker's contribution so its L2 norm is at most "
+              "this, chunk by chunk (a chunk of n of the N floats gets "
+              "X*sqrt(n/N)); 0 = off");
 DEFINE_string(on_worker_loss, "abort",
               "abort | continue (without the "
               "lost worker)");
@@ -311,6 +322,16 @@ inline ServerJobSettings JobSettingsFromFlags() {
               ": use abort or continue");
   }
   o.continue_on_worker_loss = FLAGS_on_worker_loss == "continue";
+  if (FLAGS_on_bad_gradient != "abort" && FLAGS_on_bad_gradient != "drop") {
+    FlagError("--on_bad_gradient=" + FLAGS_on_bad_gradient +
+              ": use abort or drop");
+  }
+  o.drop_bad_gradient = FLAGS_on_bad_gradient == "drop";
+  if (!(FLAGS_clip_norm >= 0) || !std::isfinite(FLAGS_clip_norm)) {
+    FlagError("--clip_norm must be a finite number >= 0 (0 = off), got " +
+              std::to_string(FLAGS_clip_norm));
+  }
+  o.clip_norm = FLAGS_clip_norm;
   ZeroWindowFromFlags(&o);
   o.on_reduced = ServerDumps(FLAGS_dump_dir, FLAGS_dump_iterations);
   return o;

@@ -17,6 +17,7 @@
 #include "dblp/handoff/synthetic_gradient.h"
 #include "dblp/policy/loss_fill.h"
 #include "job_flags.h"
+#include "test_hooks/lying_gradient.h"
 
 DECLARE_string(gradient);
 DECLARE_uint64(floats);
@@ -33,6 +34,10 @@ DEFINE_string(norm_jumps, "",
               "synthetic: iterations where the gradient norm jumps (phase "
               "changes for the CLR detector)");
 DEFINE_uint32(jump_length, 10, "synthetic: iterations a norm jump lasts");
+DEFINE_string(lying_gradient, "",
+              "test hook: the worker of rank RANK pushes a bad gradient "
+              "from iteration FROM on, KIND:RANK[:FROM] with KIND nan | inf "
+              "| huge (3e38) | scale=F (its own times F)");
 
 namespace dblp {
 
@@ -50,7 +55,18 @@ inline FillMode BcastFillFromFlags() {
 // for any other value, which the app builds or refuses itself. Opening
 // --shm throws std::runtime_error naming the fix (no such object, a
 // trainer of another build).
+inline std::unique_ptr<GradientSource> PlainSourceFromFlags();
+
+// The source, with the test hook's lie around it (--lying_gradient).
 inline std::unique_ptr<GradientSource> WorkerSourceFromFlags() {
+  try {
+    return LyingGradient(FLAGS_lying_gradient, PlainSourceFromFlags());
+  } catch (const std::invalid_argument& e) {
+    FlagError(e.what());
+  }
+}
+
+inline std::unique_ptr<GradientSource> PlainSourceFromFlags() {
   const bool shm = FLAGS_gradient == "shm";
   if (shm != !FLAGS_shm.empty()) {
     FlagError(shm ? "--gradient=shm needs --shm=NAME (the trainer's "

@@ -392,12 +392,13 @@ struct MemoryCluster::Impl {
         ++unknown_source;
         return;
       }
-      rx_from[p.src - 1] = true;
-      links[p.src - 1]->push.OnFrame(
-          p.bytes.data(), p.bytes.size(),
-          [&](const DataHeader& h, const uint8_t* payload) {
-            job.iteration().reducer().Accumulate(h.seq, payload);
-          });
+      const uint32_t w = p.src - 1;
+      rx_from[w] = true;
+      links[w]->push.OnFrame(p.bytes.data(), p.bytes.size(),
+                             [&](const DataHeader& h, const uint8_t* payload) {
+                               job.iteration().reducer().Accumulate(w, h.seq,
+                                                                    payload);
+                             });
     });
     for (uint32_t w = 0; w < links.size(); ++w) {
       ServerLink& ln = *links[w];
@@ -649,6 +650,7 @@ struct MemoryCluster::Impl {
                                        push_arrived, push_stop_ns, out.burst},
                             &accepted, &posts);
     out.grad_norm = reduced.norm;
+    out.failure = reduced.failure;
   }
 
   // Broadcast: server -> every worker; each worker decides STOP with the p
@@ -745,6 +747,7 @@ struct MemoryCluster::Impl {
     BeginPush(out, grads);
     RunRound(Direction::kPush);
     EndPush(out);
+    if (!out.failure.empty()) return out;  // no mean goes out
     BeginBroadcast(out);
     RunRound(Direction::kBroadcast);
     EndBroadcast(out);
@@ -816,6 +819,7 @@ NamedCounters MemoryCluster::server_counters() const {
   for (const auto& l : impl_->push_loss) injected += l->dropped();
   c.emplace_back("injected_drops", injected);
   c.emplace_back("frames_unpinned_source", impl_->unknown_source);
+  impl_->job.AddCounters(&c);
   return c;
 }
 

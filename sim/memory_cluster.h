@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "dblp/emul/loss_model.h"
@@ -86,6 +87,9 @@ struct IterationOutcome {
   double bcast_round_ns = 0;     // until the last worker had enough
   std::vector<IterationRecord> workers;  // one per rank
   std::vector<double> bcast_delivered;   // per rank
+  // Why the job ends (--on_bad_gradient=abort refused a worker's chunks):
+  // the push was reduced, nothing was broadcast, no worker row was made.
+  std::string failure;
 };
 
 class MemoryCluster {

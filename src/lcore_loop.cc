@@ -277,9 +277,7 @@ void ServerLcore::ReceiveBurst(uint16_t port, rte_mbuf** pkts, uint16_t n,
       rte_prefetch0(rte_pktmbuf_mtod(pkts[j], const void*));
     }
   }
-  const auto accumulate = [&](const DataHeader& h, const uint8_t* payload) {
-    reducer.Accumulate(h.seq, payload);
-  };
+  const uint32_t shard = conf_.shard;
   const uint32_t num_workers = static_cast<uint32_t>(links_.size());
   const std::atomic<bool>* alive = job_.alive_flags();
   for (uint16_t i = 0; i < n; ++i) {
@@ -310,6 +308,12 @@ void ServerLcore::ReceiveBurst(uint16_t port, rte_mbuf** pkts, uint16_t n,
       DatapathCounters::Add(conf_.counters.unpinned_source);
       continue;
     }
+    // Summed into the mean, or refused (counted in w's tally) by the
+    // reducer's check: the frame is accepted either way, so a lying
+    // worker's chunk is not asked for again.
+    const auto accumulate = [&](const DataHeader& h, const uint8_t* payload) {
+      reducer.Accumulate(w, h.seq, payload, shard);
+    };
     if (l.push.OnFrame(pf.dblp, pf.dblp_len, accumulate) !=
         Verdict::kAccepted) {
       continue;

@@ -80,7 +80,7 @@ void ServerRun::BuildJob() {
   }
   job_ = std::make_unique<ServerJob>(o_, std::move(a_.policy), layout_,
                                      std::move(names), o_.dp.send_order,
-                                     o_.dp.seed, "dblp-server");
+                                     o_.dp.seed, "dblp-server", S);
   job_->set_row_stream(&rows_);
   const int node = PortNumaNode(0);
   PlaceOnNodeOrWarn(job_->iteration().reducer().sum_storage(), node,
@@ -134,6 +134,10 @@ RoundTolerance ServerRun::Reduce(uint64_t it) {
       it,
       ClosedPush{NowNs(), arrived_, stop_ns_, lcores_.losses[0]->InBurst(it)},
       a_.control->accepted(), &posts_);
+  if (!r.failure.empty()) {  // --on_bad_gradient=abort: no mean goes out
+    sync_->Fail(r.failure);
+    return job_->PushTolerance(it + 1);
+  }
   for (const ControlRequest& req : posts_)
     lcores_.lcores[0]->outbox().Post(req);
   std::unique_ptr<TolerancePolicy>& live = job_->iteration().policy();
@@ -201,6 +205,7 @@ int ServerRun::Run() {
 
 void ServerRun::FillCounters(RunReport* report) {
   AddServerCounters(a_.confs, *a_.control, links_, a_.ports.nb_ports, report);
+  if (job_) job_->AddCounters(&report->counters);
 }
 
 // The summary and the exit code, once every lcore stopped.

@@ -28,7 +28,8 @@ from dblp_testlib import check, finish, free_port, make_secret  # noqa: E402
 MIN_ROWS = 3
 CSV_HEADER = ("iteration,rank,send_latency_us,bcast_latency_us,passes,"
               "bcast_passes,packets_sent,packets_resent,delivered_fraction,"
-              "p,critical,grad_norm,burst,control_rtt_us,resync")
+              "p,critical,grad_norm,burst,control_rtt_us,resync,worker_norm,"
+              "bad_chunks,clipped_chunks,clr_nonfinite")
 
 
 

@@ -282,6 +282,10 @@ std::vector<IterationRecord> SampleRows() {
   a.grad_norm = 1e-300;
   a.burst = false;
   a.control_rtt_us = 41.25;
+  a.worker_norm = 3.5;
+  a.bad_chunks = 2;
+  a.clipped_chunks = 7;
+  a.clr_nonfinite = 1;
   IterationRecord b;
   b.iteration = 1;
   b.send_latency_us = 5e20;
@@ -299,11 +303,11 @@ TEST(Writers, CsvParsesBackExactly) {
   std::string line;
   ASSERT_TRUE(std::getline(in, line));
   EXPECT_EQ(line, kIterationCsvHeader);
-  EXPECT_EQ(Split(line, ',').size(), 15u);
+  EXPECT_EQ(Split(line, ',').size(), 19u);
   for (const IterationRecord& r : rows) {
     ASSERT_TRUE(std::getline(in, line));
     const auto f = Split(line, ',');
-    ASSERT_EQ(f.size(), 15u) << line;
+    ASSERT_EQ(f.size(), 19u) << line;
     const auto u = [&](int i) {
       return std::strtoull(f[i].c_str(), nullptr, 10);
     };
@@ -323,6 +327,10 @@ TEST(Writers, CsvParsesBackExactly) {
     EXPECT_EQ(f[12], r.burst ? "1" : "0");
     EXPECT_EQ(std::strtod(f[13].c_str(), nullptr), r.control_rtt_us);
     EXPECT_EQ(f[14], r.resync ? "1" : "0");
+    EXPECT_EQ(d(15), r.worker_norm);
+    EXPECT_EQ(u(16), r.bad_chunks);
+    EXPECT_EQ(u(17), r.clipped_chunks);
+    EXPECT_EQ(u(18), r.clr_nonfinite);
   }
   EXPECT_FALSE(std::getline(in, line));
   // Shortest form, not %.17g noise.

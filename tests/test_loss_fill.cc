@@ -178,7 +178,8 @@ void Feed(MeanReducer& red, const Round& r, size_t misalign, uint64_t seed) {
     }
     for (const uint32_t s : order) {
       if (r.arrived[w].Test(s)) {
-        red.Accumulate(s, bytes.data() + misalign + layout.Offset(s));
+        red.Accumulate(static_cast<uint32_t>(w), s,
+                       bytes.data() + misalign + layout.Offset(s));
       }
     }
   }
@@ -267,15 +268,15 @@ TEST(MeanReducer, ModesDifferWhereChunksAreMissing) {
   const std::vector<float> g(64, 3.0f);
   const std::vector<float> first(64, 6.0f);
   MeanReducer red(layout, 3);
-  for (int w = 0; w < 3; ++w) {
-    red.Accumulate(0, reinterpret_cast<const uint8_t*>(first.data()));
+  for (uint32_t w = 0; w < 3; ++w) {
+    red.Accumulate(w, 0, reinterpret_cast<const uint8_t*>(first.data()));
   }
   std::vector<float> m(64);
   red.Finalize(FillMode::kZero, m);
   EXPECT_EQ(m[0], 6.0f);
 
   red.BeginRound();
-  red.Accumulate(0, reinterpret_cast<const uint8_t*>(g.data()));
+  red.Accumulate(0, 0, reinterpret_cast<const uint8_t*>(g.data()));
   red.Finalize(FillMode::kPrevious, m);
   EXPECT_EQ(m[63], 5.0f);  // (3 + 2 * 6) / 3, 6 being the last mean
   red.Finalize(FillMode::kZero, m);
@@ -321,8 +322,9 @@ TEST(MeanReducer, BeginRoundResetsSumsAndCounts) {
     EXPECT_EQ(red.contributions(s), 0u);
   }
   // A new round with only worker 1's chunk 2: the old sums must be gone.
-  red.Accumulate(2, reinterpret_cast<const uint8_t*>(r.grads[1].data() +
-                                                     FirstFloat(layout, 2)));
+  red.Accumulate(1, 2,
+                 reinterpret_cast<const uint8_t*>(r.grads[1].data() +
+                                                  FirstFloat(layout, 2)));
   std::vector<float> mean(1000);
   red.Finalize(FillMode::kRescale, mean);
   for (size_t i = 0; i < mean.size(); ++i) {
@@ -332,8 +334,9 @@ TEST(MeanReducer, BeginRoundResetsSumsAndCounts) {
   // The same under kZero: slices of chunks nobody sent this round still
   // hold round 1's sums in memory and must not reach the mean.
   red.BeginRound();
-  red.Accumulate(2, reinterpret_cast<const uint8_t*>(r.grads[1].data() +
-                                                     FirstFloat(layout, 2)));
+  red.Accumulate(1, 2,
+                 reinterpret_cast<const uint8_t*>(r.grads[1].data() +
+                                                  FirstFloat(layout, 2)));
   red.Finalize(FillMode::kZero, mean);
   for (size_t i = 0; i < mean.size(); ++i) {
     const bool in_chunk2 = layout.ChunkOf(i * 4) == 2;
@@ -391,14 +394,15 @@ TEST(MeanReducer, DisjointChunkOwnersInParallel) {
   // The server's contract: two RX threads, each owning every other chunk.
   const ChunkLayout layout(10001 * 4, 1456);
   const Round r = MakeRound(layout, 3, 41);
-  MeanReducer serial(layout, 3), parallel(layout, 3);
+  MeanReducer serial(layout, 3), parallel(layout, 3, 2);
   Feed(serial, r, 0, 41);
   auto owner = [&](uint32_t parity) {
     for (size_t w = 0; w < r.grads.size(); ++w) {
       const auto* bytes = reinterpret_cast<const uint8_t*>(r.grads[w].data());
       for (uint32_t s = parity; s < layout.num_chunks(); s += 2) {
         if (r.arrived[w].Test(s))
-          parallel.Accumulate(s, bytes + layout.Offset(s));
+          parallel.Accumulate(static_cast<uint32_t>(w), s,
+                              bytes + layout.Offset(s), parity);
       }
     }
   };

@@ -87,7 +87,7 @@ class JobServer {
   bool TakeEvents(std::string* failure);
   std::string FinishedEarly();
   bool Alive(uint32_t w) const { return job_->alive(w); }
-  bool CloseRoundIfStopped(Outbox& out);
+  bool CloseRoundIfStopped(Outbox& out, std::string* failure);
   void BeginBroadcast();
   bool CloseBroadcastIfDone();
   std::string NoProgress() const;
@@ -475,7 +475,8 @@ std::string JobServer::ServeRounds(Outbox& out) {
     if (broadcasting_) work = StepBroadcast(out) || work;
     bool moved = CloseBroadcastIfDone();
     if (!broadcasting_ && job_->AllLiveSaidBye()) return "";
-    if (!broadcasting_ && CloseRoundIfStopped(out)) moved = true;
+    if (!broadcasting_ && CloseRoundIfStopped(out, &failure)) moved = true;
+    if (!failure.empty()) return failure;
     const uint64_t next = Progress();
     const bool progress = moved || next != mark;
     mark = next;
@@ -504,9 +505,6 @@ bool JobServer::Receive() {
   if (n < udp::kRxBurst) drained_gen_ = poll_gen_;
   std::fill(arrivals_.begin(), arrivals_.end(), 0);
   MeanReducer& reducer = job_->iteration().reducer();
-  auto accumulate = [&](const DataHeader& h, const uint8_t* payload) {
-    reducer.Accumulate(h.seq, payload);
-  };
   const uint64_t now = n > 0 ? NowNs() : 0;
   for (uint16_t i = 0; i < n; ++i) {
     const uint8_t* buf = pkts_[i].bytes.data();
@@ -525,6 +523,10 @@ bool JobServer::Receive() {
       continue;
     }
     arrivals_[w] = 1;
+    // Summed, or refused by the reducer's check (counted in w's tally).
+    auto accumulate = [&](const DataHeader& h, const uint8_t* payload) {
+      reducer.Accumulate(w, h.seq, payload);
+    };
     push_[w]->OnFrame(buf, len, accumulate);
   }
   return n > 0;
@@ -584,7 +586,7 @@ std::string JobServer::FinishedEarly() {
 
 // Every live push side sent its STOP: the job reduces and decides; the
 // next push opens and (in a job) the mean's broadcast begins.
-bool JobServer::CloseRoundIfStopped(Outbox& out) {
+bool JobServer::CloseRoundIfStopped(Outbox& out, std::string* failure) {
   for (uint32_t w = 0; w < o_.workers; ++w) {
     if (Alive(w) && !push_[w]->stopped()) return false;
   }
@@ -596,9 +598,13 @@ bool JobServer::CloseRoundIfStopped(Outbox& out) {
         UdpServerRound{it_, w, push_[w]->receiver().delivered_fraction()});
   }
   posts_.clear();
-  job_->ClosePush(it_,
-                  ClosedPush{NowNs(), arrived_, stop_ns_, loss_->InBurst(it_)},
-                  &accepted_, &posts_);
+  const ReducedPush& reduced = job_->ClosePush(
+      it_, ClosedPush{NowNs(), arrived_, stop_ns_, loss_->InBurst(it_)},
+      &accepted_, &posts_);
+  if (!reduced.failure.empty()) {  // --on_bad_gradient=abort: no mean goes out
+    *failure = reduced.failure;
+    return true;
+  }
   // ACCEPTED and the broadcast's ROUND_BEGIN before the next push's.
   for (const ControlRequest& r : posts_) out.Post(r);
   res_.iterations = ++it_;
@@ -678,6 +684,7 @@ void JobServer::FillCounters() {
   std::vector<const ReceiverRound*> receivers;
   for (const auto& side : push_) receivers.push_back(&side->receiver());
   AddReceiverCounters("push_", receivers, true, &c);
+  if (job_) job_->AddCounters(&c);
   res_.counters.insert(c.begin(), c.end());
 }
 

@@ -23,6 +23,26 @@ std::string WorkerLostText(uint32_t rank, std::string_view name,
          "--on_worker_loss=continue to carry on without it";
 }
 
+std::string BadGradientText(uint32_t rank, std::string_view name, uint64_t it,
+                            uint32_t nonfinite, uint32_t overflow,
+                            uint32_t first_seq) {
+  std::string s = WorkerLabel(rank, name) +
+                  " sent a bad gradient in iteration " + std::to_string(it) +
+                  ": ";
+  if (nonfinite > 0) {
+    s += std::to_string(nonfinite) + " chunk(s) with NaN or infinite floats";
+  }
+  if (overflow > 0) {
+    s += std::string(nonfinite > 0 ? ", " : "") + std::to_string(overflow) +
+         " chunk(s) whose sum would overflow float32";
+  }
+  return s + " (first chunk " + std::to_string(first_seq) +
+         "), refused; check its trainer (a diverged loss, a bad learning "
+         "rate), or run the server with --on_bad_gradient=drop to leave "
+         "such chunks out of the mean and go on, and --clip_norm=X to bound "
+         "what each worker adds";
+}
+
 std::string NoProgressText(std::string_view round_name, uint32_t timeout_ms) {
   return std::string(round_name) + " made no progress for " +
          std::to_string(timeout_ms) + " ms";

@@ -20,6 +20,13 @@ std::string FinishedEarlyHow(uint64_t iterations);
 std::string WorkerLostText(uint32_t rank, std::string_view name,
                            std::string_view how, uint64_t it);
 
+// Worker `rank` sent chunks the server refused in iteration `it`: with a
+// NaN or an infinity (`nonfinite`), or that would overflow the sum
+// (`overflow`); the first one's seq, and the fixes.
+std::string BadGradientText(uint32_t rank, std::string_view name, uint64_t it,
+                            uint32_t nonfinite, uint32_t overflow,
+                            uint32_t first_seq);
+
 // A round without progress for timeout_ms: its name, and for a push what
 // each worker delivered, plus the hint about a trainer's pause.
 std::string NoProgressText(std::string_view round_name, uint32_t timeout_ms);

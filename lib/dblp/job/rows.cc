@@ -70,6 +70,10 @@ IterationRecord ServerPushRow(const ServerPush& x) {
   r.grad_norm = x.grad_norm;
   r.burst = x.burst;
   r.resync = x.resync;
+  r.worker_norm = x.worker_norm;
+  r.bad_chunks = x.bad_chunks;
+  r.clipped_chunks = x.clipped_chunks;
+  r.clr_nonfinite = x.clr_nonfinite;
   return r;
 }
 

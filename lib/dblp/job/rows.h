@@ -47,6 +47,11 @@ struct ServerPush {
   double grad_norm = 0;
   bool burst = false;
   bool resync = false;
+  // What the server's check saw of this worker's push (mean_reducer.h).
+  double worker_norm = 0;
+  uint32_t bad_chunks = 0;
+  uint32_t clipped_chunks = 0;
+  uint64_t clr_nonfinite = 0;
 };
 IterationRecord ServerPushRow(const ServerPush& x);
 

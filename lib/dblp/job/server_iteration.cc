@@ -1,5 +1,7 @@
 #include "dblp/job/server_iteration.h"
 
+#include <cmath>
+
 #include "dblp/base/log.h"
 #include "dblp/base/rng.h"
 #include "dblp/wire/float_ops.h"  // L2Norm
@@ -9,15 +11,18 @@ namespace dblp {
 ServerIteration::ServerIteration(const ServerJobSettings& s,
                                  std::unique_ptr<TolerancePolicy> policy,
                                  const ChunkLayout& layout, uint32_t workers,
-                                 uint64_t seed, std::string app)
+                                 uint64_t seed, std::string app,
+                                 uint32_t shards)
     : s_(s),
       policy_(std::move(policy)),
       layout_(layout),
       resync_(s.resync_every),
       seed_(seed),
       app_(std::move(app)),
-      reducer_(layout, workers),
+      reducer_(layout, workers, shards),
+      tallies_(workers),
       mean_(layout.total_bytes() / sizeof(float), 0.0f) {
+  reducer_.set_clip_norm(s.clip_norm);
   if (s.consistent_broadcast) carry_.emplace(layout, HashMix(seed, 0xCA));
 }
 
@@ -43,11 +48,15 @@ ReducedPush ServerIteration::Reduce(uint64_t it, uint64_t push_ns) {
   r.resync = resync_.IsResync(it);
   const uint64_t step = resync_.TrainStep(it);
   reducer_.Finalize(s_.push_fill, mean_);
+  for (uint32_t w = 0; w < tallies_.size(); ++w)
+    tallies_[w] = reducer_.tally(w);
+  r.workers = tallies_;
   if (!r.resync && s_.zero_fraction > 0 && step >= s_.zero_first &&
       step <= s_.zero_last) {
     ZeroRandomChunks(mean_, layout_, s_.zero_fraction, HashMix(seed_, step));
   }
   r.norm = L2Norm(mean_);
+  r.mean_finite = std::isfinite(r.norm);
   if (!r.resync) policy_->OnIterationEnd(step, r.norm, push_ns);
   r.next = policy_->Current();
   r.broadcast = BroadcastTolerance(r.resync, r.next);

@@ -49,6 +49,14 @@ struct ServerJobSettings {
   // (ACCEPTED) and the worker carries the rest into its next push.
   bool push_feedback = false;
   bool continue_on_worker_loss = false;
+  // Members who lie (mean_reducer.h): a worker's chunk holding a NaN or an
+  // infinity, or whose addition would overflow the sum, is refused and
+  // left out of its chunk's mean. Abort (the default) then ends the job
+  // naming the worker and the iteration; drop goes on, counted and logged.
+  bool drop_bad_gradient = false;
+  // Each worker's contribution scaled to an L2 norm <= clip_norm, chunk by
+  // chunk (mean_reducer.h says what that bounds); 0 = off.
+  double clip_norm = 0;
   // Experiment hook (DBLP paper, Fig. 1): zero this fraction of the mean's
   // chunks in training steps [zero_first, zero_last].
   double zero_fraction = 0;
@@ -66,6 +74,11 @@ struct ReducedPush {
   // per-worker order). Valid until the next Reduce.
   std::span<const uint32_t> subset;
   RoundTolerance next;  // the policy's tolerance after this iteration
+  // Per worker, what the reducer refused or clipped of this push and the
+  // L2 norm of what it sent. Valid until the next Reduce.
+  std::span<const MeanReducer::Tally> workers;
+  bool mean_finite = true;  // the mean's norm is finite
+  std::string failure;      // the job ends (--on_bad_gradient=abort)
 };
 
 class ServerIteration {
@@ -76,7 +89,7 @@ class ServerIteration {
   ServerIteration(const ServerJobSettings& s,
                   std::unique_ptr<TolerancePolicy> policy,
                   const ChunkLayout& layout, uint32_t workers, uint64_t seed,
-                  std::string app);
+                  std::string app, uint32_t shards = 1);
 
   // Iteration `it`'s push is closed (every worker's STOP, its chunks in
   // the reducer), after push_ns: the mean, the policy's next p, and the
@@ -97,6 +110,7 @@ class ServerIteration {
   const ResyncSchedule& resync() const { return resync_; }
   // The runtime prompt may replace it between iterations.
   std::unique_ptr<TolerancePolicy>& policy() { return policy_; }
+  const TolerancePolicy& policy() const { return *policy_; }
 
  private:
   RoundTolerance BroadcastTolerance(bool resync,
@@ -109,6 +123,7 @@ class ServerIteration {
   const uint64_t seed_;
   const std::string app_;
   MeanReducer reducer_;
+  std::vector<MeanReducer::Tally> tallies_;  // the last Reduce's, per worker
   std::vector<float> mean_;
   // Built only for a consistent broadcast: it holds a copy of the gradient.
   std::optional<BroadcastCarry> carry_;

@@ -1,6 +1,8 @@
 #include "dblp/job/server_job.h"
 
 #include <algorithm>
+#include <bit>
+#include <cmath>
 
 #include "dblp/base/log.h"
 #include "dblp/base/rng.h"
@@ -11,15 +13,17 @@ namespace dblp {
 ServerJob::ServerJob(const ServerJobSettings& s,
                      std::unique_ptr<TolerancePolicy> policy,
                      const ChunkLayout& layout, std::vector<std::string> names,
-                     SendOrderKind order, uint64_t seed, std::string app)
+                     SendOrderKind order, uint64_t seed, std::string app,
+                     uint32_t shards)
     : s_(s),
       layout_(layout),
       names_(std::move(names)),
       app_(std::move(app)),
       iteration_(s, std::move(policy), layout,
-                 static_cast<uint32_t>(names_.size()), seed, app_),
+                 static_cast<uint32_t>(names_.size()), seed, app_, shards),
       alive_(std::make_unique<std::atomic<bool>[]>(names_.size())),
-      bye_(std::make_unique<std::atomic<bool>[]>(names_.size())) {
+      bye_(std::make_unique<std::atomic<bool>[]>(names_.size())),
+      bad_by_worker_(names_.size(), 0) {
   const auto W = static_cast<uint32_t>(names_.size());
   for (uint32_t w = 0; w < W; ++w) {
     orders_.emplace_back(order, w, W, HashMix(seed, 0xBC));
@@ -44,14 +48,29 @@ const ReducedPush& ServerJob::ClosePush(uint64_t it, const ClosedPush& c,
                                         AcceptedSlots* accepted,
                                         std::vector<ControlRequest>* post) {
   reduced_ = iteration_.Reduce(it, c.now_ns - push_open_ns_);
+  reduced_.failure = CheckContributions(it, reduced_);
   const ReducedPush& r = reduced_;
   const double n = layout_.num_chunks();
+  const uint64_t clr_nonfinite = iteration_.policy()->nonfinite_norms();
   for (uint32_t w = 0; w < workers(); ++w) {
-    rows_.push_back(
-        ServerPushRow(ServerPush{it, w, push_open_ns_, c.stop_ns[w],
-                                 static_cast<double>(c.arrived[w].Count()) / n,
-                                 push_tol_, r.norm, c.burst, r.resync}));
+    ServerPush x{it,
+                 w,
+                 push_open_ns_,
+                 c.stop_ns[w],
+                 static_cast<double>(c.arrived[w].Count()) / n,
+                 push_tol_,
+                 r.norm,
+                 c.burst,
+                 r.resync};
+    const MeanReducer::Tally& t = r.workers[w];
+    x.worker_norm = std::sqrt(t.sum_squares);
+    x.bad_chunks = t.nonfinite + t.overflow;
+    x.clipped_chunks = t.clipped;
+    x.clr_nonfinite = clr_nonfinite;
+    rows_.push_back(ServerPushRow(x));
   }
+  // The job ends here: no mean goes out.
+  if (!r.failure.empty()) return r;
   // Without a broadcast the rows are complete: on disk now, before the
   // observer looks.
   if (s_.push_only && stream_ != nullptr) stream_->Sync(rows_);
@@ -101,6 +120,52 @@ void ServerJob::CloseBroadcast(
   if (stream_ != nullptr) stream_->Sync(rows_);
 }
 
+std::string ServerJob::CheckContributions(uint64_t it, const ReducedPush& r) {
+  for (uint32_t w = 0; w < workers(); ++w) {
+    const MeanReducer::Tally& t = r.workers[w];
+    const uint32_t bad = t.nonfinite + t.overflow;
+    clipped_chunks_ += t.clipped;
+    if (bad == 0) continue;
+    nonfinite_chunks_ += t.nonfinite;
+    overflow_chunks_ += t.overflow;
+    const std::string text = BadGradientText(w, names_[w], it, t.nonfinite,
+                                             t.overflow, t.first_bad_seq);
+    if (!s_.drop_bad_gradient) return text;
+    // Logged at the worker's 1st, 2nd, 4th, 8th... bad iteration: a liar
+    // cannot flood the log, and the count still grows in the summary.
+    const uint64_t before = bad_by_worker_[w];
+    bad_by_worker_[w] += bad;
+    if (before == 0 || std::bit_width(before) != std::bit_width(before + bad)) {
+      DBLP_LOG(Warning, "%s: %s; dropped (%llu chunks so far)", app_.c_str(),
+               text.c_str(),
+               static_cast<unsigned long long>(bad_by_worker_[w]));
+    }
+  }
+  if (!r.mean_finite) {
+    ++nonfinite_means_;
+    const std::string text = "the mean of iteration " + std::to_string(it) +
+                             " is not finite (norm " + std::to_string(r.norm) +
+                             "): --clip_norm=X bounds what each worker adds";
+    if (!s_.drop_bad_gradient) return text;
+    if (nonfinite_means_ == 1) {
+      DBLP_LOG(Warning, "%s: %s", app_.c_str(), text.c_str());
+    }
+  }
+  return "";
+}
+
+void ServerJob::AddCounters(NamedCounters* out) const {
+  uint64_t liars = 0;
+  for (const uint64_t b : bad_by_worker_) liars += b > 0;
+  out->emplace_back("bad_gradient_nonfinite_chunks", nonfinite_chunks_);
+  out->emplace_back("bad_gradient_overflow_chunks", overflow_chunks_);
+  out->emplace_back("bad_gradient_workers", liars);
+  out->emplace_back("bad_gradient_nonfinite_means", nonfinite_means_);
+  out->emplace_back("clipped_chunks", clipped_chunks_);
+  out->emplace_back("clr_nonfinite_norms",
+                    iteration_.policy().nonfinite_norms());
+}
+
 std::vector<std::pair<std::string, std::string>> ServerJob::Info() const {
   return {{"chunks", std::to_string(layout_.num_chunks())},
           {"chunk_bytes", std::to_string(layout_.chunk_payload())},
@@ -109,7 +174,9 @@ std::vector<std::pair<std::string, std::string>> ServerJob::Info() const {
                         : s_.reliable_broadcast   ? "reliable"
                         : s_.consistent_broadcast ? "consistent"
                                                   : "same_p"},
-          {"resync_every", std::to_string(s_.resync_every)}};
+          {"resync_every", std::to_string(s_.resync_every)},
+          {"on_bad_gradient", s_.drop_bad_gradient ? "drop" : "abort"},
+          {"clip_norm", std::to_string(s_.clip_norm)}};
 }
 
 uint32_t ServerJob::live_count() const {

@@ -57,9 +57,11 @@ class ServerJob {
   // `policy` is the job's (made before the join so the WELCOME can
   // describe it); `app` names the server in logs and failure texts; `names`
   // the workers (JOIN's). Throws std::bad_alloc when the sums do not fit.
+  // `shards`: the datapath threads that sum chunks (MeanReducer's).
   ServerJob(const ServerJobSettings& s, std::unique_ptr<TolerancePolicy> policy,
             const ChunkLayout& layout, std::vector<std::string> names,
-            SendOrderKind order, uint64_t seed, std::string app);
+            SendOrderKind order, uint64_t seed, std::string app,
+            uint32_t shards = 1);
 
   // ---- the iteration ----
   // Iteration `it`'s push tolerance (a resync's is reliable).
@@ -129,6 +131,9 @@ class ServerJob {
   ServerIteration& iteration() { return iteration_; }
   std::vector<IterationRecord>& rows() { return rows_; }
   void set_row_stream(RowStream* s) { stream_ = s; }
+  // What the job refused and clipped, by the summary's names
+  // (bad_gradient_*, clipped_chunks, clr_nonfinite_norms).
+  void AddCounters(NamedCounters* out) const;
   // The job's settings for a summary's info (chunks, fill, broadcast,
   // resync), the same keys on every transport.
   std::vector<std::pair<std::string, std::string>> Info() const;
@@ -152,6 +157,13 @@ class ServerJob {
   std::unique_ptr<std::atomic<bool>[]> bye_;
   std::vector<IterationRecord> rows_;
   RowStream* stream_ = nullptr;
+  // Members who lie: "" or why the job ends; counts and logs under drop.
+  std::string CheckContributions(uint64_t it, const ReducedPush& r);
+  std::vector<uint64_t> bad_by_worker_;  // chunks refused, whole job
+  uint64_t nonfinite_chunks_ = 0;
+  uint64_t overflow_chunks_ = 0;
+  uint64_t clipped_chunks_ = 0;
+  uint64_t nonfinite_means_ = 0;
 };
 
 template <class Received, class Stopped>

@@ -36,7 +36,15 @@ void WriteCsv(std::ostream& os, std::span<const IterationRecord> rows) {
     WriteCsvDouble(os, r.grad_norm);
     os << ',' << (r.burst ? '1' : '0') << ',';
     WriteCsvDouble(os, r.control_rtt_us);
-    os << ',' << (r.resync ? '1' : '0') << '\n';
+    os << ',' << (r.resync ? '1' : '0') << ',';
+    WriteCsvDouble(os, r.worker_norm);
+    os << ',';
+    WriteInteger(os, r.bad_chunks);
+    os << ',';
+    WriteInteger(os, r.clipped_chunks);
+    os << ',';
+    WriteInteger(os, r.clr_nonfinite);
+    os << '\n';
   }
 }
 
@@ -62,6 +70,10 @@ void WriteJsonl(std::ostream& os, std::span<const IterationRecord> rows) {
         .Key("burst").Bool(r.burst)
         .Key("control_rtt_us").Double(r.control_rtt_us)
         .Key("resync").Bool(r.resync)
+        .Key("worker_norm").Double(r.worker_norm)
+        .Key("bad_chunks").Uint(r.bad_chunks)
+        .Key("clipped_chunks").Uint(r.clipped_chunks)
+        .Key("clr_nonfinite").Uint(r.clr_nonfinite)
         .EndObject();
     // clang-format on
     os << '\n';

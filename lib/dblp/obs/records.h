@@ -27,6 +27,14 @@ struct IterationRecord {
   bool burst = false;
   double control_rtt_us = 0;  // mean PROBE -> BITMAP time seen by the sender
   bool resync = false;        // a re-synchronisation, not a training step
+  // The server's check of this worker's push (mean_reducer.h): the L2 norm
+  // of what it sent (before clipping), its chunks refused (NaN, infinity,
+  // a sum that would overflow) and clipped, and the CLR detector's count
+  // of non-finite mean norms so far. Zero in a worker's own rows.
+  double worker_norm = 0;
+  uint32_t bad_chunks = 0;
+  uint32_t clipped_chunks = 0;
+  uint64_t clr_nonfinite = 0;
 };
 
 // Column order of WriteCsv (and key order of WriteJsonl). Booleans are
@@ -34,7 +42,8 @@ struct IterationRecord {
 inline constexpr std::string_view kIterationCsvHeader =
     "iteration,rank,send_latency_us,bcast_latency_us,passes,bcast_passes,"
     "packets_sent,packets_resent,delivered_fraction,p,critical,grad_norm,"
-    "burst,control_rtt_us,resync";
+    "burst,control_rtt_us,resync,worker_norm,bad_chunks,clipped_chunks,"
+    "clr_nonfinite";
 
 // Header line + one line per row, '\n' line endings. Non-finite doubles are
 // written as nan/inf/-inf (pandas and strtod read them back).

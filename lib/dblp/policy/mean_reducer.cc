@@ -1,7 +1,10 @@
 #include "dblp/policy/mean_reducer.h"
 
 #include <algorithm>
+#include <bit>
 #include <cassert>
+#include <cfloat>
+#include <cmath>
 #include <cstring>
 #include <new>
 #include <stdexcept>
@@ -57,9 +60,12 @@ void MeanReducer::AlignedFree::operator()(float* p) const {
   ::operator delete[](p, std::align_val_t{kCacheLine});
 }
 
-MeanReducer::MeanReducer(const ChunkLayout& layout, uint32_t num_workers)
+MeanReducer::MeanReducer(const ChunkLayout& layout, uint32_t num_workers,
+                         uint32_t shards)
     : layout_(layout),
       num_workers_(num_workers),
+      shards_(std::max(shards, 1u)),
+      tallies_(static_cast<size_t>(num_workers) * std::max(shards, 1u)),
       stride_floats_(0),
       counts_(layout.num_chunks()) {
   if (layout.num_chunks() == 0 || layout.total_bytes() % sizeof(float) != 0) {
@@ -84,22 +90,97 @@ MeanReducer::MeanReducer(const ChunkLayout& layout, uint32_t num_workers)
 void MeanReducer::BeginRound() {
   // Sum slices are not cleared: a chunk's first contribution overwrites its
   // slice, and Finalize never reads the slice of a chunk nobody sent.
-  for (CountSlot& slot : counts_) slot.n.store(0, std::memory_order_relaxed);
+  for (CountSlot& slot : counts_) {
+    slot.n.store(0, std::memory_order_relaxed);
+    slot.refused = 0;
+    slot.max_abs = 0;
+  }
+  std::fill(tallies_.begin(), tallies_.end(), Tally{});
 }
 
-void MeanReducer::Accumulate(uint32_t seq, const uint8_t* payload) {
+void MeanReducer::set_clip_norm(double x) {
+  if (!(x >= 0) || !std::isfinite(x)) {
+    throw std::invalid_argument("clip norm must be finite and >= 0, got " +
+                                std::to_string(x));
+  }
+  clip_norm_ = x;
+}
+
+bool MeanReducer::Refuse(CountSlot& slot, Tally& t, uint32_t seq,
+                         bool overflow) {
+  ++(overflow ? t.overflow : t.nonfinite);
+  t.first_bad_seq = std::min(t.first_bad_seq, seq);
+  ++slot.refused;
+  return false;
+}
+
+bool MeanReducer::Accumulate(uint32_t w, uint32_t seq, const uint8_t* payload,
+                             uint32_t shard) {
   assert(seq < layout_.num_chunks());
-  // Single writer per slot: load + release store instead of a locked RMW.
-  std::atomic<uint32_t>& n = counts_[seq].n;
-  const uint32_t k = n.load(std::memory_order_relaxed);
+  assert(static_cast<size_t>(w) * shards_ + shard < tallies_.size());
+  CountSlot& slot = counts_[seq];
+  Tally& t = tallies_[static_cast<size_t>(w) * shards_ + shard];
   const size_t floats = layout_.Length(seq) / sizeof(float);
+  const ChunkScan scan = ScanFloats(payload, floats);
+  if (scan.max_abs_bits >= kNonFiniteBits) return Refuse(slot, t, seq, false);
+  t.sum_squares += scan.sum_squares;
+  float scale = 1.0f;
+  if (clip_norm_ > 0) {
+    // This chunk's share of the bound: the shares' squares sum to X^2.
+    const double bound =
+        clip_norm_ * std::sqrt(static_cast<double>(floats) /
+                               static_cast<double>(prev_mean_.size()));
+    if (scan.sum_squares > bound * bound) {
+      scale = static_cast<float>(bound / std::sqrt(scan.sum_squares));
+      ++t.clipped;
+    }
+  }
+  // A bound on what this copy adds to any float of the sum (slack for the
+  // rounding of scale * v).
+  const double add_max =
+      static_cast<double>(std::bit_cast<float>(scan.max_abs_bits)) * scale *
+      (1 + 1e-6);
+  // Single writer per slot: load + release store instead of a locked RMW.
+  std::atomic<uint32_t>& n = slot.n;
+  const uint32_t k = n.load(std::memory_order_relaxed);
+  float* const sum = SumOf(seq);
   if (k == 0) {
-    StoreFloats(SumOf(seq), payload, floats);
+    if (scale == 1.0f) {
+      StoreFloats(sum, payload, floats);
+    } else {
+      StoreScaledFloats(sum, payload, floats, scale);
+    }
+    slot.max_abs = add_max;
   } else {
-    AddFloats(SumOf(seq), payload, floats);
+    // |sum| + |copy| below FLT_MAX cannot round to infinity; past it, the
+    // exact check (rare: only near-overflowing values get here).
+    if (slot.max_abs + add_max >= FLT_MAX &&
+        !SumStaysFinite(sum, payload, floats, scale)) {
+      return Refuse(slot, t, seq, true);
+    }
+    if (scale == 1.0f) {
+      AddFloats(sum, payload, floats);
+    } else {
+      AddScaledFloats(sum, payload, floats, scale);
+    }
+    slot.max_abs = std::min(slot.max_abs + add_max, double{FLT_MAX});
   }
   assert(k < num_workers_ && "more contributions than workers: duplicate?");
   n.store(k + 1, std::memory_order_release);
+  return true;
+}
+
+MeanReducer::Tally MeanReducer::tally(uint32_t w) const {
+  Tally sum;
+  for (uint32_t s = 0; s < shards_; ++s) {
+    const Tally& t = tallies_[static_cast<size_t>(w) * shards_ + s];
+    sum.sum_squares += t.sum_squares;
+    sum.nonfinite += t.nonfinite;
+    sum.overflow += t.overflow;
+    sum.clipped += t.clipped;
+    sum.first_bad_seq = std::min(sum.first_bad_seq, t.first_bad_seq);
+  }
+  return sum;
 }
 
 void MeanReducer::Finalize(FillMode mode, std::span<float> mean_out) {
@@ -108,7 +189,6 @@ void MeanReducer::Finalize(FillMode mode, std::span<float> mean_out) {
         "mean output holds " + std::to_string(mean_out.size()) +
         " floats, the layout needs " + std::to_string(prev_mean_.size()));
   }
-  const float w = static_cast<float>(num_workers_);
   float* const out = mean_out.data();
   const float* const prev = prev_mean_.data();
   for (uint32_t seq = 0; seq < layout_.num_chunks(); ++seq) {
@@ -116,6 +196,24 @@ void MeanReducer::Finalize(FillMode mode, std::span<float> mean_out) {
     const size_t n = layout_.Length(seq) / sizeof(float);
     const float* const sum = SumOf(seq);
     const uint32_t k = counts_[seq].n.load(std::memory_order_acquire);
+    // Refused copies leave the divisor: the chunk's mean is over the
+    // workers whose copy could be summed.
+    const uint32_t refused = counts_[seq].refused;
+    const uint32_t members =
+        num_workers_ > refused ? num_workers_ - refused : 0;
+    if (members == 0) {
+      // Every copy refused: nothing to divide (a summed copy here can only
+      // be a lost worker's, whose own value it keeps).
+      if (k > 0) {
+        Divide(out + first, sum, n, static_cast<float>(k));
+      } else if (mode == FillMode::kPrevious) {
+        std::copy_n(prev + first, n, out + first);
+      } else {
+        std::fill_n(out + first, n, 0.0f);
+      }
+      continue;
+    }
+    const float w = static_cast<float>(members);
     switch (mode) {
       case FillMode::kZero:
         if (k == 0) {
@@ -132,17 +230,17 @@ void MeanReducer::Finalize(FillMode mode, std::span<float> mean_out) {
         }
         break;
       case FillMode::kPrevious:
-        if (k >= num_workers_) {
+        if (k >= members) {
           // Complete chunk: skip the previous term entirely, so a non-finite
           // previous mean cannot leak in through 0 * inf.
           Divide(out + first, sum, n, w);
         } else if (k == 0) {
           // The slice holds an older round: the sum is 0.
           DivideWithPrevious(out + first, nullptr, prev + first, n,
-                             static_cast<float>(num_workers_), w);
+                             static_cast<float>(members), w);
         } else {
           DivideWithPrevious(out + first, sum, prev + first, n,
-                             static_cast<float>(num_workers_ - k), w);
+                             static_cast<float>(members - k), w);
         }
         break;
     }

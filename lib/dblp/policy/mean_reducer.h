@@ -31,29 +31,69 @@ namespace dblp {
 //  - Accumulate must be called at most once per (worker, seq) per round; the
 //    caller dedups with the worker's arrival bitmap (Bitmap::Set's return
 //    value). A duplicate would be summed twice.
+//  - Each (worker, shard) pair has its own tally (a worker's chunks are
+//    spread over the shards): Accumulate(w, seq, ..., shard) must come from
+//    the one thread that owns `shard`. tally() reads them between rounds.
+//
+// Members who lie: every chunk is checked as it arrives (one scan of the
+// payload, no second pass over the round). A chunk with a NaN or an
+// infinity, or one whose addition would overflow the chunk's sum (3e38 +
+// 3e38), is refused: not summed, counted in the worker's tally and in the
+// chunk's `refused` count, which the chunk's mean then leaves out of its
+// divisor, so the mean of that chunk is over the workers whose copy was
+// summed. The unit refused is the chunk, not the worker's whole round:
+// chunks summed before a bad one stay in the sum (taking them out again
+// would need a per-worker copy of the gradient). With a clip norm X each
+// chunk of n_c floats is scaled so its L2 norm is at most
+// X * sqrt(n_c / total floats): the whole contribution's norm is then at
+// most X, though a gradient concentrated in a few chunks is clipped more
+// than a whole-round clip would clip it.
 class MeanReducer {
  public:
   // Throws std::invalid_argument if total_bytes is not a multiple of 4 or
   // num_workers is 0. Starts with a clean round (BeginRound not required).
-  MeanReducer(const ChunkLayout& layout, uint32_t num_workers);
+  // `shards`: the threads that Accumulate (one tally per worker each).
+  MeanReducer(const ChunkLayout& layout, uint32_t num_workers,
+              uint32_t shards = 1);
+
+  // What one (worker, shard) contributed this round, reset by BeginRound.
+  struct alignas(64) Tally {
+    double sum_squares = 0;  // of the floats received, before clipping
+    uint32_t nonfinite = 0;  // chunks refused: a NaN or an infinity
+    uint32_t overflow = 0;   // chunks refused: the sum would overflow
+    uint32_t clipped = 0;    // chunks scaled down by the clip norm
+    uint32_t first_bad_seq = UINT32_MAX;  // the first refused chunk
+  };
 
   // Starts a round: zeroes the contribution counts (a chunk's first
   // contribution then overwrites its sum slice). Keeps the previous
   // Finalize output.
   void BeginRound();
 
-  // Adds chunk seq's Length(seq) / 4 floats from `payload` into the sum and
-  // counts one contribution. `payload` need not be aligned. Precondition:
-  // seq < layout().num_chunks().
-  void Accumulate(uint32_t seq, const uint8_t* payload);
+  // Worker w's chunk seq (Length(seq) / 4 floats at `payload`, not
+  // necessarily aligned), received by shard `shard`: checked, clipped and
+  // added into the sum (one contribution), or refused (false: counted in
+  // w's tally, not summed). Preconditions: seq < layout().num_chunks(),
+  // w < the constructor's num_workers, shard < shards.
+  bool Accumulate(uint32_t w, uint32_t seq, const uint8_t* payload,
+                  uint32_t shard = 0);
+  // Per-worker L2 norm bound of a contribution (0 = off). Between rounds.
+  // Throws std::invalid_argument on a negative or non-finite value.
+  void set_clip_norm(double x);
+  double clip_norm() const { return clip_norm_; }
+  // Worker w's tally summed over the shards (between rounds).
+  Tally tally(uint32_t w) const;
 
   // Writes the round's mean into mean_out (layout().total_bytes() / 4
-  // floats, else std::invalid_argument). For chunk c with k contributions:
+  // floats, else std::invalid_argument). For chunk c with k contributions
+  // and r refused ones, W being num_workers() - r:
   //  kZero:     sum / W              (missing counted as zero: MLT, DBLP)
   //  kRescale:  sum / k, 0 if k == 0 (unbiased rescaling: LTP)
   //  kPrevious: (sum + (W - k) * prev_mean) / W, prev_mean being the previous
   //             Finalize's output, zeros before the first (LTP's bubble
   //             filling applied to the mean).
+  // A chunk every worker's copy of which was refused (W == 0) gets 0
+  // (kZero, kRescale) or prev_mean (kPrevious).
   // The output is remembered as prev_mean for the next Finalize whatever the
   // mode, so a job can switch modes between rounds.
   void Finalize(FillMode mode, std::span<float> mean_out);
@@ -88,6 +128,9 @@ class MeanReducer {
  private:
   struct alignas(64) CountSlot {
     std::atomic<uint32_t> n{0};  // writer: owner lcore of the seq; readers: any
+    // Owner only (Finalize reads them after the round's hand-off).
+    uint32_t refused = 0;  // copies refused (non-finite, overflow)
+    double max_abs = 0;    // bound on the sum's largest magnitude
   };
   struct AlignedFree {
     void operator()(float* p) const;
@@ -100,8 +143,13 @@ class MeanReducer {
     return sums_.get() + static_cast<size_t>(seq) * stride_floats_;
   }
 
+  bool Refuse(CountSlot& slot, Tally& t, uint32_t seq, bool overflow);
+
   ChunkLayout layout_;
   uint32_t num_workers_;
+  uint32_t shards_;
+  double clip_norm_ = 0;
+  std::vector<Tally> tallies_;  // [worker * shards_ + shard]
   // Floats between the starts of consecutive chunks' sum slices: the chunk's
   // float count rounded up to a cache line, so slices never share a line.
   size_t stride_floats_;

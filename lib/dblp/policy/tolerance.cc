@@ -66,6 +66,7 @@ class DblpPolicy final : public TolerancePolicy {
     detector_.Observe(iteration, avg_grad_norm);
   }
   PolicyKind kind() const override { return PolicyKind::kDblp; }
+  uint64_t nonfinite_norms() const override { return detector_.nonfinite(); }
   std::string Describe() const override {
     return "dblp(p_low=" + Num(p_low_) + ",p_high=" + Num(p_high_) +
            ",freq=" + std::to_string(detector_.params().freq) +

@@ -83,6 +83,9 @@ class TolerancePolicy {
   virtual void OnIterationEnd(uint64_t iteration, double avg_grad_norm,
                               uint64_t round_time_ns) = 0;
   virtual PolicyKind kind() const = 0;
+  // Norms fed to OnIterationEnd that were not finite (or negative): the
+  // CLR detector's count for dblp, 0 for the kinds that do not look.
+  virtual uint64_t nonfinite_norms() const { return 0; }
   // One line with every parameter, e.g.
   // "dblp(p_low=0.008,p_high=0.408,freq=10,eta=0.5)".
   virtual std::string Describe() const = 0;

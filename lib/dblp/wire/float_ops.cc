@@ -25,6 +25,104 @@ DBLP_VECTOR_CLONES void StoreFloats(float* __restrict dst,
   }
 }
 
+namespace {
+
+// The sum of squares in double, in index order: the rare chunk whose float
+// sum of squares overflowed (magnitudes above about 1e19).
+double SquaresInDouble(const uint8_t* src, size_t n) {
+  double sum = 0;
+  for (size_t i = 0; i < n; ++i) {
+    float v;
+    std::memcpy(&v, src + i * sizeof(float), sizeof(v));
+    sum += static_cast<double>(v) * v;
+  }
+  return sum;
+}
+
+}  // namespace
+
+DBLP_VECTOR_CLONES ChunkScan ScanFloats(const uint8_t* __restrict src,
+                                        size_t n) {
+  // Lanes in vector registers (GCC's vector extension: the auto-vectoriser
+  // kept lane arrays in memory, reloaded every block), each summing its
+  // floats in index order, so no sum is reassociated. Float squares keep
+  // the scan as cheap as the add; a float sum that overflowed (magnitudes
+  // above about 1e19) is redone in double.
+  using F8 = float __attribute__((vector_size(32)));
+  using U8 = uint32_t __attribute__((vector_size(32)));
+  constexpr size_t kLanes = 8;
+  // Four named sums (an array of them stays in memory): independent chains
+  // hide the add's latency.
+  F8 sq0 = {}, sq1 = {}, sq2 = {}, sq3 = {};
+  U8 mx = {};
+  const auto lane = [&](size_t at, F8& sq) {
+    F8 v;
+    std::memcpy(&v, src + at * sizeof(float), sizeof(v));
+    U8 bits;
+    std::memcpy(&bits, &v, sizeof(bits));
+    bits &= 0x7fffffffu;
+    mx = mx > bits ? mx : bits;
+    sq += v * v;
+  };
+  size_t i = 0;
+  for (; i + 4 * kLanes <= n; i += 4 * kLanes) {
+    lane(i, sq0);
+    lane(i + kLanes, sq1);
+    lane(i + 2 * kLanes, sq2);
+    lane(i + 3 * kLanes, sq3);
+  }
+  for (; i + kLanes <= n; i += kLanes) lane(i, sq0);
+  const F8 sq = (sq0 + sq1) + (sq2 + sq3);
+  ChunkScan s;
+  for (size_t j = 0; j < kLanes; ++j) {
+    s.sum_squares += sq[j];
+    s.max_abs_bits = s.max_abs_bits > mx[j] ? s.max_abs_bits : mx[j];
+  }
+  for (; i < n; ++i) {
+    float v;
+    std::memcpy(&v, src + i * sizeof(float), sizeof(v));
+    uint32_t bits;
+    std::memcpy(&bits, &v, sizeof(bits));
+    bits &= 0x7fffffffu;
+    s.max_abs_bits = s.max_abs_bits > bits ? s.max_abs_bits : bits;
+    s.sum_squares += static_cast<double>(v) * v;
+  }
+  if (s.max_abs_bits < kNonFiniteBits && !std::isfinite(s.sum_squares)) {
+    s.sum_squares = SquaresInDouble(src, n);
+  }
+  return s;
+}
+
+DBLP_VECTOR_CLONES void AddScaledFloats(float* __restrict dst,
+                                        const uint8_t* __restrict src, size_t n,
+                                        float scale) {
+  for (size_t i = 0; i < n; ++i) {
+    float v;
+    std::memcpy(&v, src + i * sizeof(float), sizeof(v));
+    dst[i] += scale * v;
+  }
+}
+
+DBLP_VECTOR_CLONES void StoreScaledFloats(float* __restrict dst,
+                                          const uint8_t* __restrict src,
+                                          size_t n, float scale) {
+  for (size_t i = 0; i < n; ++i) {
+    float v;
+    std::memcpy(&v, src + i * sizeof(float), sizeof(v));
+    dst[i] = 0.0f + scale * v;
+  }
+}
+
+bool SumStaysFinite(const float* dst, const uint8_t* src, size_t n,
+                    float scale) {
+  for (size_t i = 0; i < n; ++i) {
+    float v;
+    std::memcpy(&v, src + i * sizeof(float), sizeof(v));
+    if (!std::isfinite(dst[i] + scale * v)) return false;
+  }
+  return true;
+}
+
 double L2Norm(std::span<const float> v) {
   double sum = 0;
   for (float x : v) sum += static_cast<double>(x) * x;

@@ -20,6 +20,26 @@ void AddFloats(float* dst, const uint8_t* src, size_t n);
 // +0.0, as that addition did) without reading the slice from memory.
 void StoreFloats(float* dst, const uint8_t* src, size_t n);
 
+// One pass over a received chunk before it is summed: the sum of its
+// squares (double, so 3e38 squared is finite) and the largest magnitude's
+// bits. A NaN or an infinity makes max_abs_bits >= kNonFiniteBits (their
+// exponent bits are all ones and sort above every finite magnitude).
+struct ChunkScan {
+  double sum_squares = 0;
+  uint32_t max_abs_bits = 0;
+};
+inline constexpr uint32_t kNonFiniteBits = 0x7f800000u;
+ChunkScan ScanFloats(const uint8_t* src, size_t n);
+
+// AddFloats and StoreFloats of `scale` times each float (a clipped chunk).
+void AddScaledFloats(float* dst, const uint8_t* src, size_t n, float scale);
+void StoreScaledFloats(float* dst, const uint8_t* src, size_t n, float scale);
+
+// Whether dst[i] + scale * src[i] is finite for every i (the exact check
+// when a bound on the sum says it might overflow; dst is not changed).
+bool SumStaysFinite(const float* dst, const uint8_t* src, size_t n,
+                    float scale);
+
 // The L2 norm of a gradient, accumulated in double in index order (the CLR
 // detector's input; the order keeps it bit-identical across transports).
 double L2Norm(std::span<const float> v);

@@ -1,0 +1,244 @@
+// Members who lie (issue #21, item 3): a worker that sends NaN, +Inf,
+// floats whose sum overflows or a huge gradient must not reach the mean.
+// The reducer refuses the chunk and leaves it out of that chunk's divisor;
+// the job names the worker (abort) or goes on counting it (drop); clipping
+// bounds each worker's norm. Checked on the reducer and end to end over
+// the simulator's real frames.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "dblp/policy/mean_reducer.h"
+#include "dblp/wire/float_ops.h"
+#include "sim/memory_cluster.h"
+
+namespace dblp {
+namespace {
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// 4 chunks of 16 floats.
+const ChunkLayout kLayout(64 * 4, 16 * 4);
+
+std::vector<float> Grad(uint32_t rank) {
+  std::vector<float> g(64);
+  for (size_t i = 0; i < g.size(); ++i) {
+    g[i] = static_cast<float>(static_cast<int>((i * 7 + rank * 5) % 17) - 8);
+  }
+  return g;
+}
+
+const uint8_t* Bytes(const std::vector<float>& g, uint32_t seq) {
+  return reinterpret_cast<const uint8_t*>(g.data()) + kLayout.Offset(seq);
+}
+
+// Every worker sends every chunk; returns what Accumulate said per worker.
+std::vector<int> Feed(MeanReducer& red,
+                      const std::vector<std::vector<float>>& grads) {
+  std::vector<int> accepted(grads.size(), 0);
+  for (uint32_t seq = 0; seq < kLayout.num_chunks(); ++seq) {
+    for (uint32_t w = 0; w < grads.size(); ++w) {
+      accepted[w] += red.Accumulate(w, seq, Bytes(grads[w], seq)) ? 1 : 0;
+    }
+  }
+  return accepted;
+}
+
+bool AllFinite(const std::vector<float>& v) {
+  for (float x : v) {
+    if (!std::isfinite(x)) return false;
+  }
+  return true;
+}
+
+// The honest workers' mean, in the reducer's order (sum, then divide).
+std::vector<float> MeanOf(const std::vector<std::vector<float>>& grads,
+                          const std::vector<uint32_t>& who) {
+  std::vector<float> m(64, 0.0f);
+  for (size_t i = 0; i < m.size(); ++i) {
+    float s = 0.0f;
+    for (uint32_t w : who) s += grads[w][i];
+    m[i] = s / static_cast<float>(who.size());
+  }
+  return m;
+}
+
+class PoisonedChunk : public ::testing::TestWithParam<float> {};
+
+// One float of worker 1's chunk 2 is NaN, +Inf or -Inf: that chunk is
+// refused and its mean is the other two's, under every fill; the rest is
+// the mean of all three.
+TEST_P(PoisonedChunk, IsRefusedAndLeftOutOfTheDivisor) {
+  for (const FillMode mode :
+       {FillMode::kZero, FillMode::kRescale, FillMode::kPrevious}) {
+    std::vector<std::vector<float>> g = {Grad(0), Grad(1), Grad(2)};
+    g[1][2 * 16 + 5] = GetParam();
+    MeanReducer red(kLayout, 3);
+    const std::vector<int> accepted = Feed(red, g);
+    EXPECT_EQ(accepted, (std::vector<int>{4, 3, 4}));
+    const MeanReducer::Tally t = red.tally(1);
+    EXPECT_EQ(t.nonfinite, 1u);
+    EXPECT_EQ(t.overflow, 0u);
+    EXPECT_EQ(t.first_bad_seq, 2u);
+    EXPECT_EQ(red.tally(0).nonfinite, 0u);
+    EXPECT_EQ(red.contributions(2), 2u);
+    std::vector<float> mean(64);
+    red.Finalize(mode, mean);
+    ASSERT_TRUE(AllFinite(mean)) << FillModeName(mode);
+    const std::vector<float> all = MeanOf(g, {0, 1, 2});
+    const std::vector<float> honest = MeanOf(g, {0, 2});
+    for (size_t i = 0; i < mean.size(); ++i) {
+      ASSERT_EQ(mean[i], kLayout.ChunkOf(i * 4) == 2 ? honest[i] : all[i])
+          << FillModeName(mode) << " float " << i;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(NanAndInfinities, PoisonedChunk,
+                         ::testing::Values(kNaN, kInf, -kInf));
+
+// Worker 2 sends 3e38 everywhere, worker 0 too: each is finite, their sum
+// is not. The second copy of each chunk is refused (overflow) and the mean
+// stays finite: 3e38 over the two that were summed (worker 1's and one
+// 3e38).
+TEST(HugeFloats, SumThatWouldOverflowIsRefused) {
+  std::vector<std::vector<float>> g = {std::vector<float>(64, 3e38f), Grad(1),
+                                       std::vector<float>(64, 3e38f)};
+  MeanReducer red(kLayout, 3);
+  const std::vector<int> accepted = Feed(red, g);
+  EXPECT_EQ(accepted, (std::vector<int>{4, 4, 0}));
+  EXPECT_EQ(red.tally(2).overflow, 4u);
+  EXPECT_EQ(red.tally(2).nonfinite, 0u);
+  std::vector<float> mean(64);
+  red.Finalize(FillMode::kZero, mean);
+  ASSERT_TRUE(AllFinite(mean));
+  const std::vector<float> kept = MeanOf(g, {0, 1});
+  EXPECT_EQ(mean, kept);
+  // The worker's norm is reported, huge as it is.
+  EXPECT_GT(std::sqrt(red.tally(2).sum_squares), 1e38);
+}
+
+// A liar that sends -1000x the honest gradient drags the mean far away;
+// with a clip norm its contribution's norm is at most X and the mean stays
+// within X / W of the honest workers' share.
+TEST(ClipNorm, BoundsEachWorkersContribution) {
+  std::vector<std::vector<float>> g = {Grad(0), Grad(1), Grad(2)};
+  for (float& x : g[1]) x *= -1000.0f;
+  const double honest_norm = L2Norm(g[0]);
+  // A chunk of the honest ones (norm <= honest_norm) passes unclipped.
+  const double clip = honest_norm * 2;
+  MeanReducer plain(kLayout, 3), clipped(kLayout, 3);
+  clipped.set_clip_norm(clip);
+  Feed(plain, g);
+  Feed(clipped, g);
+  EXPECT_EQ(plain.tally(1).clipped, 0u);
+  EXPECT_GT(clipped.tally(1).clipped, 0u);
+  std::vector<float> a(64), b(64);
+  plain.Finalize(FillMode::kZero, a);
+  clipped.Finalize(FillMode::kZero, b);
+  // The liar's part of the mean: mean - the honest workers' sum / 3.
+  std::vector<float> liar_a(64), liar_b(64);
+  for (size_t i = 0; i < 64; ++i) {
+    const float honest = (g[0][i] + g[2][i]) / 3.0f;
+    liar_a[i] = a[i] - honest;
+    liar_b[i] = b[i] - honest;
+  }
+  EXPECT_GT(L2Norm(liar_a), 100 * clip / 3);
+  EXPECT_LE(L2Norm(liar_b), clip / 3 * (1 + 1e-4));
+  // The per-worker norm is what was sent, before the clip.
+  EXPECT_NEAR(std::sqrt(clipped.tally(1).sum_squares), 1000 * L2Norm(Grad(1)),
+              1e-3 * 1000 * L2Norm(Grad(1)));
+  EXPECT_THROW(clipped.set_clip_norm(-1), std::invalid_argument);
+  EXPECT_THROW(clipped.set_clip_norm(kInf), std::invalid_argument);
+}
+
+// A clean round is bit for bit what it was: no refusal, no clip.
+TEST(CleanRound, TalliesAreZeroAndNormsAreTheWorkers) {
+  std::vector<std::vector<float>> g = {Grad(0), Grad(1), Grad(2)};
+  MeanReducer red(kLayout, 3);
+  Feed(red, g);
+  std::vector<float> mean(64);
+  red.Finalize(FillMode::kZero, mean);
+  EXPECT_EQ(mean, MeanOf(g, {0, 1, 2}));
+  for (uint32_t w = 0; w < 3; ++w) {
+    EXPECT_EQ(red.tally(w).nonfinite + red.tally(w).overflow, 0u);
+    EXPECT_DOUBLE_EQ(std::sqrt(red.tally(w).sum_squares), L2Norm(g[w]));
+  }
+  red.BeginRound();
+  EXPECT_EQ(red.tally(0).sum_squares, 0.0);
+}
+
+// ---- end to end: the simulator's real frames and the server's job ----
+
+ClusterConfig ThreeWorkers(bool drop) {
+  ClusterConfig c;
+  c.num_workers = 3;
+  c.gradient_floats = 4096;
+  c.policy.kind = PolicyKind::kReliable;
+  c.drop_bad_gradient = drop;
+  return c;
+}
+
+std::vector<std::vector<float>> Honest(uint64_t floats, uint64_t it) {
+  std::vector<std::vector<float>> g(3, std::vector<float>(floats));
+  for (uint32_t r = 0; r < 3; ++r) {
+    for (uint64_t i = 0; i < floats; ++i) {
+      g[r][i] =
+          static_cast<float>(static_cast<int>((i * 3 + r * 7 + it) % 13) - 6);
+    }
+  }
+  return g;
+}
+
+TEST(HostileWorker, AbortNamesTheWorkerAndTheIteration) {
+  MemoryCluster cluster(ThreeWorkers(false));
+  auto g = Honest(4096, 0);
+  EXPECT_EQ(cluster.RunIteration(g).failure, "");
+  g = Honest(4096, 1);
+  for (float& x : g[1]) x = kNaN;
+  const IterationOutcome o = cluster.RunIteration(g);
+  EXPECT_NE(o.failure.find("worker 1 "), std::string::npos) << o.failure;
+  EXPECT_NE(o.failure.find("iteration 1"), std::string::npos) << o.failure;
+  EXPECT_NE(o.failure.find("--on_bad_gradient=drop"), std::string::npos);
+  // The iteration's rows say who.
+  const std::vector<IterationRecord>& rows = cluster.server_rows();
+  ASSERT_EQ(rows.size(), 6u);
+  EXPECT_GT(rows[4].bad_chunks, 0u);
+  EXPECT_EQ(rows[3].bad_chunks, 0u);
+}
+
+TEST(HostileWorker, DropKeepsTheOthersMeansFiniteAndExact) {
+  MemoryCluster cluster(ThreeWorkers(true));
+  for (uint64_t it = 0; it < 3; ++it) {
+    auto g = Honest(4096, it);
+    for (size_t i = 0; i < g[2].size(); ++i) g[2][i] = i % 2 ? kInf : kNaN;
+    const IterationOutcome o = cluster.RunIteration(g);
+    ASSERT_EQ(o.failure, "");
+    const std::vector<float>& mean = cluster.server_mean();
+    for (size_t i = 0; i < mean.size(); ++i) {
+      ASSERT_EQ(mean[i], (g[0][i] + g[1][i]) / 2.0f) << it << " " << i;
+    }
+    for (uint32_t r = 0; r < 3; ++r) {
+      ASSERT_TRUE(AllFinite(cluster.worker_average(r))) << r;
+    }
+  }
+  const NamedCounters c = cluster.server_counters();
+  uint64_t refused = 0, liars = 0;
+  for (const auto& [name, v] : c) {
+    if (name == "bad_gradient_nonfinite_chunks") refused = v;
+    if (name == "bad_gradient_workers") liars = v;
+  }
+  EXPECT_EQ(refused, 3u * cluster.layout().num_chunks());
+  EXPECT_EQ(liars, 1u);
+  for (const IterationRecord& r : cluster.server_rows()) {
+    EXPECT_EQ(r.bad_chunks, r.rank == 2 ? cluster.layout().num_chunks() : 0u);
+  }
+}
+
+}  // namespace
+}  // namespace dblp
