@@ -169,7 +169,7 @@ void ControlSidecar::Evict(Conn& c, const std::string& limit) {
   connections_evicted_.fetch_add(1, std::memory_order_relaxed);
   const std::string why =
       "evicted before authenticating, for a newer connection: " + limit +
-      "; a worker retries its JOIN";
+      "; run the worker again";
   try {
     Append(c, ErrorMsg{kErrorCodeLimit, why});
   } catch (const std::exception&) {
