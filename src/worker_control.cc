@@ -169,7 +169,7 @@ AppFailure WorkerControl::Join(const std::string& server, JoinMsg join,
   // said now, not found out at the server's join deadline.
   if (!sidecar_.Send(conn_, join, &err)) {
     return {"cannot send JOIN to dblp-server at " + server + ": " + err,
-            "the gradient source's layers must add up to its floats"};
+            "check the gradient source's layers (the field named above)"};
   }
   thread_ = std::make_unique<SidecarThread>(sidecar_);
   SetControlPriorities(*thread_, "dblp-worker", realtime);
