@@ -71,8 +71,17 @@ DEFINE_uint32(join_timeout_ms, 60000,
 // Bounds on what anyone who can reach --listen can make the server hold
 // (dblp::ControlLimits).
 DEFINE_uint32(control_max_connections, 256,
-              "control connections open at once; more are closed at once "
-              "and counted (0 = no limit; else at least --workers)");
+              "control connections open at once; a newcomer beyond it "
+              "evicts an unauthenticated one, or is closed at once when all "
+              "are authenticated (0 = no limit; else at least --workers)");
+DEFINE_uint32(control_max_unauthenticated, 128,
+              "control connections that have not authenticated yet, open at "
+              "once; a newcomer beyond it evicts the oldest of the source "
+              "address with the most (0 = no limit)");
+DEFINE_uint32(control_max_unauthenticated_per_source, 64,
+              "control connections from one IPv4 address that have not "
+              "authenticated yet; a newcomer beyond it evicts that "
+              "address's oldest (0 = no limit)");
 DEFINE_uint32(control_join_deadline_ms, 10000,
               "close a control connection that has not authenticated "
               "within this long (0 = never: only on a trusted network)");
@@ -226,6 +235,9 @@ inline ControlLimits ControlLimitsFromFlags() {
   }
   ControlLimits l;
   l.max_connections = FLAGS_control_max_connections;
+  l.max_unauthenticated = FLAGS_control_max_unauthenticated;
+  l.max_unauthenticated_per_source =
+      FLAGS_control_max_unauthenticated_per_source;
   l.join_deadline = std::chrono::milliseconds(FLAGS_control_join_deadline_ms);
   l.max_untrusted_frame = FLAGS_control_max_untrusted_frame;
   l.partial_message_timeout =

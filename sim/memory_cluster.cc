@@ -617,7 +617,8 @@ struct MemoryCluster::Impl {
                            rb.min_fraction, clock.ns());
       if (!grads.empty()) wk.source->set_current(&grads[w]);
       bool more = true;
-      Check(wk.model->Prepare(iteration, &more));
+      // In one process the server cannot go away while a worker waits.
+      Check(wk.model->Prepare(iteration, &more, {}));
       wk.push.Begin(out.push_round, wk.model->grad(), layout.num_chunks(),
                     clock.ns());
       // Open the broadcast receiver now, so no early broadcast frame is lost.

@@ -104,6 +104,14 @@ class ServerControl {
   // duplicate name, layout), messages out of order (then closed).
   uint64_t auth_failures() const { return admission_.auth_failures(); }
   uint64_t refused_joins() const { return admission_.refused_joins(); }
+  // The control port's limits (ControlLimits) at work on strangers.
+  uint64_t connections_refused() const {
+    return sidecar_.connections_refused();
+  }
+  uint64_t connections_evicted() const {
+    return sidecar_.connections_evicted();
+  }
+  uint64_t join_timeouts() const { return sidecar_.join_timeouts(); }
   uint64_t out_of_state() const { return admission_.out_of_state(); }
   // Where worker w's data frames must come from (its JOIN's MAC, the IPv4
   // in its WELCOME, UDP port base + 1 + w). Valid once AdmitWorkers

@@ -46,6 +46,9 @@ void AddServerCounters(const std::vector<std::unique_ptr<LcoreConf>>& lcs,
       {"control_auth_failures", control.auth_failures()},
       {"control_refused_joins", control.refused_joins()},
       {"control_out_of_state", control.out_of_state()},
+      {"control_connections_refused", control.connections_refused()},
+      {"control_connections_evicted", control.connections_evicted()},
+      {"control_join_timeouts", control.join_timeouts()},
   };
   auto over_links = [&](auto fn) {
     uint64_t t = 0;

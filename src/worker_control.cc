@@ -22,7 +22,8 @@ ControlSidecar::Callbacks WorkerControl::MakeCallbacks(
   cb.on_message = [this](ConnId, const ControlMessage& m) { OnMessage(m); };
   cb.on_close = [this](ConnId, const std::string& reason) {
     if (!server_gone_.load()) {
-      failure_ = "control connection closed: " + reason;
+      failure_ = "control connection to dblp-server at " + server_ +
+                 " closed: " + reason;
       server_gone_.store(true, std::memory_order_release);
     }
     closed_.store(true, std::memory_order_release);
@@ -104,8 +105,8 @@ void WorkerControl::OnMessage(const ControlMessage& m) {
     return gone(why);
   }
   if (const auto* e = std::get_if<ErrorMsg>(&m)) {
-    return gone("server " + server_ + (welcomed_.load() ? ": " : " refused: ") +
-                e->text);
+    return gone("dblp-server at " + server_ +
+                (welcomed_.load() ? ": " : " refused: ") + e->text);
   }
   if (std::holds_alternative<ByeMsg>(m)) return gone("server said BYE");
   if (const auto* a = std::get_if<AcceptedMsg>(&m)) {
@@ -156,15 +157,20 @@ void WorkerControl::SendRequests() {
 AppFailure WorkerControl::Join(const std::string& server, JoinMsg join,
                                uint32_t timeout_ms,
                                const std::atomic<bool>& quit, bool realtime) {
-  server_ = server;
   std::string err;
+  server_ = server;
   if (!sidecar_.Connect(server, timeout_ms, &conn_, &err)) {
     return {"cannot reach dblp-server at " + server + ": " + err,
             "start dblp-server first and check --server=IP:PORT"};
   }
   handshake_.Start(&join);
   join_ = join;
-  sidecar_.Send(conn_, join);
+  // A JOIN the codec refuses (a layer table that does not add up) is
+  // said now, not found out at the server's join deadline.
+  if (!sidecar_.Send(conn_, join, &err)) {
+    return {"cannot send JOIN to dblp-server at " + server + ": " + err,
+            "check the gradient source's layers (the field named above)"};
+  }
   thread_ = std::make_unique<SidecarThread>(sidecar_);
   SetControlPriorities(*thread_, "dblp-worker", realtime);
   const auto deadline =

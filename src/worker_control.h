@@ -81,9 +81,9 @@ class WorkerControl {
   ControlSidecar sidecar_;
   std::unique_ptr<SidecarThread> thread_;
   ConnId conn_ = 0;
+  std::string server_;         // Join: wo before the thread; then ro
   WorkerHandshake handshake_;  // sidecar only (Join starts it before)
   JoinMsg join_;               // Join: wo before the thread; sidecar: ro
-  std::string server_;         // Join: wo before the thread; sidecar: ro
 
   // Shared between the sidecar thread and the datapath lcore.
   WelcomeMsg welcome_;                 // sidecar: wo before welcomed_

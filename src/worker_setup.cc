@@ -24,7 +24,12 @@ JoinMsg MakeJoin(const WorkerOptions& o, const GradientSource& source) {
   join.worker_name = o.name;
   join.total_bytes = source.floats() * sizeof(float);
   join.mtu = o.dp.port.mtu;
-  join.layers = source.Layers();
+  try {
+    join.layers = source.Layers();
+  } catch (const std::exception& e) {
+    Die(std::string("the gradient source's layers: ") + e.what(),
+        "restart the trainer (python/dblp) and its dblp-worker");
+  }
   // Our data source, which the server pins: the port's MAC (known since
   // the EAL probed it; none behind a router, --eth_peer, where frames
   // reach the server from the router's) and --local_ip if given.

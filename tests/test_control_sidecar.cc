@@ -278,6 +278,32 @@ int RawConnect(uint16_t port) {
   return fd;
 }
 
+// From source address 127.0.0.`host` (the whole of 127/8 is loopback).
+int RawConnectFrom(uint8_t host, uint16_t port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  EXPECT_GE(fd, 0);
+  timeval tv{};
+  tv.tv_sec = 5;
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  sockaddr_in src{};
+  src.sin_family = AF_INET;
+  src.sin_addr.s_addr = htonl(0x7F000000u | host);
+  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&src), sizeof src), 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(port);
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
+  return fd;
+}
+
+// Nothing to read and no EOF: the server still holds the connection open.
+bool RawStillOpen(int fd) {
+  uint8_t b;
+  const ssize_t n = recv(fd, &b, 1, MSG_DONTWAIT | MSG_PEEK);
+  return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+}
+
 void RawWrite(int fd, const std::vector<uint8_t>& bytes) {
   ASSERT_EQ(send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL),
             static_cast<ssize_t>(bytes.size()));
@@ -808,6 +834,8 @@ TEST(ControlSidecar, NoFdLeaks) {
 ControlLimits NoLimits() {
   ControlLimits l;
   l.max_connections = 0;
+  l.max_unauthenticated = 0;
+  l.max_unauthenticated_per_source = 0;
   l.join_deadline = milliseconds(0);
   l.max_untrusted_frame = kMaxControlFrame;
   l.partial_message_timeout = milliseconds(0);
@@ -853,6 +881,11 @@ bool Contains(const std::string& s, const std::string& part) {
 TEST(ControlSidecarLimits, DefaultsAreSafe) {
   const ControlLimits l;
   EXPECT_GT(l.max_connections, 0u);
+  // Strangers can never hold every slot: there is room beyond their budget.
+  EXPECT_GT(l.max_unauthenticated, 0u);
+  EXPECT_LT(l.max_unauthenticated, l.max_connections);
+  EXPECT_GT(l.max_unauthenticated_per_source, 0u);
+  EXPECT_LE(l.max_unauthenticated_per_source, l.max_unauthenticated);
   EXPECT_GT(l.join_deadline.count(), 0);
   EXPECT_LT(l.max_untrusted_frame, kMaxControlFrame);
   EXPECT_GE(l.max_untrusted_frame, 16u << 10);  // a JOIN with layers fits
@@ -860,15 +893,21 @@ TEST(ControlSidecarLimits, DefaultsAreSafe) {
   EXPECT_EQ(l.idle_timeout.count(), 0);  // jobs may be quiet for long
 }
 
+// Refused only when every open connection is trusted (else a newcomer
+// evicts an untrusted one: the tests below).
 TEST(ControlSidecarLimits, MaxConnectionsRefusesCountsAndLogsOnce) {
   ControlLimits l = NoLimits();
   l.max_connections = 3;
-  auto server = StartServer(l);
+  auto server = StartServer(l, TrustOn::kJoin);
   const uint16_t port = server->sc().bound_port();
   std::vector<int> admitted;
-  for (int i = 0; i < 3; ++i) admitted.push_back(RawConnect(port));
-  ASSERT_TRUE(server->WaitFor([&] { return server->accepted_.size() == 3; }));
+  for (int i = 0; i < 3; ++i) {
+    admitted.push_back(RawConnect(port));
+    RawWrite(admitted.back(), EncodeControl(Join("w" + std::to_string(i))));
+  }
+  ASSERT_TRUE(server->WaitFor([&] { return server->messages_.size() == 3; }));
   EXPECT_EQ(server->sc().open_connections(), 3u);
+  EXPECT_EQ(server->sc().open_unauthenticated(), 0u);
 
   constexpr int kExtra = 5;
   for (int i = 0; i < kExtra; ++i) {
@@ -901,6 +940,88 @@ TEST(ControlSidecarLimits, MaxConnectionsRefusesCountsAndLogsOnce) {
   EXPECT_EQ(server->sc().open_connections(), 3u);
   close(again);
   for (size_t i = 1; i < admitted.size(); ++i) close(admitted[i]);
+}
+
+// Issue #21, item 4: a source over its bound of unauthenticated
+// connections gives way to its newest, oldest first; other sources and
+// trusted connections are untouched.
+TEST(ControlSidecarLimits, ASourceOverItsBoundLosesItsOldestUnauthenticated) {
+  ControlLimits l = NoLimits();
+  l.max_unauthenticated_per_source = 3;
+  auto server = StartServer(l, TrustOn::kJoin);
+  const uint16_t port = server->sc().bound_port();
+  const int member = RawConnectFrom(2, port);
+  RawWrite(member, EncodeControl(Join("w0")));
+  ASSERT_TRUE(server->WaitFor([&] { return server->messages_.size() == 1; }));
+  std::vector<int> from2;
+  for (int i = 0; i < 3; ++i) {
+    from2.push_back(RawConnectFrom(2, port));
+    ASSERT_TRUE(server->WaitFor(
+        [&] { return server->accepted_.size() == from2.size() + 1; }));
+  }
+  const int other = RawConnectFrom(3, port);
+  ASSERT_TRUE(server->WaitFor([&] { return server->accepted_.size() == 5; }));
+  EXPECT_EQ(server->sc().connections_evicted(), 0u);
+  const int newest = RawConnectFrom(2, port);
+  const ErrorMsg e = ReadError(from2[0]);
+  EXPECT_EQ(e.code, kErrorCodeLimit) << e.text;
+  EXPECT_TRUE(Contains(e.text, "evicted")) << e.text;
+  EXPECT_TRUE(Contains(e.text, "max_unauthenticated_per_source")) << e.text;
+  EXPECT_TRUE(RawSeesClose(from2[0]));
+  ASSERT_TRUE(server->WaitFor([&] { return server->accepted_.size() == 6; }));
+  EXPECT_EQ(server->sc().connections_evicted(), 1u);
+  for (int fd : {from2[1], from2[2], other, newest, member}) {
+    EXPECT_TRUE(RawStillOpen(fd));
+  }
+  EXPECT_EQ(server->sc().open_unauthenticated(), 4u);  // 3 from .2, 1 from .3
+  // The newest can still authenticate: it was not the one to go.
+  RawWrite(newest, EncodeControl(Join("w1")));
+  ASSERT_TRUE(server->WaitFor([&] { return server->messages_.size() == 2; }));
+  EXPECT_EQ(server->sc().open_unauthenticated(), 3u);
+  for (int fd : from2) close(fd);
+  for (int fd : {other, newest, member}) close(fd);
+}
+
+// Over the total budget the most-represented source gives way, quiet
+// connections before ones that sent something: a flood from other
+// addresses never evicts a newcomer from this one.
+TEST(ControlSidecarLimits, OverTheBudgetTheMostRepresentedSourceGivesWay) {
+  ControlLimits l = NoLimits();
+  l.max_unauthenticated = 4;
+  auto server = StartServer(l, TrustOn::kNever);
+  const uint16_t port = server->sc().bound_port();
+  std::vector<int> flood;
+  for (int i = 0; i < 4; ++i) {
+    flood.push_back(RawConnectFrom(2, port));
+    ASSERT_TRUE(server->WaitFor(
+        [&] { return server->accepted_.size() == flood.size(); }));
+  }
+  // The first flood connection spoke: the second (quiet) goes first.
+  RawWrite(flood[0], EncodeControl(Join("x")));
+  ASSERT_TRUE(server->WaitFor([&] { return server->messages_.size() == 1; }));
+  const int worker = RawConnectFrom(3, port);
+  EXPECT_TRUE(Contains(ReadError(flood[1]).text, "max_unauthenticated"));
+  EXPECT_TRUE(RawSeesClose(flood[1]));
+  // Each newcomer from .2 evicts .2's oldest quiet one, never the worker.
+  for (int i = 0; i < 6; ++i) {
+    flood.push_back(RawConnectFrom(2, port));
+    ASSERT_TRUE(server->WaitFor(
+        [&] { return server->sc().connections_evicted() == uint64_t(i) + 2; }));
+  }
+  // The last newcomer is added after its eviction is counted.
+  ASSERT_TRUE(server->WaitFor([&] { return server->accepted_.size() == 11; }));
+  EXPECT_TRUE(RawStillOpen(worker));
+  EXPECT_TRUE(RawStillOpen(flood[0]));  // spoke: the quiet went before it
+  EXPECT_EQ(server->sc().open_unauthenticated(), 4u);
+  EXPECT_EQ(server->sc().connections_refused(), 0u);
+  const auto logs = [&] {
+    std::lock_guard lock(server->mu_);
+    return server->logs_;
+  }();
+  ASSERT_EQ(logs.size(), 1u);  // one line per period, not per eviction
+  EXPECT_TRUE(Contains(logs[0], "--control_max_unauthenticated")) << logs[0];
+  close(worker);
+  for (int fd : flood) close(fd);
 }
 
 TEST(ControlSidecarLimits, JoinDeadlineClosesUntrustedButNotTrusted) {

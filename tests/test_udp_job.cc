@@ -2,6 +2,8 @@
 // workers in threads over 127.0.0.1, with sources that record what the
 // engine hands them.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -14,6 +16,8 @@
 #include <vector>
 
 #include "dblp/handoff/gradient_source.h"
+#include "dblp/handoff/shm_channel.h"
+#include "dblp/handoff/shm_source.h"
 #include "dblp/policy/clr_detector.h"
 #include "dblp/policy/tolerance.h"
 #include "dblp/round/stop_decision.h"
@@ -315,6 +319,80 @@ TEST(UdpJob, UnevenIterationsFailFast) {
       << run.server.error;
   EXPECT_NE(run.server.error.find("same --iterations"), std::string::npos);
   EXPECT_EQ(run.workers[1].exit_code, 1);
+}
+
+// Issue #21, item 5: a worker waiting for its trainer still hears its
+// server. The trainer (this process, alive) never posts; the server gives
+// up at its round timeout and closes; the worker ends within a second or
+// so, naming the server and that it waited for its trainer, instead of
+// waiting as long as the trainer lives (here: the 8 s idle timeout).
+TEST(UdpJob, AServerGoneEndsAWorkerWaitingForItsTrainer) {
+  const std::string name = "/dblp-test-udpjob-" + std::to_string(getpid());
+  shm_unlink(name.c_str());
+  ShmChannel trainer = ShmChannel::Create(name, 2000, {});
+  auto source = OpenShmSource(name, /*idle_timeout_ms=*/8000);
+  trainer.Unlink();
+  const JobSecret secret = JobSecret::FromBytes(RandomAuthBytes());
+  UdpJobServerOptions so = SmallServer();
+  so.secret = secret;
+  so.workers = 1;
+  so.round_timeout_ms = 1000;
+  std::promise<uint16_t> port;
+  so.on_listening = [&](uint16_t c, uint16_t) { port.set_value(c); };
+  UdpJobServerResult sr;
+  Clock::time_point server_done;
+  std::thread server([&] {
+    sr = RunUdpJobServer(so);
+    server_done = Clock::now();
+  });
+  UdpJobWorkerOptions wo = SmallWorker(0);
+  wo.secret = secret;
+  wo.server = "127.0.0.1:" + std::to_string(port.get_future().get());
+  const UdpJobWorkerResult wr = RunUdpJobWorker(wo, *source);
+  const auto worker_done = Clock::now();
+  server.join();
+  EXPECT_EQ(sr.exit_code, 1) << sr.error;
+  EXPECT_EQ(wr.exit_code, 1) << wr.error;
+  EXPECT_LT(worker_done - server_done, std::chrono::milliseconds(2000));
+  EXPECT_NE(wr.error.find("the server is gone"), std::string::npos) << wr.error;
+  EXPECT_NE(wr.error.find(wo.server), std::string::npos) << wr.error;
+  EXPECT_NE(wr.error.find("waited for its trainer"), std::string::npos)
+      << wr.error;
+  // The trainer is told why.
+  EXPECT_EQ(trainer.header().worker_state.load(),
+            static_cast<uint32_t>(ShmWorkerState::kFailed));
+}
+
+// A JOIN the codec refuses (here a layer of negative size, as a trainer's
+// rewritten table can give) fails the worker at once, saying so, not
+// after the server's join deadline as "the peer did not authenticate".
+TEST(UdpJob, AJoinThatCannotBeSentFailsAtOnce) {
+  class BadLayers : public RecordingSource {
+   public:
+    BadLayers() : RecordingSource(2000) {}
+    std::vector<LayerInfo> Layers() const override {
+      return {LayerInfo{"fc.weight", {-5}}};
+    }
+  } source;
+  const JobSecret secret = JobSecret::FromBytes(RandomAuthBytes());
+  UdpJobServerOptions so = SmallServer();
+  so.secret = secret;
+  so.workers = 1;
+  so.join_timeout_ms = 4000;
+  std::promise<uint16_t> port;
+  so.on_listening = [&](uint16_t c, uint16_t) { port.set_value(c); };
+  std::thread server([&] { RunUdpJobServer(so); });
+  UdpJobWorkerOptions wo = SmallWorker(1);
+  wo.secret = secret;
+  wo.server = "127.0.0.1:" + std::to_string(port.get_future().get());
+  const auto t0 = Clock::now();
+  const UdpJobWorkerResult wr = RunUdpJobWorker(wo, source);
+  const auto took = Clock::now() - t0;
+  server.join();
+  EXPECT_EQ(wr.exit_code, 1);
+  EXPECT_LT(took, std::chrono::milliseconds(1000));
+  EXPECT_NE(wr.error.find("cannot send JOIN"), std::string::npos) << wr.error;
+  EXPECT_NE(wr.error.find("layers[0]"), std::string::npos) << wr.error;
 }
 
 TEST(UdpJob, BadOptionsExit2) {

@@ -680,6 +680,9 @@ void JobServer::FillCounters() {
       {"control_auth_failures", admission_.auth_failures()},
       {"control_refused_joins", admission_.refused_joins()},
       {"control_out_of_state", admission_.out_of_state()},
+      {"control_connections_refused", sc_->connections_refused()},
+      {"control_connections_evicted", sc_->connections_evicted()},
+      {"control_join_timeouts", sc_->join_timeouts()},
   };
   std::vector<const ReceiverRound*> receivers;
   for (const auto& side : push_) receivers.push_back(&side->receiver());

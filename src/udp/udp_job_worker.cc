@@ -191,14 +191,21 @@ std::string JobWorker::Join(ControlSidecar& sidecar) {
   join.worker_name = o_.name;
   join.total_bytes = source_.floats() * sizeof(float);
   join.mtu = o_.mtu;
-  join.layers = source_.Layers();
+  try {
+    join.layers = source_.Layers();
+  } catch (const std::exception& e) {
+    return std::string("the gradient source's layers: ") + e.what();
+  }
   // Our data socket, which the server pins (0.0.0.0: the address it sees
   // our control connection come from).
   join.data_ipv4 = ntohl(port_.bound_addr().sin_addr.s_addr);
   join.data_udp_port = port_.bound_port();
   handshake_.Start(&join);
   join_ = join;
-  sidecar.Send(conn_, join);
+  // A JOIN the codec refuses is said now, not at the join deadline.
+  if (!sidecar.Send(conn_, join, &err)) {
+    return "cannot send JOIN to the server at " + o_.server + ": " + err;
+  }
   return "";
 }
 
@@ -217,7 +224,8 @@ UdpJobWorkerResult JobWorker::Run() {
   ControlSidecar::Callbacks cb;
   cb.on_message = [this](ConnId, const ControlMessage& m) { OnMessage(m); };
   cb.on_close = [this](ConnId, const std::string& reason) {
-    ServerGone("control connection to the server closed: " + reason);
+    ServerGone("control connection to the server at " + o_.server +
+               " closed: " + reason);
     closed_.store(true, std::memory_order_release);
   };
   cb.on_wakeup = [this] { OnWakeup(); };
@@ -286,7 +294,7 @@ void JobWorker::OnMessage(const ControlMessage& m) {
              DeliverToSides(m, push_.get(), bcast_.get(), NowNs())) {
     // STOP or BITMAP for the push, PROBE for the broadcast.
   } else if (const auto* e = std::get_if<ErrorMsg>(&m)) {
-    ServerGone("server " + o_.server + ": " + e->text);
+    ServerGone("the server at " + o_.server + ": " + e->text);
   } else if (std::holds_alternative<ByeMsg>(m)) {
     ServerGone("server said BYE");
   }

@@ -267,7 +267,8 @@ bool ControlSidecar::Connect(const std::string& addr, uint32_t timeout_ms,
   return false;
 }
 
-ConnId ControlSidecar::AddConn(int fd, std::string peer, bool accepted) {
+ConnId ControlSidecar::AddConn(int fd, std::string peer, bool accepted,
+                               uint32_t source) {
   SetNoDelay(fd);
   const ConnId id = next_id_++;
   epoll_event ev{};
@@ -281,9 +282,11 @@ ConnId ControlSidecar::AddConn(int fd, std::string peer, bool accepted) {
   c->armed = EPOLLIN;
   c->accepted = accepted;
   c->trusted = !accepted;
+  c->source = source;
   c->opened = c->last_rx = Clock::now();
   if (accepted) {
     open_accepted_.fetch_add(1, std::memory_order_relaxed);
+    CountUntrusted(*c, +1);
     if (limits_.join_deadline.count() > 0) {
       NoteDeadline(c->opened + limits_.join_deadline);
     }
@@ -391,6 +394,7 @@ void ControlSidecar::BeginClose(Conn& c, std::string reason, bool abort) {
     pending_closes_.emplace_back(c.id, std::move(reason));
     lingering_.push_back(c.id);
     if (c.accepted) open_accepted_.fetch_sub(1, std::memory_order_relaxed);
+    if (c.accepted && !c.trusted) CountUntrusted(c, -1);
     // Input is only drained from now on: a partial frame (up to max_frame)
     // must not stay buffered while the socket lingers.
     ReleaseDecoder(c);
@@ -549,6 +553,7 @@ bool ControlSidecar::Deliver(Conn& c) {
       if (!deliver) continue;
     }
     messages_in_.fetch_add(1, std::memory_order_relaxed);
+    c.spoke = true;
     if (cb_.on_message) {
       // A handler that throws (a request it cannot serve) costs this
       // connection, never the process: the peer is told why.
@@ -660,6 +665,9 @@ void ControlSidecar::Run() {
           "; event loop stops");
       break;
     }
+    // New connections last: what the open ones already sent (a worker's
+    // JOIN or PROOF) is read before a newcomer may evict one of them.
+    bool accept_ready = false;
     for (int i = 0; i < n; ++i) {
       const uint64_t tag = events[i].data.u64;
       if (tag == kWakeTag) {
@@ -678,11 +686,12 @@ void ControlSidecar::Run() {
         }
         if (cb_.on_tick) cb_.on_tick();
       } else if (tag == kListenTag) {
-        HandleAccept();
+        accept_ready = true;
       } else if (Conn* c = Find(static_cast<ConnId>(tag & 0xffffffffu))) {
         HandleConnEvent(*c, events[i].events);
       }
     }
+    if (accept_ready) HandleAccept();
     ExpireLimits();
     ExpireLingering();
     ResumeListen();

@@ -75,11 +75,24 @@ struct ServerApp {
 // limit off. The defaults are safe for a job of up to a few hundred workers
 // on a host anyone may reach; an owner passes its own from flags.
 struct ControlLimits {
-  // Accepted connections open at once; connections beyond it are closed as
-  // soon as they are accepted (never reported to the owner) and counted in
-  // connections_refused(). Closing connections still lingering (at most
-  // ControlSidecar::kLinger) do not count. 0 = no limit.
+  // Accepted connections open at once. A newcomer beyond it makes room by
+  // evicting an unauthenticated one (below); only when every open one is
+  // trusted is it closed as soon as it is accepted (never reported to the
+  // owner) and counted in connections_refused(). Closing connections
+  // still lingering (at most ControlSidecar::kLinger) do not count.
+  // 0 = no limit.
   uint32_t max_connections = 256;
+  // The pre-authentication budget: accepted connections not yet Trust()ed
+  // open at once, in all and from one IPv4 source address. A newcomer over
+  // either bound is admitted, and the oldest unauthenticated connection of
+  // the source with the most of them (its own source, over the per-source
+  // bound; one that sent nothing before one that did) is closed instead,
+  // counted in connections_evicted(). Strangers who reconnect can then hold
+  // no slot for long, and a worker that retries is always the newest: it
+  // gets in unless this many newer connections come first while it
+  // authenticates. 0 = no limit.
+  uint32_t max_unauthenticated = 128;
+  uint32_t max_unauthenticated_per_source = 64;
   // An accepted connection not Trust()ed within this long is closed: a
   // stranger cannot hold a connection (and a slot) by never authenticating.
   std::chrono::milliseconds join_deadline{10000};
@@ -195,11 +208,16 @@ class ControlSidecar {
   // Limits (ControlLimits), any thread. An untrusted frame over
   // max_untrusted_frame counts as a protocol error.
   uint64_t connections_refused() const { return connections_refused_.load(); }
+  // Unauthenticated connections closed to make room for a newcomer
+  // (max_unauthenticated, max_unauthenticated_per_source, max_connections).
+  uint64_t connections_evicted() const { return connections_evicted_.load(); }
   uint64_t join_timeouts() const { return join_timeouts_.load(); }
   uint64_t partial_timeouts() const { return partial_timeouts_.load(); }
   uint64_t idle_timeouts() const { return idle_timeouts_.load(); }
-  // Accepted connections open now (what max_connections bounds).
+  // Accepted connections open now (what max_connections bounds), and of
+  // those the ones not yet trusted (max_unauthenticated).
   uint32_t open_connections() const { return open_accepted_.load(); }
+  uint32_t open_unauthenticated() const { return open_untrusted_.load(); }
   const ControlLimits& limits() const { return limits_; }
 
  private:
@@ -208,7 +226,7 @@ class ControlSidecar {
 
   // `accepted`: from our listening socket (untrusted, counted against
   // max_connections); otherwise a Connect()ed, trusted connection.
-  ConnId AddConn(int fd, std::string peer, bool accepted);
+  ConnId AddConn(int fd, std::string peer, bool accepted, uint32_t source = 0);
   Conn* Find(ConnId id) const;
   void HandleAccept();
   void HandleConnEvent(Conn& c, uint32_t events);
@@ -236,6 +254,15 @@ class ControlSidecar {
   // noted for a later malloc_trim.
   void ReleaseDecoder(Conn& c);
   void RefuseConnection(int fd, const std::string& peer);
+  // Before admitting a newcomer from `source`: evicts an unauthenticated
+  // connection if a bound is reached. False: no room (all are trusted).
+  bool MakeRoom(uint32_t source);
+  // The unauthenticated connection to evict: of `source` if given, else of
+  // the source with the most; quiet before spoken, then the oldest.
+  Conn* EvictionVictim(const uint32_t* source) const;
+  void Evict(Conn& c, const std::string& limit);
+  // An accepted connection enters (+1) or leaves (-1) the untrusted count.
+  void CountUntrusted(const Conn& c, int delta);
   // The earliest limit deadline of an open connection; *which names it.
   enum class LimitKind { kNone, kJoin, kPartial, kIdle };
   Clock::time_point LimitDeadline(const Conn& c, LimitKind* which) const;
@@ -273,6 +300,11 @@ class ControlSidecar {
   // into the next one.
   Clock::time_point next_refusal_log_{};
   uint64_t refusals_not_logged_ = 0;
+  Clock::time_point next_eviction_log_{};
+  uint64_t evictions_not_logged_ = 0;
+  // Untrusted accepted connections per IPv4 source (host order); entries
+  // at zero are erased, so it holds at most max_unauthenticated.
+  std::unordered_map<uint32_t, uint32_t> untrusted_by_source_;
   // Peer-controlled buffers freed since the last malloc_trim: glibc may keep
   // freed heap memory (its mmap threshold adapts upwards), so RSS would not
   // fully come back after a flood of large frames without a trim.
@@ -299,9 +331,9 @@ class ControlSidecar {
   std::vector<ConnId> dead_;
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> messages_in_{0}, messages_out_{0}, protocol_errors_{0};
-  std::atomic<uint64_t> connections_refused_{0}, join_timeouts_{0},
-      partial_timeouts_{0}, idle_timeouts_{0};
-  std::atomic<uint32_t> open_accepted_{0};
+  std::atomic<uint64_t> connections_refused_{0}, connections_evicted_{0},
+      join_timeouts_{0}, partial_timeouts_{0}, idle_timeouts_{0};
+  std::atomic<uint32_t> open_accepted_{0}, open_untrusted_{0};
 };
 
 // Runs a sidecar's event loop on a thread of its own; Stop() (or the

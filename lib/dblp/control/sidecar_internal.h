@@ -36,7 +36,10 @@ inline constexpr size_t kReadChunk = 64 * 1024;
 // Reads per readiness event: a peer that floods us cannot starve the other
 // connections (epoll is level-triggered, we come back to it next turn).
 inline constexpr int kMaxReadsPerEvent = 16;
-inline constexpr int kMaxAcceptsPerEvent = 64;
+// Accepts per loop turn, after the turn's reads: a flood of newcomers
+// that may evict unauthenticated connections comes in small steps, each
+// after what the open ones sent (a worker's PROOF) was read.
+inline constexpr int kMaxAcceptsPerEvent = 16;
 inline constexpr std::chrono::milliseconds kAcceptPause{100};
 // A refused connection is logged at most once per this period; the lines in
 // between are counted into the next one, so a flood cannot flood stderr.
@@ -79,6 +82,8 @@ struct ControlSidecar::Conn {
   ControlDecoder decoder;
   bool accepted = false;        // from our listening socket: max_connections
   bool trusted = true;          // accepted ones start untrusted (Trust())
+  bool spoke = false;           // a complete message arrived (eviction order)
+  uint32_t source = 0;          // accepted: the peer's IPv4, host order
   Clock::time_point opened{};   // the join deadline runs from here
   Clock::time_point last_rx{};  // the idle timeout runs from here
   Clock::time_point frame_start{};  // first byte of the frame in progress

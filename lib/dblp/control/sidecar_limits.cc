@@ -2,6 +2,7 @@
 // (ControlLimits): accepts and refusals under max_connections, the join
 // deadline, the idle and partial-frame timeouts, lingering closes, and the
 // heap trimmed after peers' buffers are freed.
+#include <arpa/inet.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -44,13 +45,13 @@ void ControlSidecar::HandleAccept() {
       Log("control sidecar: accept() failed: " + ErrnoText(err));
       return;
     }
-    if (limits_.max_connections > 0 &&
-        open_accepted_.load(std::memory_order_relaxed) >=
-            limits_.max_connections) {
+    const uint32_t source = ntohl(sa.sin_addr.s_addr);
+    if (!MakeRoom(source)) {
       RefuseConnection(fd, FormatIpv4Endpoint(sa));
       continue;
     }
-    const ConnId id = AddConn(fd, FormatIpv4Endpoint(sa), /*accepted=*/true);
+    const ConnId id =
+        AddConn(fd, FormatIpv4Endpoint(sa), /*accepted=*/true, source);
     if (id != 0 && cb_.on_accept) cb_.on_accept(id);
   }
 }
@@ -91,6 +92,108 @@ void ControlSidecar::RefuseConnection(int fd, const std::string& peer) {
   }
   refusals_not_logged_ = 0;
   next_refusal_log_ = now + kRefusalLogPeriod;
+  Log(line);
+}
+
+void ControlSidecar::CountUntrusted(const Conn& c, int delta) {
+  if (!c.accepted) return;
+  if (delta > 0) {
+    ++untrusted_by_source_[c.source];
+    open_untrusted_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  auto it = untrusted_by_source_.find(c.source);
+  if (it != untrusted_by_source_.end() && --it->second == 0) {
+    untrusted_by_source_.erase(it);
+  }
+  open_untrusted_.fetch_sub(1, std::memory_order_relaxed);
+}
+
+bool ControlSidecar::MakeRoom(uint32_t source) {
+  const auto it = untrusted_by_source_.find(source);
+  const uint32_t from_source =
+      it == untrusted_by_source_.end() ? 0 : it->second;
+  const uint32_t per_source = limits_.max_unauthenticated_per_source;
+  if (per_source > 0 && from_source >= per_source) {
+    // The newcomer's own source is at its bound: it gives way to itself,
+    // never to another source's strangers.
+    if (Conn* v = EvictionVictim(&source)) {
+      Evict(*v, std::to_string(from_source) +
+                    " unauthenticated connections from its address "
+                    "(max_unauthenticated_per_source)");
+      return true;
+    }
+  }
+  const uint32_t untrusted = open_untrusted_.load(std::memory_order_relaxed);
+  const bool over_budget = limits_.max_unauthenticated > 0 &&
+                           untrusted >= limits_.max_unauthenticated;
+  const bool over_total =
+      limits_.max_connections > 0 &&
+      open_accepted_.load(std::memory_order_relaxed) >= limits_.max_connections;
+  if (!over_budget && !over_total) return true;
+  Conn* v = EvictionVictim(nullptr);
+  if (v == nullptr) return false;  // every open connection is trusted
+  Evict(*v, std::to_string(untrusted) +
+                (over_budget ? " unauthenticated connections open "
+                               "(max_unauthenticated)"
+                             : " unauthenticated of " +
+                                   std::to_string(limits_.max_connections) +
+                                   " connections open (max_connections)"));
+  return true;
+}
+
+ControlSidecar::Conn* ControlSidecar::EvictionVictim(
+    const uint32_t* source) const {
+  Conn* best = nullptr;
+  uint32_t best_count = 0;
+  // One pass: the most-represented source, then quiet before spoken, then
+  // the oldest. Bounded by max_connections (plus lingering closes).
+  for (const auto& [id, cp] : conns_) {
+    Conn& c = *cp;
+    if (!c.accepted || c.trusted || c.closing || c.fd < 0) continue;
+    if (source != nullptr && c.source != *source) continue;
+    const uint32_t count = untrusted_by_source_.at(c.source);
+    const bool better =
+        best == nullptr || count > best_count ||
+        (count == best_count &&
+         (c.spoke != best->spoke ? !c.spoke : c.opened < best->opened));
+    if (better) {
+      best = &c;
+      best_count = count;
+    }
+  }
+  return best;
+}
+
+void ControlSidecar::Evict(Conn& c, const std::string& limit) {
+  connections_evicted_.fetch_add(1, std::memory_order_relaxed);
+  const std::string why =
+      "evicted before authenticating, for a newer connection: " + limit +
+      "; run the worker again";
+  try {
+    Append(c, ErrorMsg{kErrorCodeLimit, why});
+  } catch (const std::exception&) {
+    // Best effort: the close is what matters.
+  }
+  // One non-blocking write, then the socket goes at once: a flood that
+  // reconnects must not leave a lingering socket per eviction.
+  Flush(c);
+  BeginClose(c, why, /*abort=*/true);
+  const auto now = Clock::now();
+  if (now < next_eviction_log_) {
+    ++evictions_not_logged_;
+    return;
+  }
+  std::string line = "control sidecar: " + why + " (" + c.peer +
+                     "); raise --control_max_unauthenticated or "
+                     "--control_max_unauthenticated_per_source if these "
+                     "peers are legitimate";
+  if (evictions_not_logged_ > 0) {
+    line += " (" + std::to_string(evictions_not_logged_) +
+            " more evicted since the last such line)";
+  }
+  evictions_not_logged_ = 0;
+  next_eviction_log_ = now + kRefusalLogPeriod;
   Log(line);
 }
 

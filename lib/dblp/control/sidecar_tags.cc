@@ -13,6 +13,7 @@ namespace dblp {
 void ControlSidecar::Trust(ConnId id) {
   Conn* c = Find(id);
   if (c == nullptr || c->closing || c->fd < 0) return;
+  if (!c->trusted) CountUntrusted(*c, -1);
   c->trusted = true;
 }
 

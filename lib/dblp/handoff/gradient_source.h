@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -48,10 +49,15 @@ class GradientSource {
   virtual bool Unbounded() const { return false; }
   // Blocks until protocol iteration `it`'s input is there (a gradient, or
   // the parameters when `resync`). False: the trainer ended the job and
-  // no iteration follows. Throws when the trainer failed or went away.
-  virtual bool AwaitIteration(uint64_t it, bool resync) {
+  // no iteration follows. Throws when the trainer failed or went away, or
+  // when `gone` (asked between waits, about every 100 ms) says why the
+  // wait must end (the server is gone): a worker never outlives its job
+  // waiting for a trainer.
+  using GoneCheck = std::function<std::string()>;
+  virtual bool AwaitIteration(uint64_t it, bool resync, const GoneCheck& gone) {
     (void)it;
     (void)resync;
+    (void)gone;
     return true;
   }
   // What iteration row.iteration delivered, before Apply/ImportModel hand

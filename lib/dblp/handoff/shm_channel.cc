@@ -51,6 +51,32 @@ long Futex(const std::atomic<uint32_t>* word, int op, uint32_t val,
                  timeout, nullptr, 0);
 }
 
+// Why the header's layout is not the one this build computes for
+// `floats` and `num_layers` (read once by the caller), or "".
+std::string CheckHeader(const ShmHeader& h, uint64_t floats,
+                        uint32_t num_layers, size_t bytes) {
+  if (floats == 0 || floats > kShmMaxFloats) {
+    return "floats " + std::to_string(floats) + " outside 1..2^32";
+  }
+  if (bytes != ShmRegionBytes(floats) || h.region_bytes != bytes) {
+    return "size " + std::to_string(bytes) + " bytes, region_bytes " +
+           std::to_string(h.region_bytes) + ", expected " +
+           std::to_string(ShmRegionBytes(floats)) + " for " +
+           std::to_string(floats) + " floats";
+  }
+  if (num_layers == 0 || num_layers > kShmMaxLayers) {
+    return std::to_string(num_layers) + " layers, not 1.." +
+           std::to_string(kShmMaxLayers);
+  }
+  if (h.layers_offset != LayersOffset() ||
+      h.gradient_offset != GradientOffset() ||
+      h.mean_offset != GradientOffset() + RoundUp(floats * sizeof(float))) {
+    return "offsets of the layers, gradient or mean differ from this "
+           "build's";
+  }
+  return "";
+}
+
 }  // namespace
 
 uint64_t MonotonicNs() {
@@ -83,9 +109,12 @@ ShmChannel& ShmChannel::operator=(ShmChannel&& o) noexcept {
     header_ = std::exchange(o.header_, nullptr);
     floats_ = std::exchange(o.floats_, 0);
     num_layers_ = std::exchange(o.num_layers_, 0);
+    trainer_pid_ = std::exchange(o.trainer_pid_, 0);
     gradient_ = std::exchange(o.gradient_, nullptr);
     mean_ = std::exchange(o.mean_, nullptr);
-    layers_ = std::exchange(o.layers_, nullptr);
+    shared_layers_ = std::exchange(o.shared_layers_, nullptr);
+    layers_ = std::move(o.layers_);
+    o.layers_.clear();
   }
   return *this;
 }
@@ -94,7 +123,7 @@ void ShmChannel::SetLayout(uint64_t floats, uint32_t num_layers) {
   char* base = static_cast<char*>(base_);
   floats_ = floats;
   num_layers_ = num_layers;
-  layers_ = reinterpret_cast<const ShmLayer*>(base + LayersOffset());
+  shared_layers_ = reinterpret_cast<const ShmLayer*>(base + LayersOffset());
   gradient_ = reinterpret_cast<float*>(base + GradientOffset());
   mean_ = reinterpret_cast<float*>(base + GradientOffset() +
                                    RoundUp(floats * sizeof(float)));
@@ -175,6 +204,8 @@ ShmChannel ShmChannel::Create(const std::string& name, uint64_t floats,
     }
     h->num_layers = static_cast<uint32_t>(layers.size());
   }
+  ch.trainer_pid_ = h->trainer_pid;
+  ch.layers_.assign(table, table + h->num_layers);
   return ch;
 }
 
@@ -211,21 +242,28 @@ ShmChannel ShmChannel::Open(const std::string& name) {
   // Read once: the trainer can change the header at any time after.
   const uint64_t floats = h.floats;
   const uint32_t num_layers = h.num_layers;
-  if (floats == 0 || floats > kShmMaxFloats ||
-      bytes != ShmRegionBytes(floats) || h.region_bytes != bytes ||
-      num_layers == 0 || num_layers > kShmMaxLayers ||
-      h.layers_offset != LayersOffset() ||
-      h.gradient_offset != GradientOffset() ||
-      h.mean_offset != GradientOffset() + RoundUp(floats * sizeof(float))) {
-    throw std::runtime_error(name + ": inconsistent header (corrupt object)");
+  const pid_t trainer = h.trainer_pid;
+  if (std::string bad = CheckHeader(h, floats, num_layers, bytes);
+      !bad.empty()) {
+    throw std::runtime_error(name + ": inconsistent header (" + bad +
+                             "): a corrupt object, or not made by dblp.Worker");
+  }
+  if (trainer <= 0) {
+    throw std::runtime_error(name + ": the header names trainer pid " +
+                             std::to_string(trainer) +
+                             ", not a process (a corrupt object)");
   }
   ch.SetLayout(floats, num_layers);
+  ch.trainer_pid_ = trainer;
+  ch.layers_.assign(ch.shared_layers_, ch.shared_layers_ + num_layers);
   uint64_t sum = 0;
-  for (const ShmLayer& l : ch.layers()) {
+  for (const ShmLayer& l : ch.layers_) {
     sum += std::min<uint64_t>(l.floats, kShmMaxFloats + 1);  // cannot wrap
   }
   if (sum != floats) {
-    throw std::runtime_error(name + ": the layer table does not add up");
+    throw std::runtime_error(name + ": the layer table holds " +
+                             std::to_string(sum) + " floats, the gradient " +
+                             std::to_string(floats) + " (a corrupt object)");
   }
   // One worker per trainer: a second one would take over the answers.
   int32_t unclaimed = 0;
@@ -239,8 +277,25 @@ ShmChannel ShmChannel::Open(const std::string& name) {
   return ch;
 }
 
-std::span<const ShmLayer> ShmChannel::layers() const {
-  return {layers_, num_layers_};
+std::span<const ShmLayer> ShmChannel::layers() const { return layers_; }
+
+std::string ShmChannel::LayerTableChanged() const {
+  if (shared_layers_ == nullptr) return "";
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const ShmLayer& was = layers_[i];
+    const ShmLayer& now = shared_layers_[i];
+    if (std::memcmp(&was, &now, sizeof was) == 0) continue;
+    const auto label = [](const ShmLayer& l) {
+      return "'" + std::string(l.name, strnlen(l.name, sizeof l.name)) +
+             "' of " + std::to_string(l.floats) + " floats";
+    };
+    return "the trainer rewrote the layer table of " + name_ +
+           " after this worker claimed it (layer " + std::to_string(i) +
+           " was " + label(was) + ", is now " + label(now) +
+           "): one dblp.Worker per model, its layers fixed before the "
+           "worker starts";
+  }
+  return "";
 }
 
 std::span<float> ShmChannel::gradient() const { return {gradient_, floats_}; }

@@ -78,7 +78,7 @@ struct alignas(64) ShmHeader {
   uint64_t region_bytes;
   uint64_t layers_offset, gradient_offset, mean_offset;
   uint32_t num_layers;
-  int32_t trainer_pid;  // trainer, at Create
+  int32_t trainer_pid;  // trainer, at Create (the worker keeps its copy)
   // Trainer -> worker. post_kind and post_iteration are written before
   // to_worker is incremented (release) and read after it (acquire).
   alignas(64) std::atomic<uint32_t> to_worker;  // writer: trainer
@@ -110,9 +110,9 @@ class ShmChannel {
                            std::span<const ShmLayer> layers);
   // Worker side: maps an existing object, checks its header and claims it
   // (one worker per trainer). The trainer may be hostile to a worker with
-  // more privileges: every size and offset is checked once here and kept
-  // in this process, never read back from the shared header. Throws
-  // std::runtime_error naming the fix.
+  // more privileges: every size and offset, the trainer's pid and the
+  // layer table are checked once here and kept in this process, never read
+  // back from the shared header. Throws std::runtime_error naming the fix.
   static ShmChannel Open(const std::string& name);
 
   ShmChannel(ShmChannel&& o) noexcept;
@@ -125,7 +125,15 @@ class ShmChannel {
   // sizes and offsets are the other side's to change; use the accessors.
   ShmHeader& header() const { return *header_; }
   uint64_t floats() const { return floats_; }
+  // The layer table as it was at Create / Open (this process's copy).
   std::span<const ShmLayer> layers() const;
+  // The trainer's pid as it was at Create / Open: a trainer that rewrites
+  // the shared one cannot make the worker watch another process.
+  pid_t trainer_pid() const { return trainer_pid_; }
+  // Why the shared layer table no longer is the one claimed ("" if it
+  // is): the trainer rewrote it, and trainer and worker would disagree on
+  // what the floats are.
+  std::string LayerTableChanged() const;
   std::span<float> gradient() const;
   std::span<float> mean() const;
   const std::string& name() const { return name_; }
@@ -159,9 +167,11 @@ class ShmChannel {
   // Validated once, private to this process (a peer cannot move them).
   uint64_t floats_ = 0;
   uint32_t num_layers_ = 0;
+  pid_t trainer_pid_ = 0;
   float* gradient_ = nullptr;
   float* mean_ = nullptr;
-  const ShmLayer* layers_ = nullptr;
+  const ShmLayer* shared_layers_ = nullptr;  // the trainer's, in the object
+  std::vector<ShmLayer> layers_;             // our copy
 };
 
 // Is process `pid` alive (not a zombie)? The waiting side checks between

@@ -25,6 +25,9 @@ class ShmSource final : public GradientSource {
   }
 
   std::vector<LayerInfo> Layers() const override {
+    if (std::string why = ch_.LayerTableChanged(); !why.empty()) {
+      throw std::runtime_error(why);
+    }
     std::vector<LayerInfo> out;
     for (const ShmLayer& l : ch_.layers()) {
       out.push_back(
@@ -35,8 +38,8 @@ class ShmSource final : public GradientSource {
   }
   uint64_t floats() const override { return ch_.floats(); }
   std::string Describe() const override {
-    return "trainer pid " + std::to_string(ch_.header().trainer_pid) +
-           " over " + ch_.name() + " (" + std::to_string(floats()) + " floats)";
+    return "trainer pid " + std::to_string(ch_.trainer_pid()) + " over " +
+           ch_.name() + " (" + std::to_string(floats()) + " floats)";
   }
 
   void Bind(uint32_t rank, uint32_t num_workers) override {
@@ -51,14 +54,23 @@ class ShmSource final : public GradientSource {
   }
   bool Unbounded() const override { return true; }
 
-  bool AwaitIteration(uint64_t it, bool resync) override {
+  bool AwaitIteration(uint64_t it, bool resync,
+                      const GoneCheck& gone) override {
     ShmHeader& h = ch_.header();
     const uint64_t start = MonotonicNs();
     while (!ShmChannel::WaitChange(h.to_worker, seen_posts_, kSliceMs)) {
-      if (!ProcessAlive(h.trainer_pid)) {
+      // The pid claimed at Open, never the shared one: a trainer that
+      // rewrote it (say to 1) and exited is still noticed.
+      if (!ProcessAlive(ch_.trainer_pid())) {
         throw std::runtime_error("the trainer (pid " +
-                                 std::to_string(h.trainer_pid) +
+                                 std::to_string(ch_.trainer_pid()) +
                                  ") exited in the middle of the job");
+      }
+      if (std::string why = gone ? gone() : std::string(); !why.empty()) {
+        throw std::runtime_error(why +
+                                 ", while this worker waited for its "
+                                 "trainer's input for iteration " +
+                                 std::to_string(it));
       }
       if (idle_timeout_ms_ != 0 &&
           MonotonicNs() - start > uint64_t{idle_timeout_ms_} * 1'000'000) {
@@ -69,6 +81,9 @@ class ShmSource final : public GradientSource {
       }
     }
     seen_posts_ = h.to_worker.load(std::memory_order_acquire);
+    if (std::string why = ch_.LayerTableChanged(); !why.empty()) {
+      throw std::runtime_error(why);
+    }
     h.info = ShmIterationInfo{};
     h.info.trainer_post_ns = h.post_ns;
     h.info.worker_wake_ns = MonotonicNs();

@@ -102,7 +102,13 @@ class WorkerJob {
 template <WorkerExchanger T, AcceptedChannel Control>
 std::string WorkerJob::Iterate(uint64_t it, T& t, Control& control,
                                bool* more) {
-  if (std::string e = model_.Prepare(it, more); !e.empty() || !*more) {
+  // A trainer may keep us waiting; a server that is gone meanwhile ends
+  // the wait, named (the failure says which server and why).
+  const auto gone = [&control]() -> std::string {
+    if (!control.server_gone()) return "";
+    return "the server is gone (" + std::string(control.failure()) + ")";
+  };
+  if (std::string e = model_.Prepare(it, more, gone); !e.empty() || !*more) {
     return e;
   }
   order_.Fill(PushRound(it), layout_.num_chunks(), order_buf_);

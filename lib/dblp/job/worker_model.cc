@@ -50,10 +50,11 @@ WorkerModel::WorkerModel(GradientSource& source, const WelcomeMsg& wel,
   if (wel.push_feedback) feedback_ = std::make_unique<PushFeedback>(layout);
 }
 
-std::string WorkerModel::Prepare(uint64_t it, bool* more) {
+std::string WorkerModel::Prepare(uint64_t it, bool* more,
+                                 const GradientSource::GoneCheck& gone) {
   *more = true;
   try {
-    if (!source_.AwaitIteration(it, resync_.IsResync(it))) {
+    if (!source_.AwaitIteration(it, resync_.IsResync(it), gone)) {
       *more = false;
       return "";
     }

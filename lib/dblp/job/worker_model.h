@@ -59,9 +59,10 @@ class WorkerModel {
   std::span<float> avg() { return avg_; }    // where the broadcast lands
 
   // Before the push of iteration `it`: waits for the source's input (a
-  // trainer may end the job here: *more = false), then fills grad().
-  // Returns why it failed, or "".
-  std::string Prepare(uint64_t it, bool* more);
+  // trainer may end the job here: *more = false; `gone` ends the wait when
+  // the server is gone), then fills grad(). Returns why it failed, or "".
+  std::string Prepare(uint64_t it, bool* more,
+                      const GradientSource::GoneCheck& gone);
   // After the broadcast of iteration `it`, `arrived` being its chunks:
   // settles push feedback (waiting up to timeout_ms for ACCEPTED), then
   // steps the optimizer or loads the average. Returns why it failed, or "".
