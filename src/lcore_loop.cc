@@ -531,11 +531,11 @@ void ServerLcore::Run(ServerCoordinator* coord) {
 // Lcore k's link to worker w: shard k of w's pushes and broadcasts.
 LinkGrid BuildLinkGrid(uint32_t session, const ChunkLayout& layout,
                        const ShardMap& shards, uint32_t burst,
-                       std::vector<std::unique_ptr<WorkerState>>& workers,
-                       const FrameKey& key) {
+                       std::vector<std::unique_ptr<WorkerState>>& workers) {
   LinkGrid links(shards.num_shards());
   for (uint16_t k = 0; k < shards.num_shards(); ++k) {
     for (uint32_t w = 0; w < workers.size(); ++w) {
+      const FrameKey& key = workers[w]->frame_key;
       const ReceiverConfig rc{
           session, FrameType::kPush, static_cast<int32_t>(w),
           layout,  shards.begin(k),  shards.end(k),
