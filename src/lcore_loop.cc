@@ -229,6 +229,17 @@ ServerLcore::ServerLcore(LcoreConf& conf, ServerControl& control, JobSync& sync,
   tx_.pool = setup.pool;
   tx_.counters = &conf.counters;
   tx_.prefetch = setup.prefetch;
+  // The return path from the JOIN when it says all of it (one port, the
+  // worker's MAC), never from a frame. With several ports, or a worker
+  // behind a router, the port and next hop come from the first frame that
+  // passed the worker's own tag and pin (docs/SECURITY.md).
+  if (setup.nb_ports != 1) return;
+  for (uint32_t w = 0; w < links_.size(); ++w) {
+    ServerLink& l = *links_[w];
+    if (!rte_is_zero_ether_addr(&l.worker.source.mac)) {
+      Learn(l, 0, static_cast<uint16_t>(w), l.worker.source.mac);
+    }
+  }
 }
 
 void ServerLcore::ReceiveBurst(uint16_t port, rte_mbuf** pkts, uint16_t n,
