@@ -60,7 +60,7 @@ DEFINE_string(secret_file, "",
 DEFINE_bool(insecure, false,
             "server/worker: no job secret (joins and "
             "frames unauthenticated)");
-DEFINE_string(frame_auth, "header",
+DEFINE_string(frame_auth, "full",
               "tag on every data frame: header | "
               "full | none (see dblp-server --help)");
 DEFINE_string(out, "", "write the JSON report here (at exit)");

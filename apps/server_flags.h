@@ -40,13 +40,15 @@ DEFINE_uint32(ltp_window, 16, "ltp: rounds in the median");
 DEFINE_double(ltp_min_fraction, 0.5,
               "ltp: fraction needed before a "
               "deadline may close a round");
-DEFINE_string(frame_auth, "header",
+DEFINE_string(frame_auth, "full",
               "tag on every data frame of an "
-              "authenticated job: header (SipHash over the DBLP header: who "
-              "cannot see the job's traffic cannot inject; who can, can "
-              "replace floats) | full (AES-GMAC over header and payload: no "
-              "one without the secret can; costs more, docs/BENCHMARKS.md) | "
-              "none. With --insecure: none");
+              "authenticated job, under a key per worker: full (AES-GMAC "
+              "over header and payload: no one without that worker's key "
+              "can inject or change a float) | header (SipHash over the DBLP "
+              "header only: it does NOT protect the payload, so whoever can "
+              "see the job's frames can re-send them with other floats and "
+              "move the mean; cheaper, docs/BENCHMARKS.md) | none. With "
+              "--insecure: none");
 DEFINE_uint32(max_gradient_mb, 1024,
               "refuse workers whose gradient is "
               "larger (the server keeps about three copies in memory)");
@@ -157,7 +159,7 @@ inline PolicyConfig PolicyFromFlags() {
 // --frame_auth for a job run with `secret`: an insecure job has no key, so
 // it tags nothing (said as an error if --frame_auth was asked for).
 inline FrameAuthMode FrameAuthFromFlags(const JobSecret& secret) {
-  FrameAuthMode mode = FrameAuthMode::kHeader;
+  FrameAuthMode mode = FrameAuthMode::kFull;
   if (!ParseFrameAuthMode(FLAGS_frame_auth, &mode)) {
     FlagError("--frame_auth=" + FLAGS_frame_auth +
               ": use header, full or none");

@@ -266,6 +266,17 @@ ServerLcore::ServerLcore(LcoreConf& conf, ServerControl& control, JobSync& sync,
   tx_.pool = setup.pool;
   tx_.counters = &conf.counters;
   tx_.prefetch = setup.prefetch;
+  // The return path from the JOIN when it says all of it (one port, the
+  // worker's MAC), never from a frame. With several ports, or a worker
+  // behind a router, the port and next hop come from the first frame that
+  // passed the worker's own tag and pin (docs/SECURITY.md).
+  if (setup.nb_ports != 1) return;
+  for (uint32_t w = 0; w < links_.size(); ++w) {
+    ServerLink& l = *links_[w];
+    if (!rte_is_zero_ether_addr(&l.worker.source.mac)) {
+      Learn(l, 0, static_cast<uint16_t>(w), l.worker.source.mac);
+    }
+  }
 }
 
 void ServerLcore::ReceiveBurst(uint16_t port, rte_mbuf** pkts, uint16_t n,
@@ -589,11 +600,11 @@ void ServerLcore::Run(ServerCoordinator* coord) {
 // Lcore k's link to worker w: shard k of w's pushes and broadcasts.
 LinkGrid BuildLinkGrid(uint32_t session, const ChunkLayout& layout,
                        const ShardMap& shards, uint32_t burst,
-                       std::vector<std::unique_ptr<WorkerState>>& workers,
-                       const FrameKey& key) {
+                       std::vector<std::unique_ptr<WorkerState>>& workers) {
   LinkGrid links(shards.num_shards());
   for (uint16_t k = 0; k < shards.num_shards(); ++k) {
     for (uint32_t w = 0; w < workers.size(); ++w) {
+      const FrameKey& key = workers[w]->frame_key;
       const ReceiverConfig rc{
           session, FrameType::kPush, static_cast<int32_t>(w),
           layout,  shards.begin(k),  shards.end(k),

@@ -160,6 +160,7 @@ struct WorkerState {
   // Where its frames must come from, pinned at JOIN (ServerControl::
   // pinned_source); written before the lcores start, read-only after.
   Endpoint source;
+  FrameKey frame_key;  // its own (ServerControl::member_frame_key), likewise
   StopGroup push_stop;                // the push STOP across shards
   std::atomic<bool> return_claimed{false};
   std::atomic<bool> return_ready{false};
@@ -193,12 +194,11 @@ struct ServerLink {
 using LinkGrid = std::vector<std::vector<std::unique_ptr<ServerLink>>>;
 
 // Lcore k's link to worker w: shard k of w's pushes and broadcasts, each
-// push side registered with the worker's StopGroup; pushes must carry
-// `key`'s tags.
+// push side registered with the worker's StopGroup; w's pushes must carry
+// tags under w's key, and w's broadcast is sealed with it.
 LinkGrid BuildLinkGrid(uint32_t session, const ChunkLayout& layout,
                        const ShardMap& shards, uint32_t burst,
-                       std::vector<std::unique_ptr<WorkerState>>& workers,
-                       const FrameKey& key);
+                       std::vector<std::unique_ptr<WorkerState>>& workers);
 
 // What lcore 0 decides for every server lcore. Writer: lcore 0, before a
 // JobSync barrier; readers: every lcore, after it.

@@ -69,6 +69,7 @@ void ServerControl::Welcome() {
   const uint32_t payload =
       ChunkPayloadForMtu(cfg_.mtu, FrameTagBytes(cfg_.frame_auth));
   pinned_.resize(cfg_.workers);
+  keys_.resize(cfg_.workers);
   for (uint32_t w = 0; w < cfg_.workers; ++w) {
     const JoinDesk::Member& member = desk.members()[w];
     WelcomeMsg wm = desk.Welcome(w, payload);
@@ -90,6 +91,7 @@ void ServerControl::Welcome() {
     std::memcpy(pin.mac.addr_bytes, member.data_mac.data(), 6);
     pin.ipv4 = wm.worker_ipv4;
     pin.udp_port = static_cast<uint16_t>(cfg_.udp_port + 1 + w);
+    keys_[w] = admission_.MemberFrameKey(w, cfg_.job_nonce, cfg_.frame_auth);
     sidecar_.Send(member.conn, wm);
   }
   joined_.store(true, std::memory_order_release);

@@ -117,6 +117,9 @@ class ServerControl {
   // in its WELCOME, UDP port base + 1 + w). Valid once AdmitWorkers
   // returned.
   const Endpoint& pinned_source(uint32_t w) const { return pinned_[w]; }
+  // Worker w's frame key (job_auth.h): its pushes verify under it, its
+  // broadcast is sealed with it. Valid once AdmitWorkers returned.
+  const FrameKey& member_frame_key(uint32_t w) const { return keys_[w]; }
   const ControlSidecar& sidecar() const { return sidecar_; }
 
  private:
@@ -144,6 +147,7 @@ class ServerControl {
   std::mutex mu_;
   Admission admission_;
   std::vector<Endpoint> pinned_;  // likewise
+  std::vector<FrameKey> keys_;    // likewise
   // Why worker w failed (its ERROR): sidecar: wo under mu_; datapath:
   // reads under mu_ (worker_error).
   std::vector<std::string> errors_;

@@ -77,6 +77,7 @@ void ServerRun::BuildJob() {
     names.push_back(a_.control->worker_name(w));
     workers_.push_back(std::make_unique<WorkerState>());
     workers_.back()->source = a_.control->pinned_source(w);
+    workers_.back()->frame_key = a_.control->member_frame_key(w);
   }
   job_ = std::make_unique<ServerJob>(o_, std::move(a_.policy), layout_,
                                      std::move(names), o_.dp.send_order,
@@ -86,8 +87,7 @@ void ServerRun::BuildJob() {
   PlaceOnNodeOrWarn(job_->iteration().reducer().sum_storage(), node,
                     "sum buffer");
   PlaceOnNodeOrWarn(job_->iteration().mean(), node, "mean buffer");
-  links_ = BuildLinkGrid(a_.session, layout_, shards_, o_.dp.burst, workers_,
-                         a_.frame_key);
+  links_ = BuildLinkGrid(a_.session, layout_, shards_, o_.dp.burst, workers_);
   std::vector<std::vector<ReceiveSide*>> push_sides(W);
   std::vector<std::vector<SendSide*>> bcast_sides(W);
   bcast_sides_.resize(W);

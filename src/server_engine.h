@@ -24,7 +24,7 @@ struct ServerOptions : ServerJobSettings {
   uint32_t session = 0;       // 0 = derived from the job's random nonce
   JobSecret secret;           // --secret_file (empty: --insecure)
   // Tags on every data frame (dblp/frame_auth.h); kNone when insecure.
-  FrameAuthMode frame_auth = FrameAuthMode::kHeader;
+  FrameAuthMode frame_auth = FrameAuthMode::kFull;
   uint32_t join_timeout_ms = 60000;
   // Bounds on the control connections (--control_* flags).
   ControlLimits control_limits;

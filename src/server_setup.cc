@@ -64,11 +64,11 @@ ServerAdmission AdmitServerWorkers(const ServerOptions& o,
   if (!ParseIpv4(o.local_ip, &a.local_ip)) {
     Die("bad --local_ip " + o.local_ip, "use a dotted IPv4, e.g. 10.0.0.1");
   }
-  // The job's random nonce: its session and frame key derive from it and
-  // the secret (job_auth.h), so neither can be guessed from a clock.
+  // The job's random nonce: its session and the members' frame keys derive
+  // from it and the secret (job_auth.h), so none can be guessed from a
+  // clock.
   const AuthBytes job_nonce = RandomAuthBytes();
   a.session = o.session ? o.session : DeriveSession(o.secret, job_nonce);
-  a.frame_key = DeriveFrameKey(o.secret, job_nonce, o.frame_auth);
   a.policy = TolerancePolicy::Create(o.policy);
   std::vector<const DatapathCounters*> counters;
   for (const auto& c : a.confs) counters.push_back(&c->counters);

@@ -37,7 +37,6 @@ struct ServerAdmission {
   ServerPorts ports;
   uint32_t local_ip = 0;
   uint32_t session = 0;
-  FrameKey frame_key;
   std::unique_ptr<TolerancePolicy> policy;  // the job's, described in WELCOME
   std::unique_ptr<ServerControl> control;
   uint64_t gradient_bytes = 0;

@@ -39,6 +39,13 @@ class WorkerControl {
   AppFailure Join(const std::string& server, JoinMsg join, uint32_t timeout_ms,
                   const std::atomic<bool>& quit, bool realtime);
   const WelcomeMsg& welcome() const { return welcome_; }
+  // This member's frame key (job_auth.h), once Join succeeded (the
+  // handshake is done: the sidecar no longer writes it).
+  FrameKey MemberFrameKey() const {
+    return handshake_.MemberFrameKey(
+        welcome_.job_nonce, static_cast<uint16_t>(welcome_.rank),
+        static_cast<FrameAuthMode>(welcome_.frame_auth));
+  }
   // Datapath, once, before the first round: the sides that STOP, BITMAP
   // and PROBE messages go to (a push side per server shard).
   void Attach(std::vector<SendSide*> push, ReceiveSide* bcast);

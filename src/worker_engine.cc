@@ -177,8 +177,7 @@ int WorkerRun::Run() {
   if (joined.failed()) Die(joined);
   wel_ = control_->welcome();
   layout_ = ChunkLayout(wel_.total_bytes, wel_.chunk_payload);
-  frame_key_ = DeriveFrameKey(o_.secret, wel_.job_nonce,
-                              static_cast<FrameAuthMode>(wel_.frame_auth));
+  frame_key_ = control_->MemberFrameKey();
   const WorkerJobSettings js{
       o_.bcast_fill, o_.dp.send_order,       o_.dp.seed,
       false,         o_.dp.round_timeout_ms, o_.on_absorbed};

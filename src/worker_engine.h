@@ -35,7 +35,7 @@ struct PushHookContext {
   const uint8_t* gradient = nullptr;  // what the push sends
   const ChunkLayout* layout = nullptr;
   uint16_t queues = 1;  // the server's shards
-  FrameKey frame_key;   // the job's
+  FrameKey frame_key;   // this member's (job_auth.h)
 };
 
 // Called before each push (iteration `it`, `round`, the push's send order).

@@ -33,7 +33,7 @@ import time
 from dblp_testlib import f32, free_port, integer_value, read_bits, read_f32  # noqa: E402
 
 MTU = 1500
-TAG = 16  # --frame_auth=header
+TAG = 16  # the default --frame_auth=full
 P = 0.2
 FLOATS = 4000
 
@@ -157,7 +157,6 @@ def main():
                 "--", "--workers=%d" % workers,
                 "--listen=127.0.0.1:%d" % port, "--policy=fixed",
                 "--p_fixed=%g" % P, "--push_fill=zero", "--resync_every=0",
-                "--frame_auth=header",
                 # Bursty loss on the pushes: Gilbert-Elliott.
                 "--loss=ge:0.02,0.25,0.01,0.6",
                 "--out_dir=" + os.path.join(tmp, "server")] + common,

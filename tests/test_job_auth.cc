@@ -8,8 +8,10 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "dblp/control/job_auth.h"
+#include "dblp/round/receiver_round.h"
 #include "dblp/wire/chunking.h"
 
 namespace dblp {
@@ -156,11 +158,89 @@ TEST(JobAuth, DerivedValuesDependOnSecretAndNonce) {
   EXPECT_NE(DeriveSession(Secret(1), n1), DeriveSession(Secret(1), n2));
   EXPECT_NE(DeriveSession(Secret(1), n1), DeriveSession(Secret(2), n1));
   EXPECT_NE(DeriveSession(Secret(1), n1), 0u);
-  const FrameKey a = DeriveFrameKey(Secret(1), n1, FrameAuthMode::kHeader);
-  const FrameKey b = DeriveFrameKey(Secret(2), n1, FrameAuthMode::kHeader);
+  const FrameKeyOwner m{0, RandomAuthBytes(), RandomAuthBytes()};
+  const FrameKey a = DeriveFrameKey(Secret(1), n1, m, FrameAuthMode::kFull);
+  const FrameKey b = DeriveFrameKey(Secret(2), n1, m, FrameAuthMode::kFull);
   EXPECT_NE(a.key, b.key);
-  EXPECT_EQ(DeriveFrameKey(Secret(1), n1, FrameAuthMode::kNone).mode,
+  EXPECT_NE(a.key, DeriveFrameKey(Secret(1), n2, m, FrameAuthMode::kFull).key);
+  EXPECT_EQ(DeriveFrameKey(Secret(1), n1, m, FrameAuthMode::kNone).mode,
             FrameAuthMode::kNone);
+}
+
+// Members of one job, each through its own handshake with one server: the
+// frame keys each worker derives, and the server's for each.
+struct MemberKeys {
+  std::vector<FrameKey> at_worker, at_server;
+};
+MemberKeys JoinMembers(uint16_t members, const AuthBytes& job) {
+  MemberKeys k;
+  auto& [at_worker, at_server] = k;
+  ServerHandshake server(Secret(1));
+  for (uint16_t rank = 0; rank < members; ++rank) {
+    WorkerHandshake worker(Secret(1));
+    JoinMsg j = AJoin();
+    worker.Start(&j);
+    ChallengeMsg ch;
+    EXPECT_EQ(server.OnJoin(rank + 1, j, &ch), "");
+    ProofMsg proof;
+    EXPECT_EQ(worker.OnChallenge(ch, &proof), "");
+    JoinMsg admitted;
+    EXPECT_EQ(server.OnProof(rank + 1, proof, &admitted), "");
+    at_worker.push_back(worker.MemberFrameKey(job, rank, FrameAuthMode::kFull));
+    at_server.push_back(
+        server.MemberFrameKey(rank + 1, job, rank, FrameAuthMode::kFull));
+  }
+  return k;
+}
+
+// Each side of a connection derives the same key for it, and no member's
+// key is another's (its rank and its connection's nonces are in it).
+TEST(JobAuth, EveryMemberHasItsOwnFrameKey) {
+  const AuthBytes job = RandomAuthBytes();
+  const MemberKeys k = JoinMembers(2, job);
+  EXPECT_EQ(k.at_worker, k.at_server);
+  EXPECT_NE(k.at_worker[0].key, k.at_worker[1].key);
+  // The same connection nonces under another rank give another key: a
+  // member cannot take over a rank by claiming it.
+  EXPECT_NE(DeriveFrameKey(Secret(1), job, FrameKeyOwner{1, {}, {}},
+                           FrameAuthMode::kFull)
+                .key,
+            DeriveFrameKey(Secret(1), job, FrameKeyOwner{0, {}, {}},
+                           FrameAuthMode::kFull)
+                .key);
+}
+
+// Member 0 seals a push frame that claims member 1's rank, with its own
+// key (the only one it has): the server's receiver for member 1 refuses
+// it; member 1's own frame gets in. With one key per job (before issue
+// #21) member 0's frame verified.
+TEST(JobAuth, AMemberCannotSpeakForAnother) {
+  const MemberKeys k = JoinMembers(2, RandomAuthBytes());
+  const ChunkLayout layout(4 * 300, 400);
+  const ReceiverConfig rc{7,          FrameType::kPush, 1, layout, 0,
+                          UINT32_MAX, k.at_server[1]};
+  ReceiverRound rx(rc);
+  rx.Begin(3, 0.0);
+  std::vector<uint8_t> payload(400, 0x5A);
+  const auto frame = [&](const FrameKey& key, uint32_t seq) {
+    const DataHeader h{FrameType::kPush, 7, 1, 400, 3, seq};
+    std::vector<uint8_t> f(kDataHeaderBytes + 400 + kFrameTagBytes);
+    BuildDataFrame(h, payload.data(), f.data());
+    FrameAuth(key).Seal(f.data(), kDataHeaderBytes + 400,
+                        f.data() + kDataHeaderBytes + 400);
+    return f;
+  };
+  DataHeader hdr;
+  const uint8_t* out = nullptr;
+  for (uint32_t seq = 0; seq < 3; ++seq) {
+    const auto impostor = frame(k.at_worker[0], seq);
+    EXPECT_EQ(rx.OnFrame(impostor.data(), impostor.size(), &hdr, &out),
+              Verdict::kBadTag);
+    const auto genuine = frame(k.at_worker[1], seq);
+    EXPECT_EQ(rx.OnFrame(genuine.data(), genuine.size(), &hdr, &out),
+              Verdict::kAccepted);
+  }
+  EXPECT_EQ(rx.received(), 3u);
 }
 
 class SecretFile : public ::testing::Test {

@@ -23,13 +23,18 @@ namespace {
 // floats under that wrong key (bad tag: accepted, they would change the
 // mean); exact copies of this round's chunks from an address the server did
 // not pin (another IPv4; with other floats under header tags, which do
-// not cover them); valid L2-L4 around bad DBLP bytes.
+// not cover them); valid L2-L4 around bad DBLP bytes; and what an observer
+// on the bridge does with a genuine frame (issue #21): this round's chunks,
+// their genuine header and tag (this member's key over the genuine floats)
+// from this worker's own pinned address, with other floats. A header-only
+// tag (--frame_auth=header) takes them; the default full tag refuses them.
 struct Hostile {
   const WelcomeMsg& wel;
   rte_mempool* pool;
   DatapathCounters* ctr;
   FrameTemplate forged;    // toward the server, tags under a wrong key
   FrameTemplate stranger;  // the job's key, from an unpinned IPv4
+  FrameAuth member;        // this member's key: the genuine tags
   const uint8_t* grad;
   const ChunkLayout& layout;
   ShardMap shards;  // this round's chunks go on their shard's queue
@@ -73,6 +78,7 @@ struct Hostile {
       // never seal two contents under one nonce).
       q.Send(stranger, current, &next[i], 1, full_tags ? grad : poison.data(),
              layout);
+      SendTagReplay(current, next[i], q.queue);
     }
     // A wrong chunk length, a truncated header and a bad magic.
     uint8_t raw[kDataHeaderBytes + 8] = {};
@@ -88,8 +94,26 @@ struct Hostile {
       if (rte_eth_tx_burst(0, 0, &m, 1) != 1) rte_pktmbuf_free(m);
     }
   }
-};
 
+  // Chunk `seq`'s genuine header and tag around poisoned floats, from the
+  // pinned source (forged's endpoints are this worker's own).
+  void SendTagReplay(DataHeader h, uint32_t seq, uint16_t queue) {
+    if (!member.enabled()) return;
+    h.seq = seq;
+    h.payload_len = static_cast<uint16_t>(layout.Length(seq));
+    const size_t body = kDataHeaderBytes + h.payload_len;
+    std::vector<uint8_t> raw(body + member.tag_bytes());
+    BuildDataFrame(h, grad + layout.Offset(seq), raw.data());
+    member.Seal(raw.data(), body, raw.data() + body);
+    std::memcpy(raw.data() + kDataHeaderBytes, poison.data(), h.payload_len);
+    rte_mbuf* m = rte_pktmbuf_alloc(pool);
+    if (m == nullptr) return;
+    if (!forged.BuildRaw(m, raw.data(), static_cast<uint16_t>(raw.size())) ||
+        rte_eth_tx_burst(0, queue, &m, 1) != 1) {
+      rte_pktmbuf_free(m);
+    }
+  }
+};
 
 class HostileHook : public PushHook {
  public:
@@ -100,6 +124,7 @@ class HostileHook : public PushHook {
                  c.counters,
                  *c.to_server,
                  FrameTemplate(Elsewhere(c.local), c.to_server->dst(), *c.caps),
+                 FrameAuth(c.frame_key),
                  c.gradient,
                  *c.layout,
                  ShardMap(c.layout->num_chunks(), c.queues),

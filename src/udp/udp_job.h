@@ -62,7 +62,7 @@ struct UdpServerRoundView {
 // as dblp-server's) and the kernel-UDP transport's.
 struct UdpJobServerOptions : ServerJobSettings {
   JobSecret secret;  // empty: insecure (then frame_auth must be kNone)
-  FrameAuthMode frame_auth = FrameAuthMode::kHeader;
+  FrameAuthMode frame_auth = FrameAuthMode::kFull;
   std::string control = "127.0.0.1:0";  // TCP listen ip:port (0: ephemeral)
   std::string data = "127.0.0.1:0";     // UDP bind ip:port (0: ephemeral)
   uint32_t workers = 1;

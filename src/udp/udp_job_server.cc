@@ -104,7 +104,7 @@ class JobServer {
   uint32_t session_ = 0;
   uint32_t chunk_payload_ = 0;
   AuthBytes job_nonce_{};
-  FrameKey frame_key_;
+  std::vector<FrameKey> keys_;  // [w] (job_auth.h), set at Welcome
   std::string policy_text_;
   ControlSidecar* sc_ = nullptr;
 
@@ -191,14 +191,13 @@ std::string JobServer::CheckOptions() {
   return "";
 }
 
-// Both sockets, and the job's nonce, session and frame key.
+// Both sockets, and the job's nonce and session.
 std::string JobServer::OpenSockets(ControlSidecar& sidecar) {
   std::string err;
   popts_.max_datagram = o_.mtu - udp::kIpUdpHeaders;
   if (!port_.Open(o_.data, popts_, &err)) return err;
   job_nonce_ = RandomAuthBytes();
   session_ = DeriveSession(o_.secret, job_nonce_);
-  frame_key_ = DeriveFrameKey(o_.secret, job_nonce_, o_.frame_auth);
   chunk_payload_ = ChunkPayloadForMtu(o_.mtu, FrameTagBytes(o_.frame_auth));
   policy_text_ = policy_->Describe();
   if (!sidecar.Listen(o_.control, &err, UdpServerApp())) {
@@ -298,7 +297,7 @@ void JobServer::MakeSides(const ChunkLayout& layout) {
     ReceiveSideConfig rc;
     rc.receiver = ReceiverConfig{
         session_,   FrameType::kPush, static_cast<int32_t>(w), layout, 0,
-        UINT32_MAX, frame_key_};
+        UINT32_MAX, keys_[w]};
     rc.direction = Direction::kPush;
     rc.peer = static_cast<uint16_t>(w);
     push_.push_back(std::make_unique<ReceiveSide>(rc));
@@ -317,6 +316,9 @@ void JobServer::MakeSides(const ChunkLayout& layout) {
 void JobServer::Welcome() {
   desk_.Close();
   gone_.resize(o_.workers);
+  for (uint32_t w = 0; w < o_.workers; ++w) {
+    keys_.push_back(admission_.MemberFrameKey(w, job_nonce_, o_.frame_auth));
+  }
   MakeSides(ChunkLayout(desk_.first().total_bytes, chunk_payload_));
   for (uint32_t w = 0; w < o_.workers; ++w) {
     WelcomeMsg wm = desk_.Welcome(w, chunk_payload_);
@@ -448,7 +450,7 @@ std::string JobServer::SetUpJob() {
   for (uint32_t w = 0; w < W; ++w) {
     frames_.push_back(std::make_unique<PacketFrames<UdpSocketPort>>(
         &port_, w, mean, &layout_, o_.burst));
-    frames_.back()->set_auth(frame_key_);
+    frames_.back()->set_auth(keys_[w]);
   }
   return "";
 }

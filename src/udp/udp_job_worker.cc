@@ -356,8 +356,9 @@ std::string JobWorker::SetUpJob() {
   port_.AddPeer(kServerEndpoint, server_data);
   if (std::string e = StartSource(); !e.empty()) return e;
 
-  const FrameKey key = DeriveFrameKey(o_.secret, w.job_nonce,
-                                      static_cast<FrameAuthMode>(w.frame_auth));
+  const FrameKey key =
+      handshake_.MemberFrameKey(w.job_nonce, static_cast<uint16_t>(w.rank),
+                                static_cast<FrameAuthMode>(w.frame_auth));
   frames_ = std::make_unique<PacketFrames<UdpSocketPort>>(
       &port_, kServerEndpoint,
       reinterpret_cast<const uint8_t*>(job_->model().grad().data()), &layout_,

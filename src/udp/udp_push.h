@@ -47,7 +47,7 @@ struct UdpRoundRecord {
 
 struct UdpPushServerOptions {
   JobSecret secret;  // empty: insecure (then frame_auth must be kNone)
-  FrameAuthMode frame_auth = FrameAuthMode::kHeader;
+  FrameAuthMode frame_auth = FrameAuthMode::kFull;
   std::string control = "127.0.0.1:0";  // TCP listen ip:port (0: ephemeral)
   std::string data = "127.0.0.1:0";     // UDP bind ip:port (0: ephemeral)
   uint32_t workers = 1;
@@ -116,7 +116,7 @@ struct UdpPushBenchOptions {
   // Both sides share it; empty: a random one per run (the bench runs both
   // ends, so a secret file buys nothing). Frames are tagged in `frame_auth`.
   JobSecret secret;
-  FrameAuthMode frame_auth = FrameAuthMode::kHeader;
+  FrameAuthMode frame_auth = FrameAuthMode::kFull;
   double size_mb = 1;
   uint32_t iterations = 10;
   std::string loss = "none";

@@ -39,6 +39,12 @@ class Admission {
   void SealWelcome(uint32_t w, WelcomeMsg* wm) const {
     handshake_.SealWelcome(desk_.members()[w].conn, wm);
   }
+  // Member w's frame key (job_auth.h), from its connection's handshake.
+  FrameKey MemberFrameKey(uint32_t w, const AuthBytes& job_nonce,
+                          FrameAuthMode mode) const {
+    return handshake_.MemberFrameKey(desk_.members()[w].conn, job_nonce,
+                                     static_cast<uint16_t>(w), mode);
+  }
 
   JoinDesk& desk() { return desk_; }
   const JoinDesk& desk() const { return desk_; }

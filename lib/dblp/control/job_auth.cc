@@ -133,11 +133,15 @@ bool AuthEqual(const AuthBytes& a, const AuthBytes& b) {
 }
 
 FrameKey DeriveFrameKey(const JobSecret& secret, const AuthBytes& job_nonce,
-                        FrameAuthMode mode) {
+                        const FrameKeyOwner& owner, FrameAuthMode mode) {
   FrameKey k;
   k.mode = mode;
   if (mode == FrameAuthMode::kNone) return k;
-  const AuthBytes m = secret.Mac("dblp/4 frames", {job_nonce});
+  const uint8_t rank[2] = {static_cast<uint8_t>(owner.rank >> 8),
+                           static_cast<uint8_t>(owner.rank)};
+  const AuthBytes m =
+      secret.Mac("dblp/4 member frames",
+                 {job_nonce, rank, owner.worker_nonce, owner.server_nonce});
   std::memcpy(k.key.data(), m.data(), k.key.size());
   return k;
 }
@@ -191,6 +195,22 @@ ChannelKeys WorkerHandshake::Keys() const {
   return ChannelKeys{
       secret_.Mac("dblp/4 control w2s", {join_.nonce, server_nonce_}),
       secret_.Mac("dblp/4 control s2w", {join_.nonce, server_nonce_})};
+}
+
+FrameKey ServerHandshake::MemberFrameKey(ConnId c, const AuthBytes& job_nonce,
+                                         uint16_t rank,
+                                         FrameAuthMode mode) const {
+  const Pending& p = pending_.at(c);
+  return DeriveFrameKey(secret_, job_nonce,
+                        FrameKeyOwner{rank, p.join.nonce, p.server_nonce},
+                        mode);
+}
+
+FrameKey WorkerHandshake::MemberFrameKey(const AuthBytes& job_nonce,
+                                         uint16_t rank,
+                                         FrameAuthMode mode) const {
+  return DeriveFrameKey(secret_, job_nonce,
+                        FrameKeyOwner{rank, join_.nonce, server_nonce_}, mode);
 }
 
 void ServerHandshake::SealWelcome(ConnId c, WelcomeMsg* wm) const {

@@ -18,7 +18,15 @@
 // direction, Kc = HMAC(K, "control s2w" | Nw | Ns) and its w2s twin, with a
 // sequence number per direction (ControlSidecar::Authenticate), so no
 // message can be injected, changed, replayed, reordered or dropped.
-// Frame key:  HMAC(K, "frames" || J), first 16 bytes.
+// Frame keys, one per member: HMAC(K, "member frames" || J || rank || Nw ||
+//             Ns), first 16 bytes. The server verifies a push frame with
+//             its sender's key and seals a broadcast frame with its
+//             recipient's, so a member's key speaks only for its own rank.
+//             Nw and Ns are that member's handshake nonces: another member
+//             holds K too, so without them it could derive every key. They
+//             cross the control connection in the clear, so a member that
+//             also sees another's handshake could still derive its key
+//             (closing that needs a key exchange; docs/SECURITY.md).
 // Session:    HMAC(K, "session" || J), first 4 bytes (never 0).
 // Both nonces are fresh per connection and J per job, so a recorded
 // handshake or frame cannot be replayed into another.
@@ -79,9 +87,16 @@ AuthBytes RandomAuthBytes();
 // Constant-time equality.
 bool AuthEqual(const AuthBytes& a, const AuthBytes& b);
 
+// Whose frame key: a member's rank and its connection's handshake nonces.
+struct FrameKeyOwner {
+  uint16_t rank = 0;
+  AuthBytes worker_nonce{};  // the JOIN's (Nw)
+  AuthBytes server_nonce{};  // the CHALLENGE's (Ns)
+};
+
 // What the job's nonce derives.
 FrameKey DeriveFrameKey(const JobSecret& secret, const AuthBytes& job_nonce,
-                        FrameAuthMode mode);
+                        const FrameKeyOwner& owner, FrameAuthMode mode);
 uint32_t DeriveSession(const JobSecret& secret, const AuthBytes& job_nonce);
 
 // The server's side, one state per connection. Control thread only.
@@ -98,6 +113,9 @@ class ServerHandshake {
   bool Authenticated(ConnId c) const;
   // Sets wm->mac for the authenticated connection `c`.
   void SealWelcome(ConnId c, WelcomeMsg* wm) const;
+  // The frame key of the member on the authenticated connection `c`.
+  FrameKey MemberFrameKey(ConnId c, const AuthBytes& job_nonce, uint16_t rank,
+                          FrameAuthMode mode) const;
   // The control channel's keys for the authenticated connection `c`
   // (ControlSidecar::Authenticate): fresh per connection.
   ChannelKeys Keys(ConnId c) const;
@@ -125,6 +143,10 @@ class WorkerHandshake {
   std::string CheckWelcome(const WelcomeMsg& wm) const;
   // The control channel's keys, once OnChallenge succeeded.
   ChannelKeys Keys() const;
+  // This member's frame key (the WELCOME's job nonce and rank), once
+  // OnChallenge succeeded.
+  FrameKey MemberFrameKey(const AuthBytes& job_nonce, uint16_t rank,
+                          FrameAuthMode mode) const;
 
  private:
   JobSecret secret_;

@@ -10,18 +10,26 @@
 //   +--------+-----------------+-----+
 //
 // Modes (WELCOME announces the job's, dblp-server --frame_auth):
+//   full:   (the default) AES-128-GMAC over header + payload, its 96-bit
+//           nonce taken from the header (type, sender, round, seq). A
+//           (key, sender, round, seq) is sealed with one content (a
+//           retransmission repeats the bytes), which is what GMAC's nonce
+//           rule asks; keys are per job and per member (job_auth.h), so a
+//           new job or another member never meets an old nonce.
 //   header: SipHash-2-4 (128-bit) over the 20-byte header. It binds the
-//           session, sender, round, seq and length to the key; it does not
+//           session, sender, round, seq and length to the key; it does NOT
 //           cover the payload, so whoever can see a frame can send its
-//           header and tag again with other floats (docs/SECURITY.md).
-//   full:   AES-128-GMAC over header + payload, its 96-bit nonce taken from
-//           the header (type, sender, round, seq). A (sender, round, seq)
-//           is sealed with one content per job (a retransmission repeats
-//           the bytes), which is what GMAC's nonce rule asks; keys are per
-//           job, so a new job never meets an old nonce.
-// Both via OpenSSL's libcrypto; nothing here is a hand-rolled primitive.
+//           header and tag again with other floats and move the mean
+//           (docs/SECURITY.md). Cheaper; only for a trusted network.
+// GMAC comes from intel-ipsec-mb's AES-GCM (the library under DPDK's
+// crypto_ipsec_mb PMDs; its VAES/VPCLMULQDQ code runs it in a quarter of
+// libcrypto 3.0's time, docs/BENCHMARKS.md), called directly: no queue,
+// no mbuf per tag, and the UDP transport has no EAL. The tags are the ones
+// libcrypto's AES-128-GCM gives with the frame as additional data (a test
+// checks it). SipHash, the key derivations and the compare are libcrypto's.
+// Nothing here is a hand-rolled primitive.
 //
-// A FrameAuth owns libcrypto contexts that one thread uses at a time: every
+// A FrameAuth owns its key schedule; one thread uses it at a time: every
 // sender and receiver holds its own (copying makes a fresh one).
 #pragma once
 
@@ -39,6 +47,9 @@ inline constexpr uint32_t kFrameTagBytes = 16;
 const char* FrameAuthModeName(FrameAuthMode m);  // "none", "header", "full"
 // Parses a flag value; false for anything else.
 bool ParseFrameAuthMode(const std::string& s, FrameAuthMode* out);
+// What computes full-mode tags here, e.g. "intel-ipsec-mb 1.3.0 AVX512"
+// (for reports and benchmarks).
+std::string FullTagImplementation();
 
 inline uint32_t FrameTagBytes(FrameAuthMode m) {
   return m == FrameAuthMode::kNone ? 0 : kFrameTagBytes;
@@ -53,7 +64,8 @@ struct FrameKey {
 class FrameAuth {
  public:
   // A kNone key makes an authenticator that seals nothing and accepts all.
-  // Throws std::runtime_error if libcrypto cannot set up the MAC.
+  // Throws std::runtime_error if libcrypto or intel-ipsec-mb cannot set up
+  // the MAC.
   explicit FrameAuth(const FrameKey& key = FrameKey{});
   ~FrameAuth();
   FrameAuth(const FrameAuth& other) : FrameAuth(other.key_) {}
@@ -68,11 +80,11 @@ class FrameAuth {
 
   // `frame` is a DBLP header followed by `len` - header bytes of payload;
   // writes tag_bytes() bytes at `tag`. Nothing in kNone mode. Never throws
-  // (it runs on datapath lcores): if libcrypto fails the tag is zeros,
+  // (it runs on datapath lcores): if the MAC fails the tag is zeros,
   // which no receiver accepts, and failures() counts it.
   void Seal(const uint8_t* frame, size_t len, uint8_t* tag) noexcept;
-  // Constant-time compare of the expected tag with `tag`; false if
-  // libcrypto fails.
+  // Constant-time compare of the expected tag with `tag`; false if the MAC
+  // fails.
   bool Verify(const uint8_t* frame, size_t len, const uint8_t* tag) noexcept;
   uint64_t failures() const { return failures_; }
 
@@ -83,7 +95,7 @@ class FrameAuth {
   FrameKey key_;
   uint64_t failures_ = 0;       // owner thread only
   void* mac_ctx_ = nullptr;     // EVP_MAC_CTX (header mode)
-  void* cipher_ctx_ = nullptr;  // EVP_CIPHER_CTX (full mode)
+  void* gcm_key_ = nullptr;     // intel-ipsec-mb gcm_key_data (full mode)
 };
 
 }  // namespace dblp
