@@ -47,7 +47,8 @@ TEST_P(FrameAuthModes, SealedFrameVerifiesAndAnyHeaderBitBreaksIt) {
     EXPECT_FALSE(a.Verify(g.data(), body, g.data() + body)) << "byte " << byte;
   }
   std::vector<uint8_t> g = f;
-  g[body + 5] ^= 0x80;  // the tag itself
+  ASSERT_NE(g.data(), nullptr);
+  g.data()[body + 5] ^= 0x80;  // the tag itself
   EXPECT_FALSE(a.Verify(g.data(), body, g.data() + body));
 }
 
@@ -83,6 +84,8 @@ TEST(FrameAuth, OnlyFullModeCoversThePayload) {
   FrameAuth header(Key(FrameAuthMode::kHeader)),
       full(Key(FrameAuthMode::kFull));
   std::vector<uint8_t> fh = f, ff = f;
+  ASSERT_NE(fh.data(), nullptr);
+  ASSERT_NE(ff.data(), nullptr);
   header.Seal(fh.data(), body, fh.data() + body);
   full.Seal(ff.data(), body, ff.data() + body);
   fh[kDataHeaderBytes + 10] ^= 0xFF;
