@@ -220,6 +220,7 @@ UdpJobServerResult JobServer::Run() {
   std::string err;
   // Before anything else: a directory that cannot take the rows fails the
   // server now, not after the whole job.
+  row_stream_.set_on_error(o_.rows_on_error);
   if (!o_.out_dir.empty() && !row_stream_.Open(o_.out_dir, &err)) {
     return Fail(2, err);
   }
@@ -473,6 +474,7 @@ std::string JobServer::ServeRounds(Outbox& out) {
     if (CloseBroadcastIfDone()) work = progress = true;
     if (!broadcasting_ && job_->AllLiveSaidBye()) return "";
     if (!broadcasting_ && CloseRoundIfStopped(out)) work = progress = true;
+    if (failure = job_->RowsFailure(); !failure.empty()) return failure;
     if (pacer.After(work, progress, NowNs()) == RoundPacer::Step::kTimedOut) {
       return NoProgress();
     }

@@ -129,6 +129,12 @@ class ServerJob {
   ServerIteration& iteration() { return iteration_; }
   std::vector<IterationRecord>& rows() { return rows_; }
   void set_row_stream(RowStream* s) { stream_ = s; }
+  // Why the job must end now ("" while it may go on): a row could not be
+  // written under --rows_on_error=fail. Transports ask after ClosePush and
+  // CloseBroadcast.
+  std::string RowsFailure() const {
+    return stream_ != nullptr && stream_->failed() ? stream_->error() : "";
+  }
   // The job's settings for a summary's info (chunks, fill, broadcast,
   // resync), the same keys on every transport.
   std::vector<std::pair<std::string, std::string>> Info() const;
