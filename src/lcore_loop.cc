@@ -42,6 +42,20 @@ void JobSync::Fail(const std::string& why) {
   failed_.store(true, std::memory_order_release);
 }
 
+namespace {
+
+// A pool that ran dry stalls a round as surely as a silent peer: when it
+// did, the stall says so and names the flag that sizes it.
+std::string PoolHint(const DatapathCounters& c) {
+  const uint64_t n = c.mbuf_alloc_failures.load(std::memory_order_relaxed);
+  if (n == 0) return "";
+  return "; this process's mbuf pool ran dry " + std::to_string(n) +
+         " times, which stalls rounds: give it more mbufs (--mbufs, or "
+         "--mbufs=0 to size it from the ports)";
+}
+
+}  // namespace
+
 std::string JobSync::failure() {
   std::lock_guard<std::mutex> lock(failure_mu_);
   return failure_;
@@ -168,7 +182,8 @@ bool WorkerLcore::RunUntil(Done done, const char* waiting_for, uint64_t it,
                    " ms (push " + (PushDone() ? "done" : "pending") +
                    ", broadcast " +
                    std::to_string(bcast_.receiver().received()) + "/" +
-                   std::to_string(setup_.layout->num_chunks()) + ")";
+                   std::to_string(setup_.layout->num_chunks()) + ")" +
+                   PoolHint(conf_.counters);
         return false;
     }
   }
@@ -407,12 +422,12 @@ std::string ServerLcore::Stalled(bool broadcasting) const {
   if (broadcasting) {
     return job_.BroadcastStalled(iteration_, timeout, [&](uint32_t w) {
       return links_[w]->bcast.done();
-    });
+    }) + PoolHint(conf_.counters);
   }
   const uint32_t round = PushRound(iteration_);
   return job_.PushStalled(iteration_, timeout, [&](uint32_t w) {
     return workers_[w]->push_stop.Received(round);
-  });
+  }) + PoolHint(conf_.counters);
 }
 
 template <class Done>
