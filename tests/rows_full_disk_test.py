@@ -31,7 +31,7 @@ import tempfile
 import time
 from dblp_testlib import check, eal, finish, free_port, make_secret
 
-TIMEOUT_S = 60
+TIMEOUT_S = int(os.environ.get("ROWS_TIMEOUT_S", "60"))
 LONG_JOB = "1000000"  # iterations: far more rows than 64 KiB holds
 
 
