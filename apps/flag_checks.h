@@ -45,6 +45,7 @@ inline constexpr FlagRange kFlagRanges[] = {
     // layout a job can hold.
     {"floats", 1, static_cast<long double>(uint64_t{1} << 38), "262144"},
     {"stats_period", 0, 86400, "1"},
+    {"timeout_s", 0, 86400, "10"},
     {"ns_per_frame", 0, 1e9, "1230"},
     {"control_one_way_ns", 0, 1e12, "10000"},
     {"lr", 0, 1e6, "0.05"},
