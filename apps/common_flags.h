@@ -67,6 +67,7 @@ inline void ParseAppFlagsOrDie(int argc, char** argv, const char* usage) {
     FlagError(std::string("unexpected argument ") + app_argv[1] +
               " (app options go after --, EAL options before)");
   }
+  CheckFlagsOrDie();
 }
 
 inline PortOptions PortOptionsFromFlags();
@@ -98,6 +99,7 @@ inline DatapathOptions DatapathOptionsFromFlags() {
   d.stats_period_s = FLAGS_stats_period;
   d.round_timeout_ms = FLAGS_round_timeout_ms;
   d.out_dir = FLAGS_out_dir;
+  d.rows_on_error = RowsOnErrorFromFlags();
   return d;
 }
 
@@ -106,7 +108,7 @@ inline PortOptions PortOptionsFromFlags() {
   p.mtu = FLAGS_mtu;
   p.checksum = FLAGS_checksum;
   p.fused_checksum = FLAGS_fused_checksum;
-  p.nb_rxd = static_cast<uint16_t>(FLAGS_rxd);
+  p.nb_rxd = static_cast<uint16_t>(FLAGS_rxd);  // <= 65535 (flag_checks.h)
   p.nb_txd = static_cast<uint16_t>(FLAGS_txd);
   if (FLAGS_checksum != "auto" && FLAGS_checksum != "sw" &&
       FLAGS_checksum != "none") {

@@ -35,6 +35,7 @@
 #include "dblp/wire/chunking.h"
 #include "dblp/wire/float_ops.h"
 #include "dblp/wire/wire.h"
+#include "flag_checks.h"
 
 DEFINE_double(size_mb, 1,
               "gradient size in MiB (rounded down to whole float32 values)");
@@ -328,6 +329,7 @@ int main(int argc, char** argv) {
   PrecheckArgs(argc, argv);
   gflags::SetVersionString(dblp::Version());
   gflags::ParseCommandLineFlags(&argc, &argv, true);
+  dblp::CheckFlagsOrDie();
   CheckFlags();
   PinOrDie(FLAGS_cpu);
 

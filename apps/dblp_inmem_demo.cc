@@ -21,6 +21,7 @@
 #include "dblp/obs/latency_stats.h"
 #include "dblp/obs/records.h"
 #include "dblp/policy/analytic.h"
+#include "flag_checks.h"
 #include "sim/memory_cluster.h"
 
 DEFINE_uint32(workers, 3, "number of workers");
@@ -136,6 +137,7 @@ int main(int argc, char** argv) {
       "in-memory DBLP job: fixed vs dblp under microbursts (modelled time)");
   gflags::SetVersionString(dblp::Version());
   gflags::ParseCommandLineFlags(&argc, &argv, true);
+  dblp::CheckFlagsOrDie();
   try {
     PolicyConfig fixed;
     fixed.kind = PolicyKind::kFixed;

@@ -25,6 +25,7 @@
 #include "dblp/base/version.h"
 #include "dblp/wire/wire.h"
 #include "eal_app.h"
+#include "flag_checks.h"
 #include "frame_builder.h"
 #include "port.h"
 
@@ -207,6 +208,7 @@ int main(int argc, char** argv) {
       "--payload_floats=N --checksum=auto|sw|none]");
   gflags::SetVersionString(dblp::Version());
   gflags::ParseCommandLineFlags(&argc, &argv, true);
+  dblp::CheckFlagsOrDie();  // a test tool: after the EAL, which it needs first
   const int rc = dblp::Run();
   rte_eal_cleanup();
   return rc;

@@ -36,8 +36,13 @@ int main(int argc, char** argv) {
   o.listen = FLAGS_listen;
   o.workers = FLAGS_workers;
   o.local_ip = FLAGS_local_ip;
-  if (FLAGS_udp_port == 0 || FLAGS_udp_port + 1 + FLAGS_workers > 65535) {
-    dblp::FlagError("--udp_port must leave room for one port per worker");
+  // In 64 bits: a port near 2^32 must not wrap past the check.
+  if (FLAGS_udp_port == 0 ||
+      uint64_t{FLAGS_udp_port} + 1 + FLAGS_workers > 65535) {
+    dblp::FlagError("--udp_port=" + std::to_string(FLAGS_udp_port) +
+                    " must leave room for one port per worker (--workers=" +
+                    std::to_string(FLAGS_workers) + "): use 1.." +
+                    std::to_string(65534 - FLAGS_workers));
   }
   o.udp_port = static_cast<uint16_t>(FLAGS_udp_port);
   o.dp = dblp::DatapathOptionsFromFlags();

@@ -68,6 +68,7 @@ class Output {
   Output(const std::string& dir, const char* role, int32_t rank) {
     report_.role = role;
     report_.rank = rank;
+    rows_.set_on_error(dblp::RowsOnErrorFromFlags());
     std::string err;
     if (!dir.empty() && !rows_.Open(dir, &err)) dblp::FlagError(err);
   }
@@ -105,9 +106,11 @@ int Run() {
   const dblp::ResyncSchedule resync(c.resync_every);
   const uint64_t iterations = resync.ProtocolIterations(FLAGS_iterations);
   std::string failure;
-  for (uint64_t it = 0; it < iterations; ++it) {
+  bool rows_failed = false;
+  for (uint64_t it = 0; it < iterations && !rows_failed; ++it) {
     const dblp::IterationOutcome o = cluster.RunIteration();
     server.rows().Sync(cluster.server_rows());
+    rows_failed = server.rows().failed();
     if (!o.failure.empty()) {
       failure = o.failure;
       break;
@@ -115,6 +118,7 @@ int Run() {
     for (uint32_t w = 0; w < c.num_workers; ++w) {
       workers[w]->report().rows.push_back(o.workers[w]);
       workers[w]->rows().Append(o.workers[w]);
+      rows_failed = rows_failed || workers[w]->rows().failed();
     }
   }
   server.report().rows = cluster.server_rows();
@@ -146,6 +150,7 @@ int main(int argc, char** argv) {
       "dblp-sim --workers=N --iterations=K [job flags]");
   gflags::SetVersionString(dblp::Version());
   gflags::ParseCommandLineFlags(&argc, &argv, true);
+  dblp::CheckFlagsOrDie();
   try {
     return Run();
   } catch (const std::exception& e) {

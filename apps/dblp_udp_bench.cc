@@ -19,6 +19,7 @@
 #include "dblp/base/version.h"
 #include "dblp/emul/loss_model.h"
 #include "dblp/wire/chunking.h"
+#include "flag_checks.h"
 #include "udp/udp_push.h"
 
 DEFINE_string(role, "both",
@@ -184,6 +185,7 @@ int main(int argc, char** argv) {
     FlagError(std::string("unexpected argument ") + argv[1] +
               " (flags are --name=value)");
   }
+  dblp::CheckFlagsOrDie();
   CheckFlags();
   if (!FLAGS_out.empty()) {
     g_out.open(FLAGS_out);

@@ -70,6 +70,7 @@ dblp::UdpJobServerOptions OptionsFromFlags() {
   o.idle_sleep_us = FLAGS_idle_sleep_us;
   o.deep_idle = dblp::DeepIdleFromFlags();
   o.out_dir = FLAGS_out_dir;
+  o.rows_on_error = dblp::RowsOnErrorFromFlags();
   o.secret = dblp::JobSecretFromFlags("dblp-udp-server");
   o.frame_auth = dblp::FrameAuthFromFlags(o.secret);
   o.quiet = false;
@@ -89,6 +90,7 @@ int main(int argc, char** argv) {
     dblp::FlagError(std::string("unexpected argument ") + argv[1] +
                     " (options are --name=value)");
   }
+  dblp::CheckFlagsOrDie();
   const dblp::UdpJobServerOptions o = OptionsFromFlags();
   dblp::UdpJobServerResult r;
   try {

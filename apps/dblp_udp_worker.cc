@@ -74,6 +74,7 @@ dblp::UdpJobWorkerOptions OptionsFromFlags() {
   o.idle_sleep_us = FLAGS_idle_sleep_us;
   o.deep_idle = dblp::DeepIdleFromFlags();
   o.out_dir = FLAGS_out_dir;
+  o.rows_on_error = dblp::RowsOnErrorFromFlags();
   o.on_absorbed = dblp::WorkerDumps(FLAGS_dump_dir, FLAGS_dump_iterations);
   o.secret = dblp::JobSecretFromFlags("dblp-udp-worker");
   return o;
@@ -92,6 +93,7 @@ int main(int argc, char** argv) {
     dblp::FlagError(std::string("unexpected argument ") + argv[1] +
                     " (options are --name=value)");
   }
+  dblp::CheckFlagsOrDie();
   const dblp::UdpJobWorkerOptions o = OptionsFromFlags();
   std::unique_ptr<dblp::GradientSource> source;
   dblp::UdpJobWorkerResult r;

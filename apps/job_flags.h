@@ -19,8 +19,10 @@
 #include "dblp/control/job_auth.h"
 #include "dblp/emul/loss_model.h"
 #include "dblp/handoff/synthetic_gradient.h"
+#include "dblp/obs/run_report.h"
 #include "dblp/round/send_order.h"
 #include "dblp/wire/chunking.h"
+#include "flag_checks.h"
 
 DEFINE_uint32(mtu, 1500,
               "IP MTU of the data frames (576..9216; jumbo "
@@ -40,6 +42,11 @@ DEFINE_uint32(idle_deep_after_us, 2000,
 DEFINE_string(out_dir, "",
               "write iterations.jsonl/.csv and summary.json "
               "here");
+DEFINE_string(rows_on_error, "fail",
+              "when a row cannot be written to --out_dir (a full disk): "
+              "fail (end the job at once, naming the file and the fix) | "
+              "drop (go on; the lost rows are counted as rows_dropped and "
+              "said on stderr)");
 DEFINE_string(loss, "none",
               "software loss on the data frames this app receives, outside "
               "bursts: none | bernoulli:P | ge:P_GB,P_BG,LOSS_GOOD,LOSS_BAD");
@@ -87,11 +94,6 @@ inline DeepIdle DeepIdleFromFlags() {
   return DeepIdle{FLAGS_idle_deep_after_us, FLAGS_idle_deep_sleep_us};
 }
 
-[[noreturn]] inline void FlagError(const std::string& msg) {
-  DBLP_LOG(Error, "error: %s", msg.c_str());
-  std::exit(2);
-}
-
 // The job secret from --secret_file, or none with --insecure (said on
 // stderr); anything else ends the app naming the fix. Read before the EAL
 // starts, so a bad secret costs no hugepages.
@@ -129,6 +131,14 @@ inline std::pair<uint64_t, uint64_t> ParsePair(const std::string& text,
   return {v[0], v[1]};
 }
 
+inline RowsOnError RowsOnErrorFromFlags() {
+  if (FLAGS_rows_on_error != "fail" && FLAGS_rows_on_error != "drop") {
+    FlagError("--rows_on_error=" + FLAGS_rows_on_error + ": use fail or drop");
+  }
+  return FLAGS_rows_on_error == "drop" ? RowsOnError::kDrop
+                                       : RowsOnError::kFail;
+}
+
 inline LossSpec LossFromFlags() {
   try {
     return ParseLossSpec(FLAGS_loss);
@@ -152,6 +162,10 @@ inline BurstSchedule BurstsFromFlags() {
     }
     if (!FLAGS_burst_window_ms.empty()) {
       const auto [a, z] = ParsePair(FLAGS_burst_window_ms, "burst_window_ms");
+      if (z > UINT64_MAX / 1000000) {  // the ns below must not wrap
+        FlagError("--burst_window_ms=" + FLAGS_burst_window_ms +
+                  ": END is too large (e.g. --burst_window_ms=1000,2000)");
+      }
       b.window_start_ns = a * 1000000;
       b.window_end_ns = z * 1000000;
     }

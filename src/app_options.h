@@ -7,6 +7,7 @@
 
 #include "dblp/base/deep_idle.h"
 #include "dblp/emul/loss_model.h"
+#include "dblp/obs/run_report.h"
 #include "dblp/round/send_order.h"
 #include "port.h"
 
@@ -32,6 +33,7 @@ struct DatapathOptions {
   double stats_period_s = 1.0;
   uint32_t round_timeout_ms = 30000;  // no progress this long: fail clearly
   std::string out_dir;
+  RowsOnError rows_on_error = RowsOnError::kFail;  // a row not written
 };
 
 }  // namespace dblp

@@ -42,6 +42,20 @@ void JobSync::Fail(const std::string& why) {
   failed_.store(true, std::memory_order_release);
 }
 
+namespace {
+
+// A pool that ran dry stalls a round as surely as a silent peer: when it
+// did, the stall says so and names the flag that sizes it.
+std::string PoolHint(const DatapathCounters& c) {
+  const uint64_t n = c.mbuf_alloc_failures.load(std::memory_order_relaxed);
+  if (n == 0) return "";
+  return "; this process's mbuf pool ran dry " + std::to_string(n) +
+         " times, which stalls rounds: give it more mbufs (--mbufs, or "
+         "--mbufs=0 to size it from the ports)";
+}
+
+}  // namespace
+
 std::string JobSync::failure() {
   std::lock_guard<std::mutex> lock(failure_mu_);
   return failure_;
@@ -179,7 +193,7 @@ bool WorkerLcore::RunUntil(Done done, const char* waiting_for, uint64_t it,
         *failure = "interrupted";
         return false;
       case RoundPacer::Step::kTimedOut:
-        *failure = Stalled(waiting_for, it);
+        *failure = Stalled(waiting_for, it) + PoolHint(conf_.counters);
         return false;
     }
   }
@@ -461,12 +475,12 @@ std::string ServerLcore::Stalled(bool broadcasting) const {
   if (broadcasting) {
     return job_.BroadcastStalled(iteration_, timeout, [&](uint32_t w) {
       return links_[w]->bcast.done();
-    });
+    }) + PoolHint(conf_.counters);
   }
   const uint32_t round = PushRound(iteration_);
   return job_.PushStalled(iteration_, timeout, [&](uint32_t w) {
     return workers_[w]->push_stop.Received(round);
-  });
+  }) + PoolHint(conf_.counters);
 }
 
 // What moves the job on this lcore (WorkerLcore::Progress): new chunks of

@@ -94,7 +94,7 @@ rte_mempool* CreatePoolOrDie(const std::string& name, uint32_t n_mbufs,
     // EAL itself needs some tens of MiB next to the pool.
     fix = "give the EAL more memory: -m " + std::to_string(mib + 64) +
           " (with --no-huge) or --socket-mem=" + std::to_string(mib + 64) +
-          " with hugepages, or use fewer mbufs (smaller --nb_rxd/--nb_txd, "
+          " with hugepages, or use fewer mbufs (smaller --rxd/--txd, "
           "fewer queues)";
   }
   Die(what, fix);
@@ -236,7 +236,7 @@ PortCaps SetupPortOrDie(const PortOptions& opts, rte_mempool* pool) {
   ret = rte_eth_dev_adjust_nb_rx_tx_desc(port, &nb_rxd, &nb_txd);
   if (ret != 0) {
     Die(where + ": cannot adjust descriptor counts: " + rte_strerror(-ret),
-        "use --nb_rxd/--nb_txd within the device's limits");
+        "use --rxd/--txd within the device's limits");
   }
   const int socket = rte_eth_dev_socket_id(port);
   rte_eth_rxconf rxconf = info.default_rxconf;
@@ -248,13 +248,14 @@ PortCaps SetupPortOrDie(const PortOptions& opts, rte_mempool* pool) {
     if (ret != 0) {
       Die(where + ": RX queue " + std::to_string(q) +
               " setup failed: " + rte_strerror(-ret),
-          "use fewer --nb_rxd or a larger pool (see MbufsNeeded)");
+          "use fewer --rxd, or a larger pool (--mbufs=0 sizes it from the "
+          "ports)");
     }
     ret = rte_eth_tx_queue_setup(port, q, nb_txd, socket, &txconf);
     if (ret != 0) {
       Die(where + ": TX queue " + std::to_string(q) +
               " setup failed: " + rte_strerror(-ret),
-          "use fewer --nb_txd");
+          "use fewer --txd");
     }
   }
   ret = rte_eth_dev_start(port);

@@ -18,12 +18,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <thread>
 
 #include "datapath.h"  // InstallQuitHandlers
+#include "dblp/base/file_check.h"
 #include "dblp/obs/app_state.h"
 #include "dblp/obs/runtime_command.h"
 
@@ -409,16 +408,12 @@ std::string ParseError(int rc, const std::string& line) {
   }
 }
 
+// A command file is a few lines: a cap far above any real one keeps a
+// device or a huge file from exhausting memory.
+constexpr size_t kMaxCommandFileBytes = 1 << 20;
+
 bool ReadFile(const std::string& path, std::string* text, std::string* err) {
-  std::ifstream f(path);
-  if (!f) {
-    *err = std::string("cannot read it: ") + std::strerror(errno);
-    return false;
-  }
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  *text = ss.str();
-  return true;
+  return ReadRegularFile(path, kMaxCommandFileBytes, text, err);
 }
 
 }  // namespace
@@ -428,7 +423,8 @@ void ValidateCommandFileOrDie(const PromptOptions& opts) {
   const std::string where = "--cmdline-file=" + opts.file;
   std::string text, err;
   if (!ReadFile(opts.file, &text, &err)) {
-    std::fprintf(stderr, "error: %s: %s; give a readable file of commands\n",
+    std::fprintf(stderr,
+                 "error: %s: %s; give a readable regular file of commands\n",
                  where.c_str(), err.c_str());
     std::exit(2);
   }

@@ -144,6 +144,8 @@ RoundTolerance ServerRun::Reduce(uint64_t it) {
   if (runtime_.ApplyServerCommand(it + 1, &live)) {
     job_->OverrideNextPush(live->Current());
   }
+  // A push-only job's rows are complete now (on disk, or the job ends).
+  if (std::string e = job_->RowsFailure(); !e.empty()) sync_->Fail(e);
   const RoundTolerance next = job_->PushTolerance(it + 1);
   runtime_.BroadcastOpened(it, r.broadcast, next);
   if (o_.push_only) runtime_.IterationDone(it);
@@ -157,12 +159,14 @@ void ServerRun::BroadcastDone(uint64_t it) {
   std::vector<std::span<const SendSide* const>> sides;
   for (const auto& w : bcast_sides_) sides.emplace_back(w);
   job_->CloseBroadcast(sides);
+  if (std::string e = job_->RowsFailure(); !e.empty()) sync_->Fail(e);
   runtime_.IterationDone(it);
 }
 
 int ServerRun::Run() {
   // Rows are streamed as the rounds end: a directory that cannot take them
   // fails the server now, before workers join a job it could not record.
+  rows_.set_on_error(o_.dp.rows_on_error);
   if (std::string err;
       !o_.dp.out_dir.empty() && !rows_.Open(o_.dp.out_dir, &err)) {
     DBLP_LOG(Error, "dblp-server: %s", err.c_str());

@@ -162,6 +162,7 @@ std::string WorkerRun::RunIterations() {
 int WorkerRun::Run() {
   // Rows are streamed from the first iteration on: a directory that cannot
   // take them fails the worker now, before it joins (and stalls) a job.
+  rows_.set_on_error(o_.dp.rows_on_error);
   if (std::string err;
       !o_.dp.out_dir.empty() && !rows_.Open(o_.dp.out_dir, &err)) {
     DBLP_LOG(Error, "dblp-worker: %s", err.c_str());

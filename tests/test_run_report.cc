@@ -6,11 +6,13 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -139,6 +141,89 @@ TEST(RowStream, ADirectoryThatCannotBeMadeFailsOpenNamingTheFlag) {
   EXPECT_FALSE(stream.is_open());
   EXPECT_NE(err.find("--out_dir"), std::string::npos) << err;
   EXPECT_NE(err.find("writ"), std::string::npos) << err;  // the fix
+}
+
+// A file-size limit makes write(2) stop short inside a line, as a full
+// disk does: the stream fails (or drops, by choice), says where, and cuts
+// both files back to their last whole row.
+class FileSizeLimit {
+ public:
+  explicit FileSizeLimit(rlim_t bytes) {
+    old_handler_ = std::signal(SIGXFSZ, SIG_IGN);
+    getrlimit(RLIMIT_FSIZE, &old_);
+    rlimit l = old_;
+    l.rlim_cur = bytes;
+    setrlimit(RLIMIT_FSIZE, &l);
+  }
+  ~FileSizeLimit() {
+    setrlimit(RLIMIT_FSIZE, &old_);
+    std::signal(SIGXFSZ, old_handler_);
+  }
+
+ private:
+  rlimit old_{};
+  void (*old_handler_)(int) = nullptr;
+};
+
+void AppendUntilError(RowStream& stream, int max_rows) {
+  std::vector<IterationRecord> rows = SampleRows();
+  for (int i = 0; i < max_rows && stream.error().empty(); ++i) {
+    IterationRecord r = rows[static_cast<size_t>(i) % rows.size()];
+    r.iteration = static_cast<uint64_t>(i);
+    stream.Append(r);
+  }
+}
+
+TEST(RowStream, AShortWriteIsCutBackToTheLastWholeRowAndFailsTheJob) {
+  TempDir dir;
+  RowStream stream;
+  std::string err;
+  ASSERT_TRUE(stream.Open(dir.path(), &err)) << err;
+  {
+    const FileSizeLimit limit(1000);
+    AppendUntilError(stream, 100);
+  }
+  ASSERT_FALSE(stream.error().empty());
+  EXPECT_TRUE(stream.failed());
+  EXPECT_EQ(stream.dropped(), 1u);
+  EXPECT_NE(stream.error().find(dir.path() + "/iterations."), std::string::npos)
+      << stream.error();
+  EXPECT_NE(
+      stream.error().find("at iteration " + std::to_string(stream.written())),
+      std::string::npos)
+      << stream.error();
+  EXPECT_NE(stream.error().find("--out_dir"), std::string::npos);
+  // A failed stream writes no summary: it would read as a whole run.
+  EXPECT_EQ(CloseRunReport(stream, RunReport{}), stream.error());
+  EXPECT_FALSE(fs::exists(dir.path() + "/summary.json"));
+  const std::string jsonl = ReadFile(dir.path() + "/iterations.jsonl");
+  ASSERT_FALSE(jsonl.empty());
+  EXPECT_EQ(jsonl.back(), '\n');
+  EXPECT_EQ(Lines(dir.path() + "/iterations.jsonl").size(), stream.written());
+  EXPECT_EQ(Lines(dir.path() + "/iterations.csv").size(), stream.written() + 1);
+}
+
+TEST(RowStream, DropGoesOnCountingTheRowsItCouldNotWrite) {
+  TempDir dir;
+  RowStream stream;
+  stream.set_on_error(RowsOnError::kDrop);
+  std::string err;
+  ASSERT_TRUE(stream.Open(dir.path(), &err)) << err;
+  {
+    const FileSizeLimit limit(1000);
+    AppendUntilError(stream, 100);
+    ASSERT_FALSE(stream.error().empty());
+    EXPECT_FALSE(stream.failed());
+    const uint64_t written = stream.written();
+    for (int i = 0; i < 5; ++i) stream.Append(SampleRows()[0]);
+    EXPECT_EQ(stream.written(), written);
+    EXPECT_EQ(stream.dropped(), 6u);
+  }
+  EXPECT_EQ(Lines(dir.path() + "/iterations.jsonl").size(), stream.written());
+  RunReport report;
+  EXPECT_EQ(CloseRunReport(stream, report), "");  // the job's result stands
+  EXPECT_NE(ReadFile(dir.path() + "/summary.json").find("\"rows_dropped\":6"),
+            std::string::npos);
 }
 
 TEST(RowStream, ClosedStreamWritesNothing) {

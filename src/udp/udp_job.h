@@ -31,6 +31,7 @@
 #include "dblp/job/server_iteration.h"
 #include "dblp/job/worker_job.h"
 #include "dblp/obs/records.h"
+#include "dblp/obs/run_report.h"
 #include "dblp/policy/loss_fill.h"
 #include "dblp/policy/tolerance.h"
 #include "dblp/round/send_order.h"
@@ -90,6 +91,7 @@ struct UdpJobServerOptions : ServerJobSettings {
   // .csv here as the iterations end, summary.json (every counter) at the
   // end; made before the sockets open. Empty: none.
   std::string out_dir;
+  RowsOnError rows_on_error = RowsOnError::kFail;  // a row not written
 };
 
 struct UdpJobServerResult {
@@ -132,6 +134,7 @@ struct UdpJobWorkerOptions {
   // Rows streamed to iterations.jsonl / .csv here, summary.json at the
   // end. Empty: none.
   std::string out_dir;
+  RowsOnError rows_on_error = RowsOnError::kFail;  // a row not written
   // Test seam (src/test_hooks/dumps.h): each absorbed iteration.
   AbsorbedObserver on_absorbed;
 };

@@ -221,6 +221,7 @@ UdpJobServerResult JobServer::Run() {
   std::string err;
   // Before anything else: a directory that cannot take the rows fails the
   // server now, not after the whole job.
+  row_stream_.set_on_error(o_.rows_on_error);
   if (!o_.out_dir.empty() && !row_stream_.Open(o_.out_dir, &err)) {
     return Fail(2, err);
   }
@@ -479,6 +480,7 @@ std::string JobServer::ServeRounds(Outbox& out) {
     if (!broadcasting_ && job_->AllLiveSaidBye()) return "";
     if (!broadcasting_ && CloseRoundIfStopped(out, &failure)) moved = true;
     if (!failure.empty()) return failure;
+    if (failure = job_->RowsFailure(); !failure.empty()) return failure;
     const uint64_t next = Progress();
     const bool progress = moved || next != mark;
     mark = next;

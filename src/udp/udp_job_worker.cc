@@ -214,6 +214,7 @@ UdpJobWorkerResult JobWorker::Run() {
   std::string err;
   // Before the JOIN: a directory that cannot take the rows fails the
   // worker now, not after the whole job.
+  row_stream_.set_on_error(o_.rows_on_error);
   if (!o_.out_dir.empty() && !row_stream_.Open(o_.out_dir, &err)) {
     return Fail(2, err);
   }

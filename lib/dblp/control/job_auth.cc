@@ -59,8 +59,8 @@ std::optional<JobSecret> JobSecret::Load(const std::string& path,
     return std::nullopt;
   };
   // Symlinks are followed (Kubernetes mounts secrets as links); fstat
-  // checks the file itself.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // checks the file itself. O_NONBLOCK: a FIFO must not block the open.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) {
     return fail(std::string(std::strerror(errno)) +
                 " (create one with: head -c 32 /dev/urandom > " + path +

@@ -134,6 +134,12 @@ class ServerJob {
   // What the job refused and clipped, by the summary's names
   // (bad_gradient_*, clipped_chunks, clr_nonfinite_norms).
   void AddCounters(NamedCounters* out) const;
+  // Why the job must end now ("" while it may go on): a row could not be
+  // written under --rows_on_error=fail. Transports ask after ClosePush and
+  // CloseBroadcast.
+  std::string RowsFailure() const {
+    return stream_ != nullptr && stream_->failed() ? stream_->error() : "";
+  }
   // The job's settings for a summary's info (chunks, fill, broadcast,
   // resync), the same keys on every transport.
   std::vector<std::pair<std::string, std::string>> Info() const;

@@ -28,8 +28,8 @@ std::string WorkerJob::Observe(uint64_t it, const IterationRecord& row) {
   return "";
 }
 
-void WorkerJob::Keep(uint64_t it, const IterationRecord& row,
-                     const Bitmap& arrived) {
+std::string WorkerJob::Keep(uint64_t it, const IterationRecord& row,
+                            const Bitmap& arrived) {
   if (s_.on_absorbed && !s_.push_only) {
     s_.on_absorbed(AbsorbedView{it, wel_.rank, model_.IsResync(it),
                                 model_.grad(), model_.avg(), &arrived,
@@ -37,7 +37,9 @@ void WorkerJob::Keep(uint64_t it, const IterationRecord& row,
   }
   rows_.push_back(row);
   // On disk before the next iteration: a kill -9 keeps it.
-  if (stream_ != nullptr) stream_->Append(row);
+  if (stream_ == nullptr) return "";
+  stream_->Append(row);
+  return stream_->failed() ? stream_->error() : "";
 }
 
 }  // namespace dblp

@@ -86,7 +86,10 @@ class WorkerJob {
 
  private:
   std::string Observe(uint64_t it, const IterationRecord& row);
-  void Keep(uint64_t it, const IterationRecord& row, const Bitmap& arrived);
+  // "" or why the job ends: the row could not be written
+  // (--rows_on_error=fail).
+  std::string Keep(uint64_t it, const IterationRecord& row,
+                   const Bitmap& arrived);
 
   GradientSource& source_;
   const WelcomeMsg wel_;
@@ -124,8 +127,7 @@ std::string WorkerJob::Iterate(uint64_t it, T& t, Control& control,
       return e;
     }
   }
-  Keep(it, row, arrived);
-  return "";
+  return Keep(it, row, arrived);
 }
 
 }  // namespace dblp

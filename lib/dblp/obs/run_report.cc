@@ -11,6 +11,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "dblp/base/log.h"
 #include "dblp/obs/latency_stats.h"
 
 namespace dblp {
@@ -66,6 +67,8 @@ bool RowStream::Open(const std::string& dir, std::string* error,
   Close();
   error_.clear();
   written_ = 0;
+  dropped_ = 0;
+  flag_ = flag;
   const std::string fix =
       ": give " + flag + " a directory this user can create and write";
   std::error_code ec;
@@ -97,12 +100,14 @@ bool RowStream::Open(const std::string& dir, std::string* error,
     Close();
     return false;
   }
-  if (!WriteAll(csv_fd_, std::string(kIterationCsvHeader) + '\n',
-                "iterations.csv")) {
+  const std::string header = std::string(kIterationCsvHeader) + '\n';
+  if (!WriteAll(csv_fd_, header, "iterations.csv")) {
     *error = error_ + fix;
     Close();
     return false;
   }
+  jsonl_end_ = 0;
+  csv_end_ = static_cast<off_t>(header.size());
   return true;
 }
 
@@ -122,16 +127,53 @@ bool RowStream::WriteAll(int fd, const std::string& bytes, const char* file) {
 }
 
 void RowStream::Append(const IterationRecord& row) {
-  if (!is_open() || !error_.empty()) return;
+  if (!is_open()) return;
+  if (!error_.empty()) {
+    ++dropped_;
+    return;
+  }
   const std::span<const IterationRecord> one(&row, 1);
   std::ostringstream jsonl, csv;
   WriteJsonl(jsonl, one);
   WriteCsv(csv, one);
+  // Each line is built whole and written with one call.
+  const std::string line = jsonl.str();
   // WriteCsv starts with the header, which Open wrote once.
   const std::string csv_row = csv.str().substr(kIterationCsvHeader.size() + 1);
-  if (WriteAll(jsonl_fd_, jsonl.str(), "iterations.jsonl") &&
+  if (WriteAll(jsonl_fd_, line, "iterations.jsonl") &&
       WriteAll(csv_fd_, csv_row, "iterations.csv")) {
+    jsonl_end_ += static_cast<off_t>(line.size());
+    csv_end_ += static_cast<off_t>(csv_row.size());
     ++written_;
+    return;
+  }
+  OnWriteError(row);
+}
+
+// A short write leaves part of a line: both files are cut back to their
+// last complete row, so every line that stays parses and the two files
+// hold the same rows. Said at once, with the fix.
+void RowStream::OnWriteError(const IterationRecord& row) {
+  ++dropped_;
+  const bool cut = ::ftruncate(jsonl_fd_, jsonl_end_) == 0 &&
+                   ::ftruncate(csv_fd_, csv_end_) == 0;
+  error_ += " at iteration " + std::to_string(row.iteration) + ", rank " +
+            std::to_string(row.rank) + ": free space there or give " + flag_ +
+            " a directory with room";
+  if (!cut) {
+    error_ += " (the last line could not be cut back: " +
+              std::string(std::strerror(errno)) + "; drop it before reading)";
+  }
+  if (on_error_ == RowsOnError::kFail) {
+    DBLP_LOG(Error,
+             "error: %s; the job stops (--rows_on_error=drop would let it "
+             "go on without its rows)",
+             error_.c_str());
+  } else {
+    DBLP_LOG(Warning,
+             "warning: %s; --rows_on_error=drop: the job goes on, this and "
+             "every later row are dropped (counted as rows_dropped)",
+             error_.c_str());
   }
 }
 
@@ -155,7 +197,9 @@ bool WriteRunSummary(const std::string& dir, const RunReport& r,
     *error = "cannot create " + dir + ": " + ec.message();
     return false;
   }
-  std::ofstream s(dir + "/summary.json");
+  // Built in memory, written to a temporary name and renamed: a full disk
+  // leaves no truncated summary.json.
+  std::ostringstream s;
   JsonWriter w(s);
   w.BeginObject();
   w.Key("role").String(r.role);
@@ -209,8 +253,17 @@ bool WriteRunSummary(const std::string& dir, const RunReport& r,
   }
   w.EndObject();
   s << '\n';
-  if (!s) {
-    *error = "cannot write summary.json in " + dir;
+  const std::string path = dir + "/summary.json";
+  const std::string tmp = path + ".tmp";
+  const std::string text = s.str();
+  std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+  f.write(text.data(), static_cast<std::streamsize>(text.size()));
+  f.close();
+  if (!f || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    *error = "cannot write " + path +
+             " (is the disk full?): free space there or give --out_dir a "
+             "directory with room";
     return false;
   }
   return true;
@@ -253,8 +306,21 @@ std::string CloseRunReport(RowStream& stream, const RunReport& report) {
   if (!stream.is_open()) return "";
   std::string err = stream.error();
   stream.Close();
-  if (err.empty()) WriteRunSummary(stream.dir(), report, &err);
-  return err;
+  if (err.empty()) {
+    WriteRunSummary(stream.dir(), report, &err);
+    return err;
+  }
+  if (stream.failed()) return err;
+  // --rows_on_error=drop: the job's result stands; what is missing is said.
+  DBLP_LOG(Warning, "warning: %llu rows dropped (not in %s/iterations.jsonl)",
+           static_cast<unsigned long long>(stream.dropped()),
+           stream.dir().c_str());
+  RunReport with_count = report;
+  with_count.counters.emplace_back("rows_dropped", stream.dropped());
+  if (std::string e; !WriteRunSummary(stream.dir(), with_count, &e)) {
+    DBLP_LOG(Warning, "warning: %s", e.c_str());
+  }
+  return "";
 }
 
 void DumpBinary(const std::string& path, const void* data, size_t n) {

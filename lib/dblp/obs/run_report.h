@@ -7,6 +7,8 @@
 // comes at exit (WriteRunSummary).
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <span>
 #include <string>
@@ -31,11 +33,17 @@ struct RunReport {
   std::vector<std::pair<std::string, NamedCounters>> xstats;
 };
 
+// What a run does when a row cannot be written (--rows_on_error): fail
+// the job at once, or go on without its rows (counted and said).
+enum class RowsOnError { kFail, kDrop };
+
 // Appends rows to `dir`/iterations.jsonl and `dir`/iterations.csv as they
 // happen: one write(2) per row and file, so once Append returns, the row
 // survives the process (not the host: there is no fsync, which would cost
 // a disk round trip per iteration). The files' bytes are exactly what
-// WriteJsonl / WriteCsv write for the same rows.
+// WriteJsonl / WriteCsv write for the same rows. A row is in both files
+// whole or in neither: a short write (a full disk) is cut back to the last
+// complete line.
 class RowStream {
  public:
   RowStream() = default;
@@ -51,11 +59,13 @@ class RowStream {
   bool Open(const std::string& dir, std::string* error,
             const std::string& flag = "--out_dir");
   bool is_open() const { return jsonl_fd_ >= 0; }
+  void set_on_error(RowsOnError e) { on_error_ = e; }
   const std::string& dir() const { return dir_; }
 
   // Appends one row to both files (nothing when not open). A failed write
-  // is kept in error() and the later rows are not written: a file with a
-  // hole would read as a complete run.
+  // is logged at once (the path and the fix), kept in error(), and the
+  // later rows are not written (counted in dropped()): a file with a hole
+  // would read as a complete run.
   void Append(const IterationRecord& row);
   // Appends rows[written()..], the rows added since the last call: for
   // reports that keep every row (RunReport::rows) and complete them in
@@ -64,15 +74,27 @@ class RowStream {
   uint64_t written() const { return written_; }
   // Empty while every row reached both files.
   const std::string& error() const { return error_; }
+  // Rows not written since the error (the one that failed included).
+  uint64_t dropped() const { return dropped_; }
+  // The job must end now: a row was lost under RowsOnError::kFail.
+  bool failed() const {
+    return !error_.empty() && on_error_ == RowsOnError::kFail;
+  }
   void Close();
 
  private:
   bool WriteAll(int fd, const std::string& bytes, const char* file);
+  void OnWriteError(const IterationRecord& row);
 
   std::string dir_;
+  std::string flag_ = "--out_dir";
   int jsonl_fd_ = -1;
   int csv_fd_ = -1;
+  off_t jsonl_end_ = 0;  // the end of the last complete line
+  off_t csv_end_ = 0;
   uint64_t written_ = 0;
+  uint64_t dropped_ = 0;
+  RowsOnError on_error_ = RowsOnError::kFail;
   std::string error_;
 };
 
@@ -83,7 +105,9 @@ bool WriteRunSummary(const std::string& dir, const RunReport& report,
 
 // At the end of a run: closes `stream` and, if every row reached it, writes
 // summary.json beside them. Returns the first error ("" when both are on
-// disk); nothing when the stream was never opened.
+// disk); nothing when the stream was never opened. Under
+// RowsOnError::kDrop lost rows are no error: the count is logged and the
+// summary (rows_dropped) is written if it can be.
 std::string CloseRunReport(RowStream& stream, const RunReport& report);
 
 // Test hook: writes `n` bytes to `path` (dumps of means and bitmaps).
