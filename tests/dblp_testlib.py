@@ -71,3 +71,53 @@ def read_bits(path, nbits):
         data = f.read()
     words = struct.unpack("<%dQ" % (len(data) // 8), data)
     return [(words[i // 64] >> (i % 64)) & 1 for i in range(nbits)]
+
+
+class NetnsTestbed:
+    """deploy/netns-testbed.sh's namespaces for one test: `with
+    NetnsTestbed(hosts, subnet) as bed:` brings them up (bed.ns(i) is host
+    i's namespace, address subnet.<i+1>) and always down; bed.ok is False
+    (and the reason in bed.why) when this machine cannot make them (not
+    root, no ip(8)): the caller skips."""
+
+    def __init__(self, hosts, subnet, hub=False):
+        self.hosts, self.subnet, self.hub = hosts, subnet, hub
+        self.prefix = "dtb%d" % (os.getpid() % 100000)
+        self.script = os.path.join(os.path.dirname(os.path.dirname(
+            os.path.abspath(__file__))), "deploy", "netns-testbed.sh")
+        self.ok, self.why = False, ""
+
+    def ns(self, i):
+        return "%s-h%d" % (self.prefix, i)
+
+    def ip(self, i):
+        return "%s.%d" % (self.subnet, i + 1)
+
+    def __enter__(self):
+        import shutil
+        import subprocess
+        if os.geteuid() != 0 or shutil.which("ip") is None:
+            self.why = "needs root and ip(8)"
+            return self
+        up = subprocess.run(["bash", self.script, "up", "--hosts",
+                             str(self.hosts), "--prefix", self.prefix,
+                             "--subnet", self.subnet],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+        if up.returncode != 0:
+            self.why = "the testbed did not come up: " + up.stdout[-400:]
+            return self
+        if self.hub:
+            # Every frame to every port, as a hub (or a switch whose table
+            # overflowed) would: a third host sees the others' traffic.
+            subprocess.run(["ip", "-n", self.prefix + "-sw", "link", "set",
+                            "br0", "type", "bridge", "ageing_time", "0"],
+                           check=True)
+        self.ok = True
+        return self
+
+    def __exit__(self, *exc):
+        import subprocess
+        subprocess.run(["bash", self.script, "down", "--prefix", self.prefix],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return False

@@ -24,11 +24,11 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dblp_testlib import check, eal, finish, free_port, make_secret  # noqa
+from dblp_testlib import (NetnsTestbed, check, eal, finish, free_port,  # noqa
+                          make_secret)
 
 TIMEOUT_MS = 3000
 SLACK_S = 1.0  # "within the timeout plus one second"
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class Proc:
@@ -281,30 +281,26 @@ def sim_cases(build, tmp):
 # ---- a stopped worker on a shared L2 port (net_af_packet, netns) -------------
 
 def netns_case(build, tmp, secret):
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        print("skip netns: needs root and ip(8)")
-        return 77
-    prefix = "dwd%d" % (os.getpid() % 100000)
-    bed = os.path.join(REPO, "deploy", "netns-testbed.sh")
-    up = subprocess.run(["bash", bed, "up", "--hosts", "3", "--prefix",
-                         prefix, "--subnet", "10.77.3"],
-                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                        text=True)
-    if up.returncode != 0:
-        print("skip netns: testbed did not come up:\n" + up.stdout[-500:])
-        subprocess.run(["bash", bed, "down", "--prefix", prefix])
-        return 77
+    with NetnsTestbed(3, "10.77.3") as bed:
+        if not bed.ok:
+            print("skip netns: " + bed.why)
+            return 77
+        netns_stopped_worker(build, tmp, secret, bed)
+    return 0
+
+
+def netns_stopped_worker(build, tmp, secret, bed):
     procs = []
     try:
         vdev = "net_af_packet0,iface=eth0"
         srv = Proc(tmp, "afp-server",
                    [os.path.join(build, "apps", "dblp-server")] +
                    eal("wd", "afp-s", vdev) +
-                   ["--", "--workers=2", "--listen=10.77.3.1:9100",
-                    "--local_ip=10.77.3.1", "--secret_file=" + secret,
+                   ["--", "--workers=2", "--listen=%s:9100" % bed.ip(0),
+                    "--local_ip=" + bed.ip(0), "--secret_file=" + secret,
                     "--stats_period=0", "--idle_sleep_us=100",
                     "--round_timeout_ms=%d" % TIMEOUT_MS],
-                   netns=prefix + "-h0")
+                   netns=bed.ns(0))
         procs.append(srv)
         time.sleep(1.0)
         for r in (0, 1):
@@ -313,11 +309,11 @@ def netns_case(build, tmp, secret):
                 [os.path.join(build, "apps", "dblp-worker")] +
                 eal("wd", "afp-w%d" % r, vdev,
                     lcore="1" if os.cpu_count() > 1 else "0") +
-                ["--", "--server=10.77.3.1:9100",
-                 "--local_ip=10.77.3.%d" % (2 + r), "--secret_file=" + secret,
+                ["--", "--server=%s:9100" % bed.ip(0),
+                 "--local_ip=" + bed.ip(1 + r), "--secret_file=" + secret,
                  "--iterations=100000", "--floats=20000", "--stats_period=0",
                  "--idle_sleep_us=100", "--round_timeout_ms=%d" % TIMEOUT_MS],
-                netns="%s-h%d" % (prefix, 1 + r)))
+                netns=bed.ns(1 + r)))
             time.sleep(0.3)
         victim = procs[2]
         m = None
@@ -344,9 +340,6 @@ def netns_case(build, tmp, secret):
     finally:
         for p in procs:
             p.kill()
-        subprocess.run(["bash", bed, "down", "--prefix", prefix],
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return 0
 
 
 def main():
