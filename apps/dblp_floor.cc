@@ -62,10 +62,7 @@ constexpr uint32_t kPayloadOffset = dblp::kEthernetHeaderBytes +
                                     dblp::kUdpHeaderBytes +
                                     dblp::kDataHeaderBytes;
 
-[[noreturn]] void FlagError(const std::string& msg) {
-  DBLP_LOG(Error, "error: %s", msg.c_str());
-  std::exit(2);
-}
+using dblp::FlagError;
 
 // gflags ends an unknown flag or an unparsable value with exit 1; check
 // them first so every bad flag exits 2 naming it, like the value checks.

@@ -73,10 +73,7 @@ DEFINE_string(out_dir, "",
 
 namespace {
 
-[[noreturn]] void FlagError(const std::string& msg) {
-  DBLP_LOG(Error, "error: %s", msg.c_str());
-  std::exit(2);
-}
+using dblp::FlagError;
 
 void CheckFlags() {
   if (FLAGS_role != "both" && FLAGS_role != "server" &&

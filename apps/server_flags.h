@@ -7,6 +7,7 @@
 
 #include <gflags/gflags.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -226,6 +227,29 @@ inline ControlLimits ControlLimitsFromFlags() {
               std::to_string(FLAGS_control_max_connections) +
               " leaves no room for --workers=" + std::to_string(FLAGS_workers) +
               ": use at least --workers (or 0 for no limit)");
+  }
+  // Workers that join together must not evict each other's handshakes:
+  // the default budget grows to --workers, a chosen one must hold them.
+  if (gflags::GetCommandLineFlagInfoOrDie("control_max_unauthenticated")
+          .is_default) {
+    FLAGS_control_max_unauthenticated =
+        std::max(FLAGS_control_max_unauthenticated, FLAGS_workers);
+  }
+  if (FLAGS_control_max_unauthenticated != 0 &&
+      FLAGS_control_max_unauthenticated < FLAGS_workers) {
+    FlagError("--control_max_unauthenticated=" +
+              std::to_string(FLAGS_control_max_unauthenticated) +
+              " is below --workers=" + std::to_string(FLAGS_workers) +
+              ": workers joining at once would evict each other; use at "
+              "least --workers (or 0 for no limit)");
+  }
+  if (FLAGS_control_max_unauthenticated_per_source != 0 &&
+      FLAGS_control_max_unauthenticated_per_source < FLAGS_workers) {
+    DBLP_LOG(Warning,
+             "--control_max_unauthenticated_per_source=%u is below "
+             "--workers=%u: if more than that many workers share one IPv4 "
+             "address (one host, or behind NAT) and join at once, raise it",
+             FLAGS_control_max_unauthenticated_per_source, FLAGS_workers);
   }
   // The smallest JOIN (no layers, a short name) is about 100 bytes; below
   // 1 KiB a worker could not even join.

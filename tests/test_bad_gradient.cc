@@ -240,5 +240,55 @@ TEST(HostileWorker, DropKeepsTheOthersMeansFiniteAndExact) {
   }
 }
 
+// A resync pushes the workers' parameters: the clip, meant for gradients,
+// must leave them alone (it would shrink the model every replica loads).
+TEST(ClipNorm, LeavesResyncRoundsAlone) {
+  ClusterConfig c = ThreeWorkers(false);
+  c.resync_every = 1;  // every other protocol iteration is a resync
+  c.clip_norm = 1e-3;
+  MemoryCluster cluster(c);
+  for (uint64_t it = 0; it < 6; ++it) cluster.RunIteration(Honest(4096, it));
+  bool saw_resync = false, saw_step = false;
+  for (const IterationRecord& r : cluster.server_rows()) {
+    if (r.resync) {
+      saw_resync = true;
+      EXPECT_GT(r.worker_norm, 1e-3) << "the models are not zero";
+      EXPECT_EQ(r.clipped_chunks, 0u) << "iteration " << r.iteration;
+    } else {
+      saw_step = true;
+      EXPECT_GT(r.clipped_chunks, 0u) << "iteration " << r.iteration;
+    }
+  }
+  EXPECT_TRUE(saw_resync);
+  EXPECT_TRUE(saw_step);
+}
+
+// Finite lies can still overflow the mean: with --push_fill=prev a chunk
+// that missed some workers is (sum + m * prev) / d, and a liar at 3e38
+// makes prev 1e38. Under drop such a mean is never broadcast as it is:
+// its non-finite floats go out as 0, counted.
+TEST(HostileWorker, DropNeverBroadcastsANonFiniteMean) {
+  ClusterConfig c = ThreeWorkers(true);
+  c.policy.kind = PolicyKind::kFixed;
+  c.policy.p_fixed = 0.6;
+  c.push_fill = FillMode::kPrevious;
+  c.push_loss = LossSpec{LossKind::kBernoulli, 0.5};
+  MemoryCluster cluster(c);
+  for (uint64_t it = 0; it < 12; ++it) {
+    auto g = Honest(4096, it);
+    for (float& x : g[2]) x = 3e38f;
+    ASSERT_EQ(cluster.RunIteration(g).failure, "");
+    ASSERT_TRUE(AllFinite(cluster.server_mean())) << it;
+    for (uint32_t r = 0; r < 3; ++r) {
+      ASSERT_TRUE(AllFinite(cluster.worker_average(r))) << it << " " << r;
+    }
+  }
+  uint64_t zeroed = 0;
+  for (const auto& [name, v] : cluster.server_counters()) {
+    if (name == "bad_gradient_zeroed_mean_floats") zeroed = v;
+  }
+  EXPECT_GT(zeroed, 0u) << "the scenario never overflowed the mean";
+}
+
 }  // namespace
 }  // namespace dblp

@@ -151,6 +151,24 @@ TEST_F(Link, ResendingIntoADeadLinkIsNoProgress) {
   EXPECT_GT(send_->progress(), sent);  // the BITMAP that shows it
 }
 
+// A resend that is getting through (its pass began with a BITMAP showing
+// more delivered) is progress frame by frame: a long pass over a slow link
+// must not time a healthy round out.
+TEST_F(Link, AResendThatGetsThroughIsProgress) {
+  SetUpLink(20000, 8, /*rx_poll=*/8);
+  Rng rng(5);
+  frames_.drop = [&](uint32_t) { return rng.NextDouble() < 0.5; };
+  Begin(0, 0.0);
+  for (int i = 0; i < 200 && send_->sender().passes() < 2; ++i) Turn();
+  ASSERT_EQ(send_->sender().passes(), 2u);
+  ASSERT_GT(send_->sender().pass_remaining(), 16u);
+  const uint64_t before = send_->progress();
+  const uint64_t resent = send_->sender().packets_resent();
+  Turn();
+  ASSERT_GT(send_->sender().packets_resent(), resent);
+  EXPECT_GT(send_->progress(), before);
+}
+
 TEST_F(Link, DuplicatesAndStaleFramesAreNoProgress) {
   SetUpLink(640, 8);
   Begin(2, 0.0);

@@ -22,7 +22,7 @@ ServerIteration::ServerIteration(const ServerJobSettings& s,
       reducer_(layout, workers, shards),
       tallies_(workers),
       mean_(layout.total_bytes() / sizeof(float), 0.0f) {
-  reducer_.set_clip_norm(s.clip_norm);
+  reducer_.set_clip_norm(ClipNormFor(0));
   if (s.consistent_broadcast) carry_.emplace(layout, HashMix(seed, 0xCA));
 }
 
@@ -69,7 +69,14 @@ ReducedPush ServerIteration::Reduce(uint64_t it, uint64_t push_ns) {
            app_.c_str(), static_cast<unsigned long long>(it), r.norm, r.next.p,
            r.next.critical ? " (critical)" : "", r.resync ? " (resync)" : "");
   reducer_.BeginRound();
+  reducer_.set_clip_norm(ClipNormFor(it + 1));
   return r;
+}
+
+// A resync pushes the workers' parameters, not gradients: a norm clip
+// there would shrink the model every replica loads.
+double ServerIteration::ClipNormFor(uint64_t it) const {
+  return resync_.IsResync(it) ? 0 : s_.clip_norm;
 }
 
 }  // namespace dblp

@@ -113,6 +113,7 @@ class ServerIteration {
   const TolerancePolicy& policy() const { return *policy_; }
 
  private:
+  double ClipNormFor(uint64_t it) const;
   RoundTolerance BroadcastTolerance(bool resync,
                                     const RoundTolerance& next) const;
 

@@ -7,6 +7,7 @@
 #include "dblp/base/log.h"
 #include "dblp/base/rng.h"
 #include "dblp/job/rows.h"
+#include "dblp/wire/float_ops.h"
 
 namespace dblp {
 
@@ -121,6 +122,9 @@ void ServerJob::CloseBroadcast(
 }
 
 std::string ServerJob::CheckContributions(uint64_t it, const ReducedPush& r) {
+  // Every worker is counted before the first text is returned: the
+  // summary of an aborted job says how many lied, not just the first.
+  std::string failure;
   for (uint32_t w = 0; w < workers(); ++w) {
     const MeanReducer::Tally& t = r.workers[w];
     const uint32_t bad = t.nonfinite + t.overflow;
@@ -130,25 +134,32 @@ std::string ServerJob::CheckContributions(uint64_t it, const ReducedPush& r) {
     overflow_chunks_ += t.overflow;
     const std::string text = BadGradientText(w, names_[w], it, t.nonfinite,
                                              t.overflow, t.first_bad_seq);
-    if (!s_.drop_bad_gradient) return text;
     // Logged at the worker's 1st, 2nd, 4th, 8th... bad iteration: a liar
     // cannot flood the log, and the count still grows in the summary.
     const uint64_t before = bad_by_worker_[w];
     bad_by_worker_[w] += bad;
+    if (!s_.drop_bad_gradient) {
+      if (failure.empty()) failure = text;
+      continue;
+    }
     if (before == 0 || std::bit_width(before) != std::bit_width(before + bad)) {
       DBLP_LOG(Warning, "%s: %s; dropped (%llu chunks so far)", app_.c_str(),
                text.c_str(),
                static_cast<unsigned long long>(bad_by_worker_[w]));
     }
   }
+  if (!failure.empty()) return failure;
   if (!r.mean_finite) {
     ++nonfinite_means_;
     const std::string text = "the mean of iteration " + std::to_string(it) +
                              " is not finite (norm " + std::to_string(r.norm) +
                              "): --clip_norm=X bounds what each worker adds";
     if (!s_.drop_bad_gradient) return text;
+    // Never broadcast: its non-finite floats go out as 0 (counted).
+    nonfinite_mean_floats_ += ZeroNonFinite(iteration_.mean());
     if (nonfinite_means_ == 1) {
-      DBLP_LOG(Warning, "%s: %s", app_.c_str(), text.c_str());
+      DBLP_LOG(Warning, "%s: %s; its non-finite floats are sent as 0",
+               app_.c_str(), text.c_str());
     }
   }
   return "";
@@ -161,6 +172,7 @@ void ServerJob::AddCounters(NamedCounters* out) const {
   out->emplace_back("bad_gradient_overflow_chunks", overflow_chunks_);
   out->emplace_back("bad_gradient_workers", liars);
   out->emplace_back("bad_gradient_nonfinite_means", nonfinite_means_);
+  out->emplace_back("bad_gradient_zeroed_mean_floats", nonfinite_mean_floats_);
   out->emplace_back("clipped_chunks", clipped_chunks_);
   out->emplace_back("clr_nonfinite_norms",
                     iteration_.policy().nonfinite_norms());

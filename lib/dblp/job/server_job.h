@@ -170,6 +170,7 @@ class ServerJob {
   uint64_t overflow_chunks_ = 0;
   uint64_t clipped_chunks_ = 0;
   uint64_t nonfinite_means_ = 0;
+  uint64_t nonfinite_mean_floats_ = 0;  // set to 0 before the broadcast
 };
 
 template <class Received, class Stopped>

@@ -177,10 +177,10 @@ void RowStream::OnWriteError(const IterationRecord& row) {
   }
 }
 
+// After a write error every later row still passes through Append, which
+// counts it in rows_dropped.
 void RowStream::Sync(std::span<const IterationRecord> rows) {
-  while (written_ < rows.size() && is_open() && error_.empty()) {
-    Append(rows[written_]);
-  }
+  while (synced_ < rows.size() && is_open()) Append(rows[synced_++]);
 }
 
 void RowStream::Close() {

@@ -67,9 +67,9 @@ class RowStream {
   // later rows are not written (counted in dropped()): a file with a hole
   // would read as a complete run.
   void Append(const IterationRecord& row);
-  // Appends rows[written()..], the rows added since the last call: for
-  // reports that keep every row (RunReport::rows) and complete them in
-  // steps (the server's push, then its broadcast).
+  // Appends the rows added since the last call (after an error, counts
+  // them as dropped): for reports that keep every row (RunReport::rows)
+  // and complete them in steps (the server's push, then its broadcast).
   void Sync(std::span<const IterationRecord> rows);
   uint64_t written() const { return written_; }
   // Empty while every row reached both files.
@@ -93,6 +93,7 @@ class RowStream {
   off_t jsonl_end_ = 0;  // the end of the last complete line
   off_t csv_end_ = 0;
   uint64_t written_ = 0;
+  uint64_t synced_ = 0;  // rows Sync handed to Append
   uint64_t dropped_ = 0;
   RowsOnError on_error_ = RowsOnError::kFail;
   std::string error_;

@@ -7,6 +7,7 @@ void SendSide::Begin(uint32_t round, std::span<const uint32_t> order,
   round_.Begin(round, order, num_chunks);
   ++progress_;
   known_delivered_ = 0;
+  gaining_ = true;
   // From now on the control thread accepts this round's STOP.
   live_round_.store(round, std::memory_order_release);
   done_ = false;
@@ -41,7 +42,8 @@ bool SendSide::ApplyBitmap() {
   if (bitmap_.round() == round_.round() && round_.OnBitmap(bitmap_.slot())) {
     applied = true;
     const uint32_t delivered = bitmap_.slot().Count();
-    if (delivered > known_delivered_) {
+    gaining_ = delivered > known_delivered_;
+    if (gaining_) {
       known_delivered_ = delivered;
       ++progress_;
     }

@@ -97,9 +97,11 @@ class SendSide {
   double mean_rtt_us() const { return rtt_n_ ? rtt_sum_us_ / rtt_n_ : 0; }
   uint64_t probes_sent() const { return probes_; }
   // Datapath: grows with every round begun, every first-pass frame sent,
-  // every BITMAP that shows more chunks delivered than the last one and
-  // the round's end; never with a retransmission or a PROBE retry, so a
-  // loop that only resends into 100% loss trips its watchdog.
+  // every BITMAP that shows more chunks delivered than the last one, the
+  // frames of a pass that such a BITMAP started (a long resend over a slow
+  // link that is getting through) and the round's end; never with a PROBE
+  // retry or a pass after a BITMAP that showed nothing new, so a loop that
+  // only resends into 100% loss trips its watchdog.
   uint64_t progress() const { return progress_; }
   uint64_t bitmaps_dropped() const { return bitmap_.dropped(); }
 
@@ -129,6 +131,7 @@ class SendSide {
   uint64_t probes_ = 0;
   uint64_t progress_ = 0;
   uint32_t known_delivered_ = 0;  // chunks the round's last BITMAP showed
+  bool gaining_ = true;  // the first pass, or the last BITMAP showed more
 };
 
 template <ChunkFrames Frames, ControlOutbox Outbox>
@@ -145,7 +148,7 @@ bool SendSide::Step(uint64_t now_ns, Frames& frames, Outbox& outbox) {
                      round_.round(), 0};
     const uint32_t sent = frames.Send(proto, seqs_.data(), k);
     round_.Unsend(k - sent);  // a full TX ring: the rest go next turn
-    if (round_.passes() == 1) progress_ += sent;
+    if (gaining_) progress_ += sent;
     // A full ring is no progress: the loop backs off and the peer drains.
     progress = progress || sent > 0;
   }

@@ -45,9 +45,10 @@ DBLP_VECTOR_CLONES ChunkScan ScanFloats(const uint8_t* __restrict src,
                                         size_t n) {
   // Lanes in vector registers (GCC's vector extension: the auto-vectoriser
   // kept lane arrays in memory, reloaded every block), each summing its
-  // floats in index order, so no sum is reassociated. Float squares keep
-  // the scan as cheap as the add; a float sum that overflowed (magnitudes
-  // above about 1e19) is redone in double.
+  // floats in index order, so no sum is reassociated. Float squares (not
+  // double) keep the per-float work to one multiply-add; a float sum that
+  // overflowed (magnitudes above about 1e19) is redone in double. What the
+  // scan costs per round is in docs/BENCHMARKS.md.
   using F8 = float __attribute__((vector_size(32)));
   using U8 = uint32_t __attribute__((vector_size(32)));
   constexpr size_t kLanes = 8;
@@ -127,6 +128,17 @@ double L2Norm(std::span<const float> v) {
   double sum = 0;
   for (float x : v) sum += static_cast<double>(x) * x;
   return std::sqrt(sum);
+}
+
+uint64_t ZeroNonFinite(std::span<float> v) {
+  uint64_t n = 0;
+  for (float& x : v) {
+    if (!std::isfinite(x)) {
+      x = 0.0f;
+      ++n;
+    }
+  }
+  return n;
 }
 
 }  // namespace dblp

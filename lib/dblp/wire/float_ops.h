@@ -31,6 +31,10 @@ struct ChunkScan {
 inline constexpr uint32_t kNonFiniteBits = 0x7f800000u;
 ChunkScan ScanFloats(const uint8_t* src, size_t n);
 
+// Sets every non-finite float of `v` to 0; returns how many it set (a mean
+// that overflowed is never broadcast as it is).
+uint64_t ZeroNonFinite(std::span<float> v);
+
 // AddFloats and StoreFloats of `scale` times each float (a clipped chunk).
 void AddScaledFloats(float* dst, const uint8_t* src, size_t n, float scale);
 void StoreScaledFloats(float* dst, const uint8_t* src, size_t n, float scale);
