@@ -296,12 +296,16 @@ class ControlSidecar {
   // earlier than the earliest (deadlines move later as data arrives or a
   // connection is trusted): the scan at this time finds out.
   Clock::time_point next_limit_check_ = Clock::time_point::max();
-  // Refusal log lines: at most one per kRefusalLogPeriod, the rest counted
-  // into the next one.
-  Clock::time_point next_refusal_log_{};
-  uint64_t refusals_not_logged_ = 0;
-  Clock::time_point next_eviction_log_{};
-  uint64_t evictions_not_logged_ = 0;
+  // Refusal and eviction log lines: at most one per kRefusalLogPeriod
+  // each, the rest counted into the next one.
+  struct LogLimiter {
+    Clock::time_point next{};
+    uint64_t skipped = 0;
+    // `line` plus how many were not logged, or "" (counted) if too soon.
+    std::string Pass(std::string line, const char* what);
+  };
+  LogLimiter refusal_log_;
+  LogLimiter eviction_log_;
   // Untrusted accepted connections per IPv4 source (host order); entries
   // at zero are erased, so it holds at most max_unauthenticated.
   std::unordered_map<uint32_t, uint32_t> untrusted_by_source_;

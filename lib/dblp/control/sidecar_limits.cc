@@ -76,23 +76,28 @@ void ControlSidecar::RefuseConnection(int fd, const std::string& peer) {
     // Cannot happen for this message; the close below is what matters.
   }
   ::close(fd);
+  const std::string line = refusal_log_.Pass(
+      "control sidecar: refused a connection from " + peer + ": " + limit +
+          "; raise max_connections (the server's "
+          "--control_max_connections) if these peers are legitimate",
+      "refused");
+  if (!line.empty()) Log(line);
+}
+
+std::string ControlSidecar::LogLimiter::Pass(std::string line,
+                                             const char* what) {
   const auto now = Clock::now();
-  if (now < next_refusal_log_) {
-    ++refusals_not_logged_;
-    return;
+  if (now < next) {
+    ++skipped;
+    return "";
   }
-  std::string line = "control sidecar: refused a connection from " + peer +
-                     ": " + limit +
-                     "; raise max_connections (the server's "
-                     "--control_max_connections) if these peers are "
-                     "legitimate";
-  if (refusals_not_logged_ > 0) {
-    line += " (" + std::to_string(refusals_not_logged_) +
-            " more refused since the last such line)";
+  if (skipped > 0) {
+    line += " (" + std::to_string(skipped) + " more " + what +
+            " since the last such line)";
   }
-  refusals_not_logged_ = 0;
-  next_refusal_log_ = now + kRefusalLogPeriod;
-  Log(line);
+  skipped = 0;
+  next = now + kRefusalLogPeriod;
+  return line;
 }
 
 void ControlSidecar::CountUntrusted(const Conn& c, int delta) {
@@ -179,22 +184,13 @@ void ControlSidecar::Evict(Conn& c, const std::string& limit) {
   // reconnects must not leave a lingering socket per eviction.
   Flush(c);
   BeginClose(c, why, /*abort=*/true);
-  const auto now = Clock::now();
-  if (now < next_eviction_log_) {
-    ++evictions_not_logged_;
-    return;
-  }
-  std::string line = "control sidecar: " + why + " (" + c.peer +
-                     "); raise --control_max_unauthenticated or "
-                     "--control_max_unauthenticated_per_source if these "
-                     "peers are legitimate";
-  if (evictions_not_logged_ > 0) {
-    line += " (" + std::to_string(evictions_not_logged_) +
-            " more evicted since the last such line)";
-  }
-  evictions_not_logged_ = 0;
-  next_eviction_log_ = now + kRefusalLogPeriod;
-  Log(line);
+  const std::string line = eviction_log_.Pass(
+      "control sidecar: " + why + " (" + c.peer +
+          "); raise --control_max_unauthenticated or "
+          "--control_max_unauthenticated_per_source if these peers are "
+          "legitimate",
+      "evicted");
+  if (!line.empty()) Log(line);
 }
 
 void ControlSidecar::ResumeListen() {
