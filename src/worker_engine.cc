@@ -201,8 +201,7 @@ int WorkerRun::Run() {
 }
 
 // The summary and the exit code; the port closes after the server's. A
-// failure is said at once and waits for nobody: the server may be the
-// peer that fell silent.
+// failure is said at once.
 int WorkerRun::Report(const std::string& failure) {
   if (!failure.empty()) {
     DBLP_LOG(Error, "dblp-worker %u: %s", wel_.rank, failure.c_str());
@@ -217,8 +216,14 @@ int WorkerRun::Report(const std::string& failure) {
   resources_->AddTo(report.rows.size(), &resources);
   // Before the server closes its side: memif's counters end with the link.
   report.xstats.emplace_back("port0", ReadXstats(0));
+  // The server closes its side first (memif's server-side handler must not
+  // meet our close while its app winds down), unless it is the peer that
+  // fell silent (it neither finished nor sent an ERROR): then nobody would
+  // close it, and we must not wait. Asked before Finish, which closes the
+  // control connection itself.
+  const bool server_ends = failure.empty() || control_->server_gone();
   control_->Finish(failure.empty(), failure);
-  if (failure.empty()) AwaitPeerClose(0, caps_);
+  if (server_ends) AwaitPeerClose(0, caps_);
   AddWorkerCounters(lc_, *control_, push_, *bcast_, ReadPortDrops(0), &report);
   report.counters.insert(report.counters.end(), resources.begin(),
                          resources.end());

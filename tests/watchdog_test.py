@@ -149,14 +149,14 @@ def memif_cases(build, tmp, secret):
             check("memif, 100%% %s loss: the server fails within the "
                   "timeout + 1 s naming the worker" % phase,
                   joined is not None and ended_within(srv, joined, limit) and
-                  srv.p.returncode not in (0, None) and
+                  srv.p.returncode == 1 and
                   phase in srv.text() and
                   "worker 0 (" in srv.text(), detail(srv, ws[0]))
             check("memif, 100%% %s loss: the worker fails within the "
                   "timeout + 1 s naming the server" % phase,
                   joined is not None and
                   ended_within(ws[0], joined, limit) and
-                  ws[0].p.returncode not in (0, None) and
+                  ws[0].p.returncode == 1 and
                   "127.0.0.1:%d" % port in ws[0].text(), detail(ws[0]))
         finally:
             for p in [srv] + ws:
@@ -176,7 +176,7 @@ def memif_cases(build, tmp, secret):
               "+ 1 s naming the server and the phase",
               joined is not None and
               ended_within(ws[0], stopped, TIMEOUT_MS / 1000.0 + SLACK_S) and
-              ws[0].p.returncode not in (0, None) and
+              ws[0].p.returncode == 1 and
               "127.0.0.1:%d" % port in ws[0].text() and
               re.search(r"the (push|broadcast|server never)", ws[0].text()),
               detail(ws[0]))
@@ -226,13 +226,13 @@ def udp_cases(build, tmp, secret):
             check("udp, 100%% %s loss: the server fails within the timeout "
                   "+ 1 s naming the worker" % phase,
                   ended_within(srv, w.started, limit) and
-                  srv.p.returncode not in (0, None) and
+                  srv.p.returncode == 1 and
                   phase in srv.text() and
                   "worker 0 (" in srv.text(), detail(srv, w))
             check("udp, 100%% %s loss: the worker fails within the timeout "
                   "+ 1 s naming the server" % phase,
                   ended_within(w, w.started, limit) and
-                  w.p.returncode not in (0, None) and
+                  w.p.returncode == 1 and
                   "127.0.0.1:%d" % port in w.text(), detail(w))
         finally:
             for p in (srv, w):
@@ -248,7 +248,7 @@ def udp_cases(build, tmp, secret):
         check("udp, server stopped: the worker fails within the timeout + 1 s "
               "naming the server and the phase",
               running and ended_within(w, stopped, TIMEOUT_MS / 1000.0 + SLACK_S) and
-              w.p.returncode not in (0, None) and
+              w.p.returncode == 1 and
               "127.0.0.1:%d" % port in w.text() and
               re.search(r"the (push|broadcast|server never)", w.text()),
               detail(w))
@@ -271,7 +271,7 @@ def sim_cases(build, tmp):
         wait_ended([p], 60)
         check("sim, 100% loss: the job fails (modelled timeout) naming the "
               "workers and the round",
-              p.ended is not None and p.p.returncode not in (0, None) and
+              p.ended is not None and p.p.returncode == 1 and
               "push round" in p.text() and "worker 0 (" in p.text() and
               "no progress" in p.text(), detail(p))
     finally:
@@ -330,7 +330,7 @@ def netns_stopped_worker(build, tmp, secret, bed):
               "timeout + 1 s naming it",
               m is not None and
               ended_within(srv, stopped, TIMEOUT_MS / 1000.0 + SLACK_S) and
-              srv.p.returncode not in (0, None) and
+              srv.p.returncode == 1 and
               re.search(r"(push|broadcast) round .*worker %s \(" % rank,
                         srv.text()),
               detail(srv))
