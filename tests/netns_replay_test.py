@@ -8,7 +8,9 @@ net_af_packet), and in h3 an observer that copies every DBLP frame it sees
 sends it again from the sender's own MAC and IP. Each receiving app drops
 30% of what arrives (--loss) so that replays can fill the gaps, as they
 did at 8cec710 under `--frame_auth=header` (the old default: the tag
-covered the header only).
+covered the header only). Every app sends at 0.02 Gb/s (--link_gbps), so
+that the observer, a Python loop, replays within the round: a copy that
+comes after its round closed is refused as stale whatever its tag.
 
 Under the default tags every replay must be refused (push_bad_tag counted)
 and the means must be bit-exact: integer gradients, --policy=reliable, each
@@ -87,7 +89,7 @@ def run_job(build, tmp, bed, secret, server_extra):
     vdev = "net_af_packet0,iface=eth0"
     common = ["--secret_file=" + secret, "--stats_period=0",
               "--idle_sleep_us=100", "--round_timeout_ms=30000",
-              "--loss=bernoulli:0.3", "--dump_dir=" + dump,
+              "--loss=bernoulli:0.3", "--link_gbps=0.02", "--dump_dir=" + dump,
               "--dump_iterations=%d" % DUMP_ITERS]
     logs, procs = [], []
 
