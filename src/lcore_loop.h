@@ -14,7 +14,9 @@
 
 #include <rte_common.h>
 #include <rte_mbuf.h>
+#include <rte_ring.h>
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -241,6 +243,10 @@ class ServerLcore {
     bool prefetch = true;
     bool push_only = false;
     ServerDecisions* decisions = nullptr;
+    // Several lcores: lcore j's handoff ring, which takes the frames of
+    // j's chunk range that landed on another lcore's queue (RSS steering,
+    // steering.h). Empty with one lcore.
+    std::vector<rte_ring*> handoff;
   };
 
   ServerLcore(LcoreConf& conf, ServerControl& control, JobSync& sync,
@@ -264,6 +270,8 @@ class ServerLcore {
   enum class PushEnd : uint8_t { kStopped, kAllBye, kFailed };
   bool Turn(uint64_t now_ns, bool broadcasting);
   uint32_t PollPushes(uint64_t now_ns);
+  uint16_t HandOver(uint16_t port, rte_mbuf** pkts, uint16_t n);
+  bool TakeHandedOver(uint64_t now_ns, uint32_t* total);
   void Learn(ServerLink& l, uint16_t port, uint16_t rank,
              const rte_ether_addr& next_hop);
   bool AdoptReturnPaths();
@@ -292,6 +300,28 @@ class ServerLcore {
   uint32_t rr_ = 0;                    // broadcast round robin
   uint64_t iteration_ = 0;
   uint64_t departures_ = 0;  // BYEs and lost workers: they move the job
+  // HandOver's frames for each other lcore, within one burst.
+  std::vector<std::array<rte_mbuf*, kRxBurst>> staged_;
+  std::vector<uint16_t> staged_n_;
+  rte_mbuf* handed_[kRxBurst];  // taken from our own handoff ring
 };
+
+// The handoff rings of a server's lcores (ServerLcore::Setup::handoff):
+// multi-producer, single-consumer. Setup only; what is left in them at the
+// end goes back to the pool.
+class HandoffRings {
+ public:
+  HandoffRings() = default;
+  HandoffRings(uint16_t lcores, int socket);
+  ~HandoffRings();
+  HandoffRings(const HandoffRings&) = delete;
+  HandoffRings& operator=(const HandoffRings&) = delete;
+  const std::vector<rte_ring*>& rings() const { return rings_; }
+
+ private:
+  std::vector<rte_ring*> rings_;
+};
+// Frames a handoff ring holds (the pool needs that many more mbufs).
+inline constexpr uint32_t kHandoffRingSize = 1024;
 
 }  // namespace dblp

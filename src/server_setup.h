@@ -18,6 +18,7 @@
 #include "port.h"
 #include "server_control.h"
 #include "server_engine.h"
+#include "steering.h"
 
 namespace dblp {
 
@@ -26,6 +27,7 @@ struct ServerPorts {
   uint16_t nb_ports = 0;
   rte_mempool* pool = nullptr;
   std::vector<PortCaps> caps;
+  std::vector<SteeringKind> steered;  // per port (steering.h)
 };
 ServerPorts SetupServerPorts(const ServerOptions& o, uint16_t lcores);
 
@@ -59,6 +61,7 @@ struct ServerLcores {
   std::vector<std::unique_ptr<RoundPacer>> pacers;
   // [0] is lcore 0's; each lcore draws its own losses (same schedule).
   std::vector<std::unique_ptr<RxLossInjector>> losses;
+  std::unique_ptr<HandoffRings> handoff;  // several lcores only
   std::vector<std::unique_ptr<ServerLcore>> lcores;
   std::vector<RemoteLcore> remote;  // lcores 1..S-1: their launch arguments
 };
