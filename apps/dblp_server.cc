@@ -19,8 +19,9 @@
 DEFINE_string(listen, "127.0.0.1:9100", "TCP control address to listen on");
 DEFINE_string(local_ip, "10.0.0.1", "the server's IPv4 on the data ports");
 DEFINE_uint32(udp_port, 47000,
-              "UDP port of pushes (worker r receives the "
-              "broadcast on udp_port + 1 + r)");
+              "UDP port of pushes (with several lcores, lcore k's chunks "
+              "on udp_port + k; worker r receives the broadcast on "
+              "udp_port + 1 + r)");
 DEFINE_uint32(session, 0,
               "session id (0 = derived from the job's random "
               "nonce)");
