@@ -13,7 +13,9 @@ lcore's queue is handed to its owner).
 Checks:
 - --steering=bogus and --flow_isolate with --steering=rss are refused
   before the EAL starts, naming the values to use;
-- --steering=flow either installs its rules or exits naming --steering=rss;
+- --steering=flow either installs its rules or exits naming --steering=rss,
+  and --flow_isolate either runs the job under them or exits naming the
+  fix;
 - the 2-lcore job completes; its startup log says how it steers;
 - every frame reached the lcore that owns its range: no receiver counted
   push_misrouted; under flow rules no lcore had to hand a frame over
@@ -195,7 +197,7 @@ def main():
     flag_refusals(build)
     if not os.path.exists("/dev/net/tun"):
         print("SKIP: no /dev/net/tun for net_tap")
-        finish()
+        return 77
     tmp = tempfile.mkdtemp(prefix="dblp-steer-")
     secret = make_secret(os.path.join(tmp, "job.secret"))
     with NetnsTestbed(3, SUBNET) as bed:
@@ -220,6 +222,18 @@ def main():
               (flow_ok and rcs_f == [0] * (WORKERS + 1)) or
               (not flow_ok and rcs_f and rcs_f[0] == 1 and
                "--steering=rss" in srv_f), srv_f[-800:])
+        # --flow_isolate: only the rules' frames reach DPDK, or an exit
+        # naming the fix when the port refuses the rules.
+        rcs_i, out_i, _ = run_job(build, tmp, bed, secret, "isolate", "0,1",
+                                  ["--flow_isolate"])
+        srv_i = out_i.get("server", "")
+        iso_ok = "flow rules: UDP dst" in srv_i and "(isolated)" in srv_i
+        check("--flow_isolate runs the job under its rules or exits naming "
+              "the fix",
+              (iso_ok and rcs_i == [0] * (WORKERS + 1) and
+               counter(srv_i, "frames_misrouted") == 0) or
+              (not iso_ok and rcs_i and rcs_i[0] == 1 and
+               "drop --flow_isolate" in srv_i), srv_i[-800:])
         rcs2, out2, dump2 = run_job(build, tmp, bed, secret, "two", "0,1")
         rcs1, out1, dump1 = run_job(build, tmp, bed, secret, "one", "0")
     detail = "\n".join("%s:\n%s" % (k, v[-1200:]) for k, v in out2.items())
