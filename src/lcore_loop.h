@@ -8,8 +8,10 @@
 // Several lcores (EAL -l/--lcores): a round's chunks are sharded over them
 // (lib/dblp/round/shards.h). Lcore k owns shard k: RX and TX queue k of every
 // port, and shard k's side of every round, so each bitmap word and each sum
-// slice has one writer. A sender puts chunk `seq` on TX queue ShardOf(seq);
-// memif maps a client's TX queue k to the server's RX queue k.
+// slice has one writer. A sender puts chunk `seq` on TX queue ShardOf(seq),
+// to UDP port base + ShardOf(seq): memif maps a client's TX queue k to the
+// server's RX queue k, a NIC steers the port to it (steering.h), and a
+// frame that still lands on another lcore's queue is handed to its owner.
 #pragma once
 
 #include <rte_common.h>

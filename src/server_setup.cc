@@ -53,7 +53,6 @@ ServerPorts SetupServerPorts(const ServerOptions& o, uint16_t lcores) {
     // Lcore k's chunks arrive on UDP port udp_port + k (steering.h).
     const SteeringResult st =
         SteerOrDie(p, sp.caps[p], lcores, local_ip, o.udp_port, o.steering);
-    sp.steered.push_back(st.kind);
     if (lcores > 1 || o.steering.isolate) {
       std::printf("dblp-server: port %u (%s): steering %s: %s\n", p,
                   sp.caps[p].driver.c_str(), SteeringModeName(o.steering.mode),

@@ -18,7 +18,6 @@
 #include "port.h"
 #include "server_control.h"
 #include "server_engine.h"
-#include "steering.h"
 
 namespace dblp {
 
@@ -27,7 +26,6 @@ struct ServerPorts {
   uint16_t nb_ports = 0;
   rte_mempool* pool = nullptr;
   std::vector<PortCaps> caps;
-  std::vector<SteeringKind> steered;  // per port (steering.h)
 };
 ServerPorts SetupServerPorts(const ServerOptions& o, uint16_t lcores);
 
