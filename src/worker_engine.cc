@@ -94,9 +94,13 @@ void WorkerRun::BuildDatapath() {
   link_.emplace(o_.dp.link_gbps,
                 uint64_t{o_.dp.burst} * WireBytesPerFrame(caps_.mtu));
   for (uint16_t q = 0; q < queues; ++q) {
+    // Lcore-shard q's chunks go to the server's UDP port base + q, which
+    // its NIC steers to its queue q (steering.h); harmless on memif.
+    const auto dst_port =
+        static_cast<uint16_t>(queues > 1 ? wel_.udp_base_port + q : 0);
     tx_.push_back(ChunkTransmitter{0, q, pool_, &lc_.counters, &*link_, 8,
-                                   WireBytesPerFrame(caps_.mtu),
-                                   o_.dp.prefetch});
+                                   WireBytesPerFrame(caps_.mtu), o_.dp.prefetch,
+                                   dst_port});
   }
   resources_.emplace(pool_);
   pacer_.emplace(o_.dp.idle_spin, o_.dp.idle_sleep_us, o_.dp.round_timeout_ms,
