@@ -6,6 +6,7 @@
 #include "sim/memory_cluster.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <deque>
@@ -18,6 +19,7 @@
 #include "dblp/control/control.h"
 #include "dblp/handoff/gradient_source.h"
 #include "dblp/job/counters.h"
+#include "dblp/job/phase_link.h"
 #include "dblp/job/worker_model.h"
 #include "dblp/round/receive_side.h"
 #include "dblp/round/round_control.h"
@@ -208,6 +210,10 @@ struct SimSender {
 // timeout, and add PROBEs the protocol did not need.
 constexpr uint64_t kNoProbeRetry = 0;
 
+// The shards' threads meet in the phase at once (ClosePushes starts them
+// together); a wait this long is a bug.
+constexpr int64_t kPhaseTimeoutMs = 60000;
+
 // A simulated worker's gradient source: the caller's vector of this
 // iteration (RunIteration's grads[rank]), pushed as the gradient or, in a
 // resync, as the model; and the worker's copy of the mean, shared with the
@@ -347,14 +353,17 @@ struct MemoryCluster::Impl {
     }
     push_arrived.resize(c.num_workers);
     mean.assign(c.gradient_floats, 0.0f);
-    if (shards.size() > 1) BuildPhase();
   }
 
   uint32_t Node(uint32_t rank) const { return cfg.server_shards + rank; }
 
   // Partitions: ShardMap's contiguous ranges, multiples of 64 chunks, so
-  // each partition's bitmap is a word-aligned slice of the whole one.
+  // each partition's bitmap is a word-aligned slice of the whole one. With
+  // several shards, one phase: each shard's Reduce hands its block squares
+  // to shard 0's leader (in process) and runs under its decision.
   void AddShards() {
+    std::vector<ChunkLayout> local;
+    std::vector<uint32_t> blocks;
     for (uint32_t k = 0; k < cfg.server_shards; ++k) {
       const uint32_t b = shard_map.begin(k), e = shard_map.end(k);
       if (b == e) {
@@ -366,8 +375,22 @@ struct MemoryCluster::Impl {
       }
       const uint64_t bytes =
           layout.Offset(e - 1) + layout.Length(e - 1) - layout.Offset(b);
-      shards.push_back(std::make_unique<Shard>(
-          cfg, k, b, ChunkLayout(bytes, layout.chunk_payload())));
+      local.emplace_back(bytes, layout.chunk_payload());
+      blocks.push_back(PartitionNormBlocks(e - b));
+    }
+    if (cfg.server_shards > 1) {
+      phase = std::make_unique<InProcessPhase>(
+          TolerancePolicy::Create(cfg.policy), cfg.resync_every, blocks,
+          std::chrono::milliseconds(kPhaseTimeoutMs));
+    }
+    for (uint32_t k = 0; k < cfg.server_shards; ++k) {
+      ClusterConfig c = cfg;
+      if (phase) {
+        c.phase = &phase->link(k);
+        c.model_floats = cfg.gradient_floats;
+      }
+      shards.push_back(
+          std::make_unique<Shard>(c, k, shard_map.begin(k), local[k]));
       fabric.port(k).set_loss(&shards.back()->bcast_loss);
     }
   }
@@ -1007,16 +1030,14 @@ struct MemoryCluster::Impl {
     return out;
   }
 
-  // The one phase of a sharded job (phase_link.h): shard 0's leader, and
-  // each shard's in-process link to it.
-  void BuildPhase();
-
   ClusterConfig cfg;
   std::vector<GradientSource*> external;  // the caller's, one per worker
   ChunkLayout layout;                     // the whole gradient's
   ShardMap shard_map;                     // its partitions
   LoopbackFabric fabric;
   SimClock clock;
+  // A sharded job's phase (phase_link.h); null with one shard.
+  std::unique_ptr<InProcessPhase> phase;
   std::vector<std::unique_ptr<Shard>> shards;
   std::vector<Bitmap> push_arrived;  // per worker, the closed push (whole)
   std::vector<float> mean;           // the shards' means, whole
@@ -1032,9 +1053,6 @@ struct MemoryCluster::Impl {
   std::vector<Packet> rx_buf;
   mutable std::vector<uint64_t> whole_words;  // Union's
 };
-
-// Until the phase link lands, shards decide on their own partition.
-void MemoryCluster::Impl::BuildPhase() {}
 
 MemoryCluster::MemoryCluster(const ClusterConfig& config,
                              std::vector<GradientSource*> sources)
