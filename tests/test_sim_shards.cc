@@ -7,11 +7,13 @@
 // an early STOP, which chunks make it depends on the partition's timing).
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "sim/memory_cluster.h"
+#include "sim/sim_costs.h"
 
 namespace dblp {
 namespace {
@@ -123,6 +125,54 @@ TEST(SimShardsTest, PartitionsAreWordAlignedAndCoverTheGradient) {
   EXPECT_EQ(next, cluster.layout().num_chunks());
   c.gradient_floats = 8192;  // 23 chunks: no chunk for shards 1 and 2
   EXPECT_THROW(MemoryCluster{c}, std::invalid_argument);
+}
+
+// The clock: W workers into one server link take W times one worker's
+// push; S shards, each with its own link, divide that by S.
+double PushMs(uint32_t workers, uint32_t shards) {
+  ClusterConfig c;
+  c.num_workers = workers;
+  c.gradient_floats = kFloats;
+  c.server_shards = shards;
+  c.costs.worker_gbps = 25;
+  c.costs.server_gbps = 25;
+  c.costs.control_one_way_ns = 0;
+  MemoryCluster cluster(c);
+  std::vector<std::vector<float>> g(workers, std::vector<float>(kFloats, 1));
+  return cluster.RunIteration(g).push_round_ns / 1e6;
+}
+
+TEST(SimShardsTest, IncastAtTheServerLinkAndShardsSplitIt) {
+  const double one = PushMs(1, 1);
+  // 361 frames of 1538 wire bytes at 25 Gb/s.
+  EXPECT_NEAR(one, 361 * 1538 * 8 / 25e9 * 1e3, 0.02);
+  EXPECT_NEAR(PushMs(4, 1) / one, 4.0, 0.2);
+  EXPECT_NEAR(PushMs(4, 2) / one, 2.0, 0.2);
+  EXPECT_NEAR(PushMs(4, 3) / one, 1.4, 0.2);  // the largest partition: 128
+}
+
+TEST(SimShardsTest, CalibrationFileLoadsAndNamesWhatIsMissing) {
+  const std::string path = ::testing::TempDir() + "/cal.json";
+  FILE* f = std::fopen(path.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fputs(
+      "{\"tx_ns\": 400.5, \"rx_ns\": 300, \"reduce_ns\": 100,\n"
+      " \"control_one_way_ns\": 9000, \"measured\": {}}\n",
+      f);
+  std::fclose(f);
+  SimCosts c;
+  EXPECT_EQ(LoadSimCosts(path, &c), "");
+  EXPECT_EQ(c.tx_ns, 400.5);
+  EXPECT_EQ(c.rx_ns, 300);
+  EXPECT_EQ(c.reduce_ns, 100);
+  EXPECT_EQ(c.control_one_way_ns, 9000);
+  EXPECT_EQ(c.server_gbps, 10);  // not in the file: kept
+  f = std::fopen(path.c_str(), "w");
+  std::fputs("{\"tx_ns\": 400}", f);
+  std::fclose(f);
+  EXPECT_NE(LoadSimCosts(path, &c).find("\"rx_ns\""), std::string::npos);
+  EXPECT_NE(LoadSimCosts(path + ".none", &c).find("--calibrate"),
+            std::string::npos);
 }
 
 }  // namespace
