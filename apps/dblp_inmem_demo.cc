@@ -66,8 +66,9 @@ PolicyRun Run(const std::string& name, PolicyConfig policy) {
   c.bcast_loss = c.push_loss;
   c.bursts = ParseBurstIterations(FLAGS_burst_iters, FLAGS_burst_loss);
   c.send_order = ParseSendOrder(FLAGS_send_order);
-  c.ns_per_frame = FLAGS_ns_per_frame;
-  c.control_one_way_ns = FLAGS_control_one_way_ns;
+  c.costs.worker_gbps = LinkGbpsForFrameNs(FLAGS_ns_per_frame, FLAGS_mtu);
+  c.costs.server_gbps = c.costs.worker_gbps;
+  c.costs.control_one_way_ns = FLAGS_control_one_way_ns;
   MemoryCluster cluster(c);
 
   NormTrace trace;

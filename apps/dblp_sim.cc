@@ -22,6 +22,7 @@
 #include "job_flags.h"
 #include "server_flags.h"
 #include "sim/memory_cluster.h"
+#include "sim/sim_costs.h"
 #include "test_hooks/dumps.h"
 #include "worker_flags.h"
 
@@ -31,10 +32,57 @@ DEFINE_uint64(floats, 262144, "gradient size in float32 values");
 DEFINE_string(bcast_fill, "zero",
               "what a worker puts in the chunks of the mean its broadcast "
               "missed: zero | prev");
-DEFINE_double(ns_per_frame, 1230, "modelled wire time per frame");
+DEFINE_double(ns_per_frame, 1230,
+              "modelled wire time of a full frame on every link whose "
+              "--worker_gbps/--server_gbps is 0 (1230: 10 Gb/s at MTU 1500; "
+              "0: no wire limit, as memif)");
 DEFINE_double(control_one_way_ns, 10000, "modelled control latency");
+DEFINE_string(costs, "",
+              "calibration file of per-frame CPU costs and control latency "
+              "(tools/dblp-bench --calibrate FILE; docs/SCALING.md); flags "
+              "given on the command line override its values");
+DEFINE_double(worker_gbps, 0,
+              "each worker host's link rate in Gb/s (0: from --ns_per_frame)");
+DEFINE_double(server_gbps, 0,
+              "each server shard's link rate in Gb/s (0: from "
+              "--ns_per_frame); many workers into one server link is the "
+              "incast");
+DEFINE_uint32(host_cores, 0,
+              "0: every process has cores of its own; N: all the job's "
+              "processes share N cores (a check against runs on one host)");
+DEFINE_uint32(server_shards, 1,
+              "server shards (processes), each over its own partition of "
+              "the gradient with its own link, one phase for the whole model");
+DEFINE_uint32(server_lcores, 1,
+              "datapath lcores of each server shard (they share its CPU work)");
+DEFINE_uint32(worker_lcores, 1,
+              "datapath lcores of each worker (they share its CPU work)");
 
 namespace {
+
+bool OnCommandLine(const char* flag) {
+  return !gflags::GetCommandLineFlagInfoOrDie(flag).is_default;
+}
+
+// The clock's model: the calibration file, then the flags given.
+dblp::SimCosts CostsFromFlags(uint32_t mtu) {
+  dblp::SimCosts costs;
+  costs.control_one_way_ns = FLAGS_control_one_way_ns;
+  if (!FLAGS_costs.empty()) {
+    const std::string err = dblp::LoadSimCosts(FLAGS_costs, &costs);
+    if (!err.empty()) dblp::FlagError("--costs=" + err);
+    if (OnCommandLine("control_one_way_ns")) {
+      costs.control_one_way_ns = FLAGS_control_one_way_ns;
+    }
+  }
+  const double link = dblp::LinkGbpsForFrameNs(FLAGS_ns_per_frame, mtu);
+  costs.worker_gbps = FLAGS_worker_gbps > 0 ? FLAGS_worker_gbps : link;
+  costs.server_gbps = FLAGS_server_gbps > 0 ? FLAGS_server_gbps : link;
+  if (OnCommandLine("host_cores") || FLAGS_costs.empty()) {
+    costs.host_cores = FLAGS_host_cores;
+  }
+  return costs;
+}
 
 dblp::ClusterConfig ConfigFromFlags() {
   dblp::ClusterConfig c;
@@ -55,8 +103,15 @@ dblp::ClusterConfig ConfigFromFlags() {
   c.bcast_loss = c.push_loss;
   c.bursts = dblp::BurstsFromFlags();
   c.bcast_fill = dblp::BcastFillFromFlags();
-  c.ns_per_frame = FLAGS_ns_per_frame;
-  c.control_one_way_ns = FLAGS_control_one_way_ns;
+  c.costs = CostsFromFlags(c.mtu);
+  if (FLAGS_server_shards == 0 || FLAGS_server_lcores == 0 ||
+      FLAGS_worker_lcores == 0) {
+    dblp::FlagError(
+        "--server_shards, --server_lcores and --worker_lcores must be >= 1");
+  }
+  c.server_shards = FLAGS_server_shards;
+  c.server_lcores = FLAGS_server_lcores;
+  c.worker_lcores = FLAGS_worker_lcores;
   c.round_timeout_ms = FLAGS_round_timeout_ms;
   c.on_absorbed = dblp::WorkerDumps(FLAGS_dump_dir, FLAGS_dump_iterations);
   return c;

@@ -48,6 +48,8 @@ inline constexpr FlagRange kFlagRanges[] = {
     {"timeout_s", 0, 86400, "10"},
     {"ns_per_frame", 0, 1e9, "1230"},
     {"control_one_way_ns", 0, 1e12, "10000"},
+    {"worker_gbps", 0, 1e6, "0"},
+    {"server_gbps", 0, 1e6, "0"},
     {"lr", 0, 1e6, "0.05"},
     // CPU_SET beyond CPU_SETSIZE writes past the set.
     {"cpu", -1, CPU_SETSIZE - 1, "-1"},
@@ -71,6 +73,7 @@ struct FileFlag {
 inline constexpr FileFlag kFileFlags[] = {
     {"secret_file", FileFlagKind::kRead},
     {"cmdline_file", FileFlagKind::kRead},
+    {"costs", FileFlagKind::kRead},
     {"model", FileFlagKind::kReadIfPt},
     {"data", FileFlagKind::kReadIfPt},
     {"out", FileFlagKind::kWrite},

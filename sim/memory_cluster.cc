@@ -6,17 +6,20 @@
 #include "sim/memory_cluster.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <deque>
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 #include "dblp/control/accepted_mail.h"
 #include "dblp/control/control.h"
 #include "dblp/handoff/gradient_source.h"
 #include "dblp/job/counters.h"
+#include "dblp/job/phase_link.h"
 #include "dblp/job/worker_model.h"
 #include "dblp/round/receive_side.h"
 #include "dblp/round/round_control.h"
@@ -30,18 +33,76 @@ namespace dblp {
 
 namespace {
 
-constexpr uint32_t kServerEndpoint = 0;
-constexpr uint32_t WorkerEndpoint(uint32_t rank) { return rank + 1; }
+// Endpoints of the fabric: server shard k is k, worker w is shards + w.
 
-// The modelled clock, and the one link every data frame crosses (into the
-// server on push, out of it on broadcast), which carries one burst per loop
-// turn. Single-threaded: the frames advance `now` per frame sent, the loop's
-// waits advance it to the next event; everyone reads it.
-struct SimClock {
-  double now = 0;
-  double ns_per_frame = 0;
-  bool link_free = false;  // this turn's burst has not been sent yet
+// The modelled clock and what the current turn charged each resource. A
+// turn lasts as long as its busiest resource: a node's lcores (CPU per
+// frame sent and received, split over its lcores), its NIC out and its NIC
+// in (a frame's bits at the node's link rate), and, on a host whose cores
+// every process shares, all their CPU work over those cores. Single
+// threaded: the frames charge the turn, the loop ends it; everyone reads
+// `now`.
+class SimClock {
+ public:
+  SimClock(const SimCosts& c, uint32_t shards, uint32_t workers,
+           uint32_t server_lcores, uint32_t worker_lcores)
+      : costs_(c),
+        shards_(shards),
+        cpu_(shards + workers),
+        out_(shards + workers),
+        in_(shards + workers),
+        server_lcores_(server_lcores),
+        worker_lcores_(worker_lcores) {}
+
   uint64_t ns() const { return static_cast<uint64_t>(now); }
+  // A data frame of `bytes` (DBLP header and payload) from node src to dst.
+  void Charge(uint32_t src, uint32_t dst, uint32_t bytes) {
+    const double wire_bits =
+        8.0 * (bytes + kEthernetHeaderBytes + kIpv4HeaderBytes +
+               kUdpHeaderBytes + kWireOverheadBytes);
+    const double rx = costs_.rx_ns + costs_.reduce_ns;
+    cpu_[src] += costs_.tx_ns / Lcores(src);
+    cpu_[dst] += rx / Lcores(dst);
+    host_ += costs_.tx_ns + rx;
+    out_[src] += WireNs(wire_bits, src);
+    in_[dst] += WireNs(wire_bits, dst);
+    ++frames_;
+  }
+  // Ends the turn: advances `now` by its busiest resource and returns
+  // whether any frame was sent in it.
+  bool EndTurn() {
+    double t = costs_.host_cores ? host_ / costs_.host_cores : 0;
+    for (size_t i = 0; i < cpu_.size(); ++i) {
+      t = std::max({t, cpu_[i], out_[i], in_[i]});
+    }
+    now += t;
+    std::fill(cpu_.begin(), cpu_.end(), 0.0);
+    std::fill(out_.begin(), out_.end(), 0.0);
+    std::fill(in_.begin(), in_.end(), 0.0);
+    host_ = 0;
+    const bool sent = frames_ > 0;
+    frames_ = 0;
+    return sent;
+  }
+
+  double now = 0;
+
+ private:
+  double Lcores(uint32_t node) const {
+    return node < shards_ ? server_lcores_ : worker_lcores_;
+  }
+  double WireNs(double bits, uint32_t node) const {
+    const double gbps =
+        node < shards_ ? costs_.server_gbps : costs_.worker_gbps;
+    return gbps > 0 ? bits / gbps : 0;
+  }
+
+  const SimCosts costs_;
+  const uint32_t shards_;
+  std::vector<double> cpu_, out_, in_;
+  double host_ = 0;
+  uint64_t frames_ = 0;
+  const double server_lcores_, worker_lcores_;
 };
 
 // A control message on its way over the (modelled) TCP connection.
@@ -86,21 +147,23 @@ struct PipeOutbox {
   const SimClock* clock = nullptr;
 };
 
-// A send side's frames: real frames over a loopback port, each charged
-// `ns_per_frame` of modelled time. The link takes one burst per turn; a
-// sender that finds it taken gets TX backpressure (the side sends those
-// chunks next turn), which is how the senders share the server's link.
+// A send side's frames: real frames over a loopback port, each charged to
+// the turn (SimClock::Charge) from node `src` to node `dst`.
 class SimFrames {
  public:
   SimFrames(LoopbackPort* port, uint32_t dst, const ChunkLayout* layout,
             uint32_t burst, SimClock* clock)
-      : frames_(port, dst, nullptr, layout, burst), clock_(clock) {}
+      : frames_(port, dst, nullptr, layout, burst),
+        layout_(layout),
+        clock_(clock),
+        src_(port->id()),
+        dst_(dst) {}
 
   uint32_t Send(const DataHeader& proto, const uint32_t* seqs, uint32_t n) {
-    if (!clock_->link_free) return 0;
     const uint32_t sent = frames_.Send(proto, seqs, n);
-    clock_->link_free = false;
-    clock_->now += sent * clock_->ns_per_frame;
+    for (uint32_t i = 0; i < sent; ++i) {
+      clock_->Charge(src_, dst_, kDataHeaderBytes + layout_->Length(seqs[i]));
+    }
     return sent;
   }
   void set_buffer(std::span<const float> v) {
@@ -109,7 +172,9 @@ class SimFrames {
 
  private:
   PacketFrames<LoopbackPort> frames_;
+  const ChunkLayout* layout_;
   SimClock* clock_;
+  uint32_t src_, dst_;
 };
 
 // A send side with what it sends here: its frames and its first-pass order.
@@ -145,6 +210,10 @@ struct SimSender {
 // timeout, and add PROBEs the protocol did not need.
 constexpr uint64_t kNoProbeRetry = 0;
 
+// The shards' threads meet in the phase at once (ClosePushes starts them
+// together); a wait this long is a bug.
+constexpr int64_t kPhaseTimeoutMs = 60000;
+
 // A simulated worker's gradient source: the caller's vector of this
 // iteration (RunIteration's grads[rank]), pushed as the gradient or, in a
 // resync, as the model; and the worker's copy of the mean, shared with the
@@ -177,30 +246,61 @@ class SimSource : public GradientSource {
 }  // namespace
 
 struct MemoryCluster::Impl {
+  // A worker: the whole gradient's model, and per server shard one push
+  // side, one broadcast receive side and one control connection.
   struct Worker {
-    Worker(const SendSideConfig& sc, SendOrder o, SimFrames f,
-           const ReceiveSideConfig& rc)
-        : push(sc, o, std::move(f)), bcast(rc) {}
-    SimSender push;         // this worker -> server, out of this worker's port
-    ReceiveSide bcast;      // server -> this worker
-    PipeOutbox out;         // requests of both sides, to the server
-    ControlPipe to_worker;  // server -> this worker
-    ControlPipe to_server;  // this worker -> server
+    std::vector<std::unique_ptr<SimSender>> push;     // to shard k
+    std::vector<std::unique_ptr<ReceiveSide>> bcast;  // from shard k
+    std::deque<PipeOutbox> out;          // requests of both sides, to shard k
+    std::deque<ControlPipe> to_worker;   // shard k -> this worker
+    std::deque<ControlPipe> to_server;   // this worker -> shard k
+    std::deque<AcceptedInbox> accepted;  // push feedback: shard k's ACCEPTED
     std::vector<float> average;  // the model's mean (shared with `source`)
     std::unique_ptr<SimSource> source;    // RunIteration(grads)'s
     GradientSource* gradients = nullptr;  // that, or the caller's source
-    std::unique_ptr<WorkerModel> model;  // the apps' worker model
-    AcceptedInbox accepted;              // push feedback: the server's ACCEPTED
+    std::unique_ptr<WorkerModel> model;   // the apps' worker model
     std::vector<Packet> replay;  // frames kept to replay as stale later
-    Bitmap bcast_arrived;
+    std::vector<Bitmap> bcast_local;  // per shard, the closed broadcast
+    Bitmap bcast_arrived;             // their union, whole gradient
   };
-  struct ServerLink {  // the server's state for one worker
+  struct ServerLink {  // a server shard's state for one worker
     ServerLink(const ReceiveSideConfig& rc, const SendSideConfig& sc,
                SendOrder o, SimFrames f)
         : push(rc), bcast(sc, o, std::move(f)) {}
     ReceiveSide push;  // the worker -> server
     SimSender bcast;   // server -> the worker, out of the server's port
     PipeOutbox out;    // requests of both sides, to the worker
+  };
+  // A server shard: an ordinary job over its partition's local layout.
+  struct Shard {
+    Shard(const ClusterConfig& c, uint32_t k, uint32_t first,
+          const ChunkLayout& local)
+        : index(k),
+          first_chunk(first),
+          layout(local),
+          job(c, TolerancePolicy::Create(c.policy), layout,
+              std::vector<std::string>(c.num_workers, "simulated"),
+              c.send_order, c.seed,
+              c.server_shards > 1 ? "sim-server" + std::to_string(k)
+                                  : "sim-server"),
+          bcast_loss(c.bcast_loss,
+                     c.bursts_on_broadcast ? c.bursts : BurstSchedule{},
+                     HashMix(c.seed, 0xB0 + k)),
+          push_arrived(c.num_workers),
+          push_stop_ns(c.num_workers) {}
+    uint32_t index;
+    uint32_t first_chunk;  // global chunk of local chunk 0
+    ChunkLayout layout;
+    ServerJob job;
+    LossInjector bcast_loss;
+    AcceptedSlots accepted;             // push feedback, staged by the job
+    ReducedPush reduced;                // this iteration's
+    std::vector<ControlRequest> posts;  // what the job announced
+    std::vector<Bitmap> push_arrived;   // per worker, the closed push
+    std::vector<uint64_t> push_stop_ns;
+    std::vector<std::unique_ptr<ServerLink>> links;  // per worker
+    std::vector<uint32_t> order_buf;
+    std::vector<bool> rx_from;  // PollServer: frames from each worker
   };
 
   // Runs before any member is built, so a bad config gets this message
@@ -212,6 +312,11 @@ struct MemoryCluster::Impl {
     }
     if (c.burst == 0) {
       throw std::invalid_argument("in-memory cluster: burst must be >= 1");
+    }
+    if (c.server_shards == 0 || c.server_lcores == 0 || c.worker_lcores == 0) {
+      throw std::invalid_argument(
+          "in-memory cluster: server_shards, server_lcores and worker_lcores "
+          "must be >= 1");
     }
     WelcomeMsg wel;
     wel.consistent_broadcast = c.consistent_broadcast;
@@ -231,40 +336,75 @@ struct MemoryCluster::Impl {
       : cfg(Validated(c)),
         external(std::move(sources)),
         layout(ChunkLayout::ForMtu(c.gradient_floats * sizeof(float), c.mtu)),
-        fabric(c.num_workers + 1, c.ring_size),
-        job(c, TolerancePolicy::Create(c.policy), layout,
-            std::vector<std::string>(c.num_workers, "simulated"), c.send_order,
-            c.seed, "sim-server"),
-        bcast_loss(c.bcast_loss,
-                   c.bursts_on_broadcast ? c.bursts : BurstSchedule{},
-                   HashMix(c.seed, 0xB0)),
+        shard_map(layout.num_chunks(), c.server_shards),
+        fabric(c.server_shards + c.num_workers, c.ring_size),
+        clock(c.costs, c.server_shards, c.num_workers, c.server_lcores,
+              c.worker_lcores),
         round(c.first_round) {
-    clock.ns_per_frame = c.ns_per_frame;
-    fabric.port(kServerEndpoint).set_loss(&bcast_loss);
+    AddShards();
     // Every frame a worker sends is a push frame: the first stale_replay of
-    // a push are kept to replay at the server in the next one.
+    // a push are kept to replay at its shard in the next one.
     fabric.set_tap([this](const Packet& p) { KeepForReplay(p); });
     for (uint32_t w = 0; w < c.num_workers; ++w) {
       push_loss.emplace_back(std::make_unique<LossInjector>(
           c.push_loss, c.bursts, HashMix(c.seed, 0x100 + w)));
-      fabric.port(WorkerEndpoint(w)).set_loss(push_loss.back().get());
+      fabric.port(Node(w)).set_loss(push_loss.back().get());
       AddWorker(w);
     }
     push_arrived.resize(c.num_workers);
-    push_stop_ns.resize(c.num_workers);
+    mean.assign(c.gradient_floats, 0.0f);
+  }
+
+  uint32_t Node(uint32_t rank) const { return cfg.server_shards + rank; }
+
+  // Partitions: ShardMap's contiguous ranges, multiples of 64 chunks, so
+  // each partition's bitmap is a word-aligned slice of the whole one. With
+  // several shards, one phase: each shard's Reduce hands its block squares
+  // to shard 0's leader (in process) and runs under its decision.
+  void AddShards() {
+    std::vector<ChunkLayout> local;
+    std::vector<uint32_t> blocks;
+    for (uint32_t k = 0; k < cfg.server_shards; ++k) {
+      const uint32_t b = shard_map.begin(k), e = shard_map.end(k);
+      if (b == e) {
+        throw std::invalid_argument(
+            "in-memory cluster: " + std::to_string(layout.num_chunks()) +
+            " chunks leave server shard " + std::to_string(k) +
+            " empty (partitions are multiples of 64 chunks): use fewer "
+            "server_shards or a larger gradient");
+      }
+      const uint64_t bytes =
+          layout.Offset(e - 1) + layout.Length(e - 1) - layout.Offset(b);
+      local.emplace_back(bytes, layout.chunk_payload());
+      blocks.push_back(PartitionNormBlocks(e - b));
+    }
+    if (cfg.server_shards > 1) {
+      phase = std::make_unique<InProcessPhase>(
+          TolerancePolicy::Create(cfg.policy), cfg.resync_every, blocks,
+          std::chrono::milliseconds(kPhaseTimeoutMs));
+    }
+    for (uint32_t k = 0; k < cfg.server_shards; ++k) {
+      ClusterConfig c = cfg;
+      if (phase) {
+        c.phase = &phase->link(k);
+        c.model_floats = cfg.gradient_floats;
+      }
+      shards.push_back(
+          std::make_unique<Shard>(c, k, shard_map.begin(k), local[k]));
+      fabric.port(k).set_loss(&shards.back()->bcast_loss);
+    }
+  }
+
+  // Shard k's slice of a whole-gradient buffer.
+  template <class T>
+  std::span<T> Slice(std::span<T> whole, uint32_t k) const {
+    const Shard& sh = *shards[k];
+    return whole.subspan(layout.Offset(sh.first_chunk) / sizeof(float),
+                         sh.layout.total_bytes() / sizeof(float));
   }
 
   void AddWorker(uint32_t w) {
-    const auto rank = static_cast<uint16_t>(w);
-    workers.emplace_back(std::make_unique<Worker>(
-        SendSideConfig{FrameType::kPush, cfg.session, rank, 0, Direction::kPush,
-                       cfg.burst, kNoProbeRetry},
-        SendOrder(cfg.send_order, w, cfg.num_workers, cfg.seed),
-        SimFrames(&fabric.port(WorkerEndpoint(w)), kServerEndpoint, &layout,
-                  cfg.burst, &clock),
-        ReceiveSideConfig{ReceiverConfig{cfg.session, FrameType::kBroadcast,
-                                         kServerRank, layout},
-                          Direction::kBroadcast, 0}));
+    workers.emplace_back(std::make_unique<Worker>());
     Worker& wk = *workers.back();
     wk.average.assign(cfg.gradient_floats, 0.0f);
     wk.source = std::make_unique<SimSource>(cfg.gradient_floats, &wk.average);
@@ -282,23 +422,44 @@ struct MemoryCluster::Impl {
     }
     wk.model = std::make_unique<WorkerModel>(*wk.gradients, wel, layout,
                                              cfg.bcast_fill);
-    wk.to_worker.one_way_ns = cfg.control_one_way_ns;
-    wk.to_server.one_way_ns = cfg.control_one_way_ns;
-    wk.out = PipeOutbox{&wk.to_server, &wk.bcast, &clock};
+    wk.bcast_local.resize(shards.size());
+    for (auto& sh : shards) AddLink(w, *sh);
+  }
+
+  // Worker w's sides for shard `sh` and the shard's for the worker, over
+  // the partition's local layout (frames carry local seqs).
+  void AddLink(uint32_t w, Shard& sh) {
+    Worker& wk = *workers[w];
+    const auto rank = static_cast<uint16_t>(w);
+    const uint32_t k = sh.index;
+    wk.push.push_back(std::make_unique<SimSender>(
+        SendSideConfig{FrameType::kPush, cfg.session, rank, 0, Direction::kPush,
+                       cfg.burst, kNoProbeRetry},
+        SendOrder(cfg.send_order, w, cfg.num_workers, cfg.seed),
+        SimFrames(&fabric.port(Node(w)), k, &sh.layout, cfg.burst, &clock)));
+    wk.bcast.push_back(std::make_unique<ReceiveSide>(
+        ReceiveSideConfig{ReceiverConfig{cfg.session, FrameType::kBroadcast,
+                                         kServerRank, sh.layout},
+                          Direction::kBroadcast, 0}));
+    ControlPipe& to_worker = wk.to_worker.emplace_back();
+    ControlPipe& to_server = wk.to_server.emplace_back();
+    to_worker.one_way_ns = cfg.costs.control_one_way_ns;
+    to_server.one_way_ns = cfg.costs.control_one_way_ns;
+    wk.out.push_back(PipeOutbox{&to_server, wk.bcast.back().get(), &clock});
+    wk.accepted.emplace_back();
 
     // The broadcast order is per worker too, so the workers' losses of
     // the mean fall on different chunks.
-    links.emplace_back(std::make_unique<ServerLink>(
+    sh.links.emplace_back(std::make_unique<ServerLink>(
         ReceiveSideConfig{ReceiverConfig{cfg.session, FrameType::kPush,
-                                         static_cast<int32_t>(w), layout},
+                                         static_cast<int32_t>(w), sh.layout},
                           Direction::kPush, rank},
         SendSideConfig{FrameType::kBroadcast, cfg.session, kServerRank, rank,
                        Direction::kBroadcast, cfg.burst, kNoProbeRetry},
         SendOrder(cfg.send_order, w, cfg.num_workers, HashMix(cfg.seed, 0xBC)),
-        SimFrames(&fabric.port(kServerEndpoint), WorkerEndpoint(w), &layout,
-                  cfg.burst, &clock)));
-    ServerLink& ln = *links.back();
-    ln.out = PipeOutbox{&wk.to_worker, &ln.push, &clock};
+        SimFrames(&fabric.port(k), Node(w), &sh.layout, cfg.burst, &clock)));
+    ServerLink& ln = *sh.links.back();
+    ln.out = PipeOutbox{&to_worker, &ln.push, &clock};
   }
 
   // ---- control plane -------------------------------------------------------
@@ -330,29 +491,35 @@ struct MemoryCluster::Impl {
   void DeliverAll() {
     for (uint32_t w = 0; w < workers.size(); ++w) {
       Worker& wk = *workers[w];
-      ServerLink& ln = *links[w];
-      Deliver(wk.to_worker, [&](const ControlMessage& m) {
-        const auto* rb = std::get_if<RoundBeginMsg>(&m);
-        if (const auto* a = std::get_if<AcceptedMsg>(&m)) {
-          wk.accepted.Put(*a);
-        } else if (rb == nullptr) {
-          DeliverToSides(m, &wk.push.side, &wk.bcast, clock.ns());
-        } else if (rb->direction == Direction::kBroadcast) {
-          wk.bcast.Announce(RoundBeginEvent{rb->direction, rb->round, rb->p,
-                                            rb->deadline_ns, rb->min_fraction},
-                            clock.ns());
-        }
-      });
-      Deliver(wk.to_server, [&](const ControlMessage& m) {
-        DeliverToSides(m, &ln.bcast.side, &ln.push, clock.ns());
-      });
+      for (uint32_t k = 0; k < shards.size(); ++k) {
+        ServerLink& ln = *shards[k]->links[w];
+        ReceiveSide& bcast = *wk.bcast[k];
+        Deliver(wk.to_worker[k], [&](const ControlMessage& m) {
+          const auto* rb = std::get_if<RoundBeginMsg>(&m);
+          if (const auto* a = std::get_if<AcceptedMsg>(&m)) {
+            wk.accepted[k].Put(*a);
+          } else if (rb == nullptr) {
+            DeliverToSides(m, &wk.push[k]->side, &bcast, clock.ns());
+          } else if (rb->direction == Direction::kBroadcast) {
+            bcast.Announce(RoundBeginEvent{rb->direction, rb->round, rb->p,
+                                           rb->deadline_ns, rb->min_fraction},
+                           clock.ns());
+          }
+        });
+        Deliver(wk.to_server[k], [&](const ControlMessage& m) {
+          DeliverToSides(m, &ln.bcast.side, &ln.push, clock.ns());
+        });
+      }
     }
   }
 
   double NextControlTime() const {
     double t = std::numeric_limits<double>::infinity();
     for (const auto& wk : workers) {
-      t = std::min({t, wk->to_worker.next_at_ns(), wk->to_server.next_at_ns()});
+      for (uint32_t k = 0; k < shards.size(); ++k) {
+        t = std::min(
+            {t, wk->to_worker[k].next_at_ns(), wk->to_server[k].next_at_ns()});
+      }
     }
     return t;
   }
@@ -368,81 +535,90 @@ struct MemoryCluster::Impl {
     return RxProgress{arrivals, poll_gen, poll_gen + 1};
   }
 
-  // Hands every frame in `port`'s ring to `take`; returns whether any came.
+  // Hands every frame in `port`'s ring to `take`.
   template <class Take>
-  bool DrainRing(LoopbackPort& port, Take&& take) {
+  void DrainRing(LoopbackPort& port, Take&& take) {
     rx_buf.resize(cfg.burst);
-    bool any = false;
     uint16_t k;
     while ((k = port.RxBurst(rx_buf.data(),
                              static_cast<uint16_t>(rx_buf.size()))) > 0) {
-      any = true;
       for (uint16_t i = 0; i < k; ++i) take(rx_buf[i]);
     }
-    return any;
   }
 
-  // The server's RX step: every frame to the push receive side of the worker
-  // that sent it, into the mean; then each side's Step (STOP, BITMAP).
-  void PollServer() {
-    rx_from.assign(links.size(), false);
-    DrainRing(fabric.port(kServerEndpoint), [&](const Packet& p) {
+  // Shard k's RX step: every frame to the push receive side of the worker
+  // that sent it, into the shard's sum; then each side's Step (STOP,
+  // BITMAP).
+  void PollServer(Shard& sh) {
+    sh.rx_from.assign(workers.size(), false);
+    MeanReducer& reducer = sh.job.iteration().reducer();
+    DrainRing(fabric.port(sh.index), [&](const Packet& p) {
       // The source endpoint plays the role of the UDP source port.
-      if (p.src == kServerEndpoint || p.src > links.size()) {
+      if (p.src < cfg.server_shards || p.src >= fabric.size()) {
         ++unknown_source;
         return;
       }
-      const uint32_t w = p.src - 1;
-      rx_from[w] = true;
-      links[w]->push.OnFrame(p.bytes.data(), p.bytes.size(),
-                             [&](const DataHeader& h, const uint8_t* payload) {
-                               job.iteration().reducer().Accumulate(w, h.seq,
-                                                                    payload);
-                             });
+      const uint32_t w = p.src - cfg.server_shards;
+      sh.rx_from[w] = true;
+      sh.links[w]->push.OnFrame(
+          p.bytes.data(), p.bytes.size(),
+          [&](const DataHeader& h, const uint8_t* payload) {
+            reducer.Accumulate(w, h.seq, payload);
+          });
     });
-    for (uint32_t w = 0; w < links.size(); ++w) {
-      ServerLink& ln = *links[w];
-      ln.push.Step(clock.ns(), Drained(rx_from[w]), ln.out);
+    for (uint32_t w = 0; w < workers.size(); ++w) {
+      ServerLink& ln = *sh.links[w];
+      ln.push.Step(clock.ns(), Drained(sh.rx_from[w]), ln.out);
     }
   }
 
-  // Worker `w`'s RX step: frames into its copy of the mean, then its
-  // broadcast side's Step (STOP, BITMAP).
+  // Worker `w`'s RX step: each shard's frames into its slice of the
+  // worker's copy of the mean, then each broadcast side's Step.
   void PollWorker(uint32_t w) {
     Worker& wk = *workers[w];
     auto* avg = reinterpret_cast<uint8_t*>(wk.model->avg().data());
-    const bool any =
-        DrainRing(fabric.port(WorkerEndpoint(w)), [&](const Packet& p) {
-          wk.bcast.OnFrame(p.bytes.data(), p.bytes.size(),
-                           [&](const DataHeader& h, const uint8_t* payload) {
-                             std::memcpy(avg + layout.Offset(h.seq), payload,
-                                         h.payload_len);
-                           });
-        });
-    wk.bcast.Step(clock.ns(), Drained(any), wk.out);
+    rx_from_shard.assign(shards.size(), false);
+    DrainRing(fabric.port(Node(w)), [&](const Packet& p) {
+      if (p.src >= cfg.server_shards) {
+        ++unknown_source;
+        return;
+      }
+      const Shard& sh = *shards[p.src];
+      rx_from_shard[p.src] = true;
+      uint8_t* base = avg + layout.Offset(sh.first_chunk);
+      wk.bcast[p.src]->OnFrame(
+          p.bytes.data(), p.bytes.size(),
+          [&](const DataHeader& h, const uint8_t* payload) {
+            std::memcpy(base + sh.layout.Offset(h.seq), payload, h.payload_len);
+          });
+    });
+    for (uint32_t k = 0; k < shards.size(); ++k) {
+      wk.bcast[k]->Step(clock.ns(), Drained(rx_from_shard[k]), wk.out[k]);
+    }
   }
 
   // Every endpoint's RX step, whichever direction is running: a side keeps
   // answering while its round is over (a PROBE still in flight gets the
   // BITMAP of the closed round, as a real loop that steps every side does).
   void PollAll() {
-    PollServer();
+    for (auto& sh : shards) PollServer(*sh);
     for (uint32_t w = 0; w < workers.size(); ++w) PollWorker(w);
   }
 
   // The tap's job: copies of the first stale_replay frames of a push.
   void KeepForReplay(const Packet& p) {
-    if (p.src == kServerEndpoint || p.src > workers.size()) return;
-    std::vector<Packet>& keep = workers[p.src - 1]->replay;
+    if (p.src < cfg.server_shards || p.src >= fabric.size()) return;
+    std::vector<Packet>& keep = workers[p.src - cfg.server_shards]->replay;
     if (keep.size() < cfg.stale_replay) keep.push_back(p);
   }
 
-  // Replays frames of an earlier round and hostile input at the server.
+  // Replays frames of an earlier round and hostile input at the shards.
   void InjectStale() {
     for (uint32_t w = 0; w < workers.size(); ++w) {
       for (Packet& p : workers[w]->replay) {
-        p.src = WorkerEndpoint(w);
-        fabric.Inject(kServerEndpoint, std::move(p));
+        p.src = Node(w);
+        const uint32_t dst = p.dst;
+        fabric.Inject(dst, std::move(p));
       }
       workers[w]->replay.clear();
     }
@@ -451,55 +627,66 @@ struct MemoryCluster::Impl {
   // ---- one round -----------------------------------------------------------
   // One loop turn of the round in direction `d`: the control messages due
   // land; the receivers poll (answering a PROBE that just landed); every
-  // sender of `d` steps in round-robin order, the first with frames taking
-  // the link for one burst; the receivers poll again (that burst, STOP).
-  // Returns whether a burst was sent.
+  // sender of `d` steps once per link, sending at most one burst; the turn
+  // lasts as long as its busiest resource (SimClock); the receivers poll
+  // again (that burst, STOP). Returns whether a burst was sent.
   bool Turn(Direction d) {
     DeliverAll();
     PollAll();
-    clock.link_free = true;
-    const uint32_t first = rr;
-    const auto n = static_cast<uint32_t>(workers.size());
-    for (uint32_t i = 0; i < n; ++i) {
-      const uint32_t w = (first + i) % n;
-      const bool free = clock.link_free;
-      SimSender& tx =
-          d == Direction::kPush ? workers[w]->push : links[w]->bcast;
-      PipeOutbox& out = d == Direction::kPush ? workers[w]->out : links[w]->out;
-      tx.side.Step(clock.ns(), tx.frames, out);
-      if (free && !clock.link_free) rr = w + 1;  // the next turn starts after
+    for (uint32_t w = 0; w < workers.size(); ++w) {
+      for (uint32_t k = 0; k < shards.size(); ++k) {
+        if (d == Direction::kPush) {
+          SimSender& tx = *workers[w]->push[k];
+          tx.side.Step(clock.ns(), tx.frames, workers[w]->out[k]);
+        } else {
+          ServerLink& ln = *shards[k]->links[w];
+          ln.bcast.side.Step(clock.ns(), ln.bcast.frames, ln.out);
+        }
+      }
     }
-    const bool sent = !clock.link_free;
-    clock.link_free = false;
+    const bool sent = clock.EndTurn();
     PollAll();
     return sent;
   }
 
-  // Push: every worker's send side is done (STOP, or nothing missing).
-  // Broadcast: also every worker's receive side sent its STOP, the time the
-  // round is measured by.
-  bool RoundOver(Direction d) const {
+  // Calls f(worker, shard) for every pair.
+  template <class F>
+  bool AllPairs(F&& f) const {
     for (uint32_t w = 0; w < workers.size(); ++w) {
-      if (d == Direction::kPush) {
-        if (!workers[w]->push.side.done()) return false;
-      } else if (!workers[w]->bcast.stopped() || !links[w]->bcast.side.done()) {
-        return false;
+      for (uint32_t k = 0; k < shards.size(); ++k) {
+        if (!f(w, k)) return false;
       }
     }
     return true;
   }
 
+  // Push: every worker's send sides are done (STOP, or nothing missing).
+  // Broadcast: also every worker's receive sides sent their STOP, the time
+  // the round is measured by.
+  bool RoundOver(Direction d) const {
+    return AllPairs([&](uint32_t w, uint32_t k) {
+      if (d == Direction::kPush) return workers[w]->push[k]->side.done();
+      return workers[w]->bcast[k]->stopped() &&
+             shards[k]->links[w]->bcast.side.done();
+    });
+  }
+
+  const ReceiveSide& Receiver(Direction d, uint32_t w, uint32_t k) const {
+    return d == Direction::kPush ? shards[k]->links[w]->push
+                                 : *workers[w]->bcast[k];
+  }
+
   // The earliest deadline of a receive side still open in direction `d`.
   double NextDeadline(Direction d) const {
     double t = std::numeric_limits<double>::infinity();
-    for (uint32_t w = 0; w < workers.size(); ++w) {
-      const ReceiveSide& rx =
-          d == Direction::kPush ? links[w]->push : workers[w]->bcast;
+    AllPairs([&](uint32_t w, uint32_t k) {
+      const ReceiveSide& rx = Receiver(d, w, k);
       const uint64_t deadline = rx.receiver().deadline_ns();
       if (!rx.stopped() && deadline != 0) {
         t = std::min(t, static_cast<double>(deadline));
       }
-    }
+      return true;
+    });
     return t;
   }
 
@@ -517,7 +704,6 @@ struct MemoryCluster::Impl {
   }
 
   void RunRound(Direction d) {
-    rr = 0;
     uint64_t mark = Progress(d);
     double last_progress = clock.now;
     const double timeout_ns = 1e6 * cfg.round_timeout_ms;
@@ -536,29 +722,42 @@ struct MemoryCluster::Impl {
   // What moves a round in direction `d`, as the apps' loops count it.
   uint64_t Progress(Direction d) const {
     uint64_t mark = 0;
-    for (uint32_t w = 0; w < workers.size(); ++w) {
+    AllPairs([&](uint32_t w, uint32_t k) {
+      const ServerLink& ln = *shards[k]->links[w];
       if (d == Direction::kPush) {
-        mark += workers[w]->push.side.progress() + links[w]->push.progress();
+        mark += workers[w]->push[k]->side.progress() + ln.push.progress();
       } else {
-        mark += links[w]->bcast.side.progress() + workers[w]->bcast.progress();
+        mark += ln.bcast.side.progress() + workers[w]->bcast[k]->progress();
       }
-    }
+      return true;
+    });
     return mark;
   }
 
+  // The first shard with a round still open names the workers it waits for.
   std::string Stalled(Direction d) const {
+    uint32_t k = 0;
+    while (k + 1 < shards.size() && AllPairs([&](uint32_t w, uint32_t j) {
+             return j != k || Receiver(d, w, j).stopped();
+           })) {
+      ++k;
+    }
+    const Shard& sh = *shards[k];
     const std::string why =
         d == Direction::kPush
-            ? job.PushStalled(iteration, cfg.round_timeout_ms,
-                              [&](uint32_t w) {
-                                return links[w]->push.receiver().received();
-                              })
-            : job.BroadcastStalled(iteration, cfg.round_timeout_ms,
-                                   [&](uint32_t w) {
-                                     return links[w]->bcast.side.done() &&
-                                            workers[w]->bcast.stopped();
-                                   });
-    return why + " (modelled time; --loss, --round_timeout_ms)";
+            ? sh.job.PushStalled(
+                  iteration, cfg.round_timeout_ms,
+                  [&](uint32_t w) {
+                    return sh.links[w]->push.receiver().received();
+                  })
+            : sh.job.BroadcastStalled(iteration, cfg.round_timeout_ms,
+                                      [&](uint32_t w) {
+                                        return sh.links[w]->bcast.side.done() &&
+                                               workers[w]->bcast[k]->stopped();
+                                      });
+    const std::string who =
+        shards.size() > 1 ? "server shard " + std::to_string(k) + ": " : "";
+    return who + why + " (modelled time; --loss, --round_timeout_ms)";
   }
 
   // ---- one iteration -------------------------------------------------------
@@ -566,11 +765,36 @@ struct MemoryCluster::Impl {
   static void Check(const std::string& why) {
     if (!why.empty()) throw std::logic_error("in-memory worker: " + why);
   }
-  // A worker's ACCEPTED, delivered by its control pipe (push feedback).
+
+  // Partitions' bitmaps (local, per shard) into the whole gradient's:
+  // partitions start on word boundaries.
+  void Union(std::span<const Bitmap> local, Bitmap* whole) const {
+    if (local.size() == 1) {
+      *whole = local[0];
+      return;
+    }
+    whole_words.assign(BitmapWords(layout.num_chunks()), 0);
+    for (uint32_t k = 0; k < shards.size(); ++k) {
+      const auto words = local[k].words();
+      std::copy(words.begin(), words.end(),
+                whole_words.begin() + shards[k]->first_chunk / 64);
+    }
+    whole->Resize(layout.num_chunks());
+    whole->AssignWords(whole_words);
+  }
+
+  // A worker's ACCEPTED, one per shard (each delivered by its control
+  // pipe), as the whole gradient's set (push feedback).
   struct SimFeedback {
-    AcceptedInbox* inbox;
+    const Impl* cluster;
+    Worker* worker;
     bool TakeAccepted(uint32_t round, Bitmap* out) {
-      return inbox->Take(round, out);
+      std::vector<Bitmap> local(cluster->shards.size());
+      for (uint32_t k = 0; k < local.size(); ++k) {
+        if (!worker->accepted[k].Take(round, &local[k])) return false;
+      }
+      cluster->Union(local, out);
+      return true;
     }
     bool server_gone() const { return false; }
     std::string failure() const { return ""; }
@@ -595,92 +819,135 @@ struct MemoryCluster::Impl {
     }
   }
 
-  // The server job's ROUND_BEGIN to every worker, in the simulator's round
+  // Shard k's ROUND_BEGIN to every worker, in the simulator's round
   // numbering (it may start anywhere: first_round tests the wrap-around).
-  void Announce(RoundBeginRequest rb, uint32_t sim_round) {
+  void Announce(RoundBeginRequest rb, uint32_t sim_round, uint32_t k) {
     rb.round = sim_round;
     RoundBeginMsg m = RoundBeginMessage(rb);
     m.iteration = static_cast<uint32_t>(iteration);
-    for (auto& wk : workers) wk->to_worker.Send(m, clock.now);
+    for (auto& wk : workers) wk->to_worker[k].Send(m, clock.now);
   }
 
-  // Push: every worker -> server; the server decides STOP with its p.
+  // Push: every worker -> each shard; each shard decides STOP with its p.
   void BeginPush(const IterationOutcome& out,
                  std::span<const std::vector<float>> grads) {
     push_start_ns = clock.now;
-    const PushOpening open = job.OpenPush(iteration, clock.ns());
-    const RoundBeginRequest& rb = open.announce;
-    Announce(rb, out.push_round);
+    for (auto& sh : shards) {
+      const PushOpening open = sh->job.OpenPush(iteration, clock.ns());
+      const RoundBeginRequest& rb = open.announce;
+      Announce(rb, out.push_round, sh->index);
+      for (auto& ln : sh->links) {
+        ln->push.Begin(out.push_round, rb.p, open.deadline_ns, rb.min_fraction,
+                       clock.ns());
+      }
+    }
     for (uint32_t w = 0; w < workers.size(); ++w) {
       Worker& wk = *workers[w];
-      links[w]->push.Begin(out.push_round, rb.p, open.deadline_ns,
-                           rb.min_fraction, clock.ns());
       if (!grads.empty()) wk.source->set_current(&grads[w]);
       bool more = true;
       // In one process the server cannot go away while a worker waits.
       Check(wk.model->Prepare(iteration, &more, {}));
-      wk.push.Begin(out.push_round, wk.model->grad(), layout.num_chunks(),
-                    clock.ns());
-      // Open the broadcast receiver now, so no early broadcast frame is lost.
-      // Its p is unknown until the broadcast's ROUND_BEGIN lands (the policy
-      // may switch after this push), so until then it may only STOP on a
-      // complete buffer (p = 0), which satisfies any p. Opening it with the
-      // previous round's p let a worker STOP by a stale, higher p.
-      wk.bcast.Begin(out.bcast_round, 0.0, 0, 0, clock.ns());
+      for (uint32_t k = 0; k < shards.size(); ++k) {
+        wk.push[k]->Begin(out.push_round,
+                          Slice(std::span<const float>(wk.model->grad()), k),
+                          shards[k]->layout.num_chunks(), clock.ns());
+        // Open the broadcast receiver now, so no early broadcast frame is
+        // lost. Its p is unknown until the broadcast's ROUND_BEGIN lands
+        // (the policy may switch after this push), so until then it may
+        // only STOP on a complete buffer (p = 0), which satisfies any p.
+        // Opening it with the previous round's p let a worker STOP by a
+        // stale, higher p.
+        wk.bcast[k]->Begin(out.bcast_round, 0.0, 0, 0, clock.ns());
+      }
     }
     InjectStale();
   }
 
-  void EndPush(IterationOutcome& out) {
-    double push_end = push_start_ns;
-    for (auto& wk : workers) {
-      push_end =
-          std::max(push_end, static_cast<double>(wk->push.side.done_ns()));
+  // Every shard's ClosePush. With several shards each one's Reduce asks
+  // the phase (phase_link.h) and blocks until all have asked, as shards in
+  // their own processes do: one thread each, joined here.
+  void ClosePushes(uint64_t push_end, bool burst) {
+    auto close = [&](Shard& sh) {
+      sh.posts.clear();
+      sh.reduced = sh.job.ClosePush(
+          iteration,
+          ClosedPush{push_end, sh.push_arrived, sh.push_stop_ns, burst},
+          &sh.accepted, &sh.posts);
+    };
+    if (shards.size() == 1) {
+      close(*shards[0]);
+      return;
     }
-    out.push_round_ns = push_end - push_start_ns;
-    for (uint32_t w = 0; w < links.size(); ++w) {
-      ServerLink& ln = *links[w];
-      ln.push.Close();
-      ln.push.receiver().SnapshotBitmap(push_arrived[w]);
-      push_stop_ns[w] = ln.push.stop_ns();
-    }
-    // What the servers decide (ServerJob): mean, policy, rows, broadcast.
-    posts.clear();
-    reduced = job.ClosePush(iteration,
-                            ClosedPush{static_cast<uint64_t>(push_end),
-                                       push_arrived, push_stop_ns, out.burst},
-                            &accepted, &posts);
-    out.grad_norm = reduced.norm;
-    out.failure = reduced.failure;
+    std::vector<std::thread> threads;
+    for (auto& sh : shards) threads.emplace_back(close, std::ref(*sh));
+    for (auto& t : threads) t.join();
   }
 
-  // Broadcast: server -> every worker; each worker decides STOP with the p
-  // its ROUND_BEGIN announces.
-  void BeginBroadcast(IterationOutcome& out) {
-    out.bcast_tolerance = reduced.broadcast;
-    bcast_start_ns = clock.now;
-    for (const ControlRequest& r : posts) {  // ACCEPTED, then ROUND_BEGIN
-      AcceptedMsg m;
-      if (const auto* rb = std::get_if<RoundBeginRequest>(&r)) {
-        Announce(*rb, out.bcast_round);
-      } else if (const auto* a = std::get_if<AcceptedRequest>(&r);
-                 a != nullptr && accepted.Take(a->peer, a->round, &m)) {
-        workers[a->peer]->to_worker.Send(m, clock.now);
-      }
-    }
+  void EndPush(IterationOutcome& out) {
+    double push_end = push_start_ns;
+    AllPairs([&](uint32_t w, uint32_t k) {
+      push_end = std::max(
+          push_end, static_cast<double>(workers[w]->push[k]->side.done_ns()));
+      return true;
+    });
+    out.push_round_ns = push_end - push_start_ns;
+    std::vector<Bitmap> local(shards.size());
     for (uint32_t w = 0; w < workers.size(); ++w) {
-      job.BroadcastOrder(w, iteration, layout.num_chunks(), &order_buf);
-      links[w]->bcast.Begin(out.bcast_round, job.iteration().mean(), order_buf,
-                            layout.num_chunks(), clock.ns());
+      for (auto& sh : shards) {
+        ServerLink& ln = *sh->links[w];
+        ln.push.Close();
+        ln.push.receiver().SnapshotBitmap(sh->push_arrived[w]);
+        sh->push_stop_ns[w] = ln.push.stop_ns();
+        local[sh->index] = sh->push_arrived[w];
+      }
+      Union(local, &push_arrived[w]);
+    }
+    // What the servers decide (ServerJob): mean, policy, rows, broadcast.
+    ClosePushes(static_cast<uint64_t>(push_end), out.burst);
+    out.grad_norm = shards[0]->reduced.norm;
+    for (auto& sh : shards) {
+      if (out.failure.empty()) out.failure = sh->reduced.failure;
+      const std::span<const float> part = sh->job.iteration().mean();
+      std::copy(part.begin(), part.end(),
+                Slice(std::span<float>(mean), sh->index).begin());
+    }
+  }
+
+  // Broadcast: each shard -> every worker; each worker decides STOP with
+  // the p its ROUND_BEGIN announces.
+  void BeginBroadcast(IterationOutcome& out) {
+    out.bcast_tolerance = shards[0]->reduced.broadcast;
+    bcast_start_ns = clock.now;
+    for (auto& sh : shards) {
+      for (const ControlRequest& r : sh->posts) {  // ACCEPTED, then ROUND_BEGIN
+        AcceptedMsg m;
+        if (const auto* rb = std::get_if<RoundBeginRequest>(&r)) {
+          Announce(*rb, out.bcast_round, sh->index);
+        } else if (const auto* a = std::get_if<AcceptedRequest>(&r);
+                   a != nullptr && sh->accepted.Take(a->peer, a->round, &m)) {
+          workers[a->peer]->to_worker[sh->index].Send(m, clock.now);
+        }
+      }
+      for (uint32_t w = 0; w < workers.size(); ++w) {
+        sh->job.BroadcastOrder(w, iteration, sh->layout.num_chunks(),
+                               &sh->order_buf);
+        sh->links[w]->bcast.Begin(out.bcast_round, sh->job.iteration().mean(),
+                                  sh->order_buf, sh->layout.num_chunks(),
+                                  clock.ns());
+      }
     }
   }
 
   void EndBroadcast(IterationOutcome& out) {
     double bcast_end = bcast_start_ns;
     for (auto& wk : workers) {
-      bcast_end = std::max(bcast_end, static_cast<double>(wk->bcast.stop_ns()));
-      wk->bcast.Close();
-      wk->bcast.receiver().SnapshotBitmap(wk->bcast_arrived);
+      for (uint32_t k = 0; k < shards.size(); ++k) {
+        ReceiveSide& rx = *wk->bcast[k];
+        bcast_end = std::max(bcast_end, static_cast<double>(rx.stop_ns()));
+        rx.Close();
+        rx.receiver().SnapshotBitmap(wk->bcast_local[k]);
+      }
+      Union(wk->bcast_local, &wk->bcast_arrived);
     }
     out.bcast_round_ns = bcast_end - bcast_start_ns;
     // A broadcast shorter than a control message's flight: the ACCEPTED
@@ -694,7 +961,7 @@ struct MemoryCluster::Impl {
 
   void Absorb(uint32_t w) {
     Worker& wk = *workers[w];
-    SimFeedback feedback{&wk.accepted};
+    SimFeedback feedback{this, &wk};
     Check(wk.model->Absorb(iteration, feedback, wk.bcast_arrived, 0));
     if (!external.empty()) {
       const std::span<const float> avg = wk.model->avg();
@@ -711,19 +978,24 @@ struct MemoryCluster::Impl {
     const double n = layout.num_chunks();
     for (uint32_t w = 0; w < workers.size(); ++w) {
       const Worker& wk = *workers[w];
-      const ServerLink& ln = *links[w];
       IterationRecord r;
       r.iteration = iteration;
       r.rank = w;
-      r.send_latency_us =
-          (static_cast<double>(wk.push.side.done_ns()) - push_start_ns) / 1e3;
-      r.bcast_latency_us =
-          (static_cast<double>(wk.bcast.stop_ns()) - bcast_start_ns) / 1e3;
-      const SenderRound& push = wk.push.side.sender();
-      r.passes = push.passes();
-      r.bcast_passes = ln.bcast.side.sender().passes();
-      r.packets_sent = push.packets_sent();
-      r.packets_resent = push.packets_resent();
+      double push_done = push_start_ns, bcast_done = bcast_start_ns;
+      for (uint32_t k = 0; k < shards.size(); ++k) {
+        const SendSide& side = wk.push[k]->side;
+        push_done = std::max(push_done, static_cast<double>(side.done_ns()));
+        bcast_done =
+            std::max(bcast_done, static_cast<double>(wk.bcast[k]->stop_ns()));
+        const SenderRound& push = side.sender();
+        r.passes = std::max(r.passes, push.passes());
+        r.bcast_passes = std::max(
+            r.bcast_passes, shards[k]->links[w]->bcast.side.sender().passes());
+        r.packets_sent += push.packets_sent();
+        r.packets_resent += push.packets_resent();
+      }
+      r.send_latency_us = (push_done - push_start_ns) / 1e3;
+      r.bcast_latency_us = (bcast_done - bcast_start_ns) / 1e3;
       r.delivered_fraction = push_arrived[w].Count() / n;
       r.p = out.push_tolerance.p;
       r.critical = out.push_tolerance.critical;
@@ -741,9 +1013,9 @@ struct MemoryCluster::Impl {
     out.push_round = round;
     out.bcast_round = round + 1;
     for (auto& l : push_loss) l->SetIteration(iteration);
-    bcast_loss.SetIteration(iteration);
+    for (auto& sh : shards) sh->bcast_loss.SetIteration(iteration);
     out.burst = push_loss[0]->InBurst();
-    out.push_tolerance = job.PushTolerance(iteration);
+    out.push_tolerance = shards[0]->job.PushTolerance(iteration);
 
     BeginPush(out, grads);
     RunRound(Direction::kPush);
@@ -760,29 +1032,26 @@ struct MemoryCluster::Impl {
 
   ClusterConfig cfg;
   std::vector<GradientSource*> external;  // the caller's, one per worker
-  ChunkLayout layout;
+  ChunkLayout layout;                     // the whole gradient's
+  ShardMap shard_map;                     // its partitions
   LoopbackFabric fabric;
-  ServerJob job;        // the server's job, as dblp-server's
-  AcceptedSlots accepted;  // push feedback, staged by the job
-  ReducedPush reduced;  // this iteration's
-  std::vector<ControlRequest> posts;  // what the job announced
-  std::vector<Bitmap> push_arrived;   // per worker, the closed push
-  std::vector<uint64_t> push_stop_ns;
-  std::vector<uint32_t> order_buf;
-  LossInjector bcast_loss;
+  SimClock clock;
+  // A sharded job's phase (phase_link.h); null with one shard.
+  std::unique_ptr<InProcessPhase> phase;
+  std::vector<std::unique_ptr<Shard>> shards;
+  std::vector<Bitmap> push_arrived;  // per worker, the closed push (whole)
+  std::vector<float> mean;           // the shards' means, whole
   std::vector<std::unique_ptr<LossInjector>> push_loss;
   std::vector<std::unique_ptr<Worker>> workers;
-  std::vector<std::unique_ptr<ServerLink>> links;
   uint32_t round;
   uint64_t iteration = 0;
-  SimClock clock;
   double push_start_ns = 0;
   double bcast_start_ns = 0;
-  uint32_t rr = 0;        // the sender the next turn tries first
   uint64_t poll_gen = 0;  // RX polls so far, all endpoints
   uint64_t unknown_source = 0;
-  std::vector<bool> rx_from;  // PollServer: frames from each worker this poll
+  std::vector<bool> rx_from_shard;  // PollWorker: frames from each shard
   std::vector<Packet> rx_buf;
+  mutable std::vector<uint64_t> whole_words;  // Union's
 };
 
 MemoryCluster::MemoryCluster(const ClusterConfig& config,
@@ -797,9 +1066,14 @@ IterationOutcome MemoryCluster::RunIteration(
 
 const ClusterConfig& MemoryCluster::config() const { return impl_->cfg; }
 const ChunkLayout& MemoryCluster::layout() const { return impl_->layout; }
+uint32_t MemoryCluster::shard_first_chunk(uint32_t k) const {
+  return impl_->shards.at(k)->first_chunk;
+}
+const ChunkLayout& MemoryCluster::shard_layout(uint32_t k) const {
+  return impl_->shards.at(k)->layout;
+}
 const std::vector<float>& MemoryCluster::server_mean() const {
-  const ServerIteration& it = impl_->job.iteration();
-  return it.mean();
+  return impl_->mean;
 }
 const std::vector<float>& MemoryCluster::worker_average(uint32_t rank) const {
   return impl_->workers.at(rank)->average;
@@ -814,23 +1088,29 @@ const Bitmap& MemoryCluster::bcast_arrived(uint32_t rank) const {
 NamedCounters MemoryCluster::server_counters() const {
   NamedCounters c;
   std::vector<const ReceiverRound*> receivers;
-  for (const auto& ln : impl_->links) receivers.push_back(&ln->push.receiver());
+  for (const auto& sh : impl_->shards) {
+    for (const auto& ln : sh->links) receivers.push_back(&ln->push.receiver());
+  }
   AddReceiverCounters("push_", receivers, true, &c);
   uint64_t injected = 0;
   for (const auto& l : impl_->push_loss) injected += l->dropped();
   c.emplace_back("injected_drops", injected);
   c.emplace_back("frames_unpinned_source", impl_->unknown_source);
-  impl_->job.AddCounters(&c);
+  impl_->shards[0]->job.AddCounters(&c);
   return c;
 }
 
 std::vector<std::pair<std::string, std::string>> MemoryCluster::server_info()
     const {
-  return impl_->job.Info();
+  auto info = impl_->shards[0]->job.Info();
+  if (impl_->shards.size() > 1) {
+    info.emplace_back("server_shards", std::to_string(impl_->shards.size()));
+  }
+  return info;
 }
 
-std::vector<IterationRecord>& MemoryCluster::server_rows() {
-  return impl_->job.rows();
+std::vector<IterationRecord>& MemoryCluster::server_rows(uint32_t k) {
+  return impl_->shards.at(k)->job.rows();
 }
 
 ClusterCounters MemoryCluster::counters() const {
@@ -850,10 +1130,14 @@ ClusterCounters MemoryCluster::counters() const {
                         rx.verdict_count(Verdict::kIdle);
     c.stops_sent += side.stops_sent();
   };
-  for (const auto& ln : impl_->links) add(ln->push);
+  for (const auto& sh : impl_->shards) {
+    for (const auto& ln : sh->links) add(ln->push);
+  }
   for (const auto& wk : impl_->workers) {
-    add(wk->bcast);
-    c.control_messages += wk->to_worker.sent + wk->to_server.sent;
+    for (uint32_t k = 0; k < wk->bcast.size(); ++k) {
+      add(*wk->bcast[k]);
+      c.control_messages += wk->to_worker[k].sent + wk->to_server[k].sent;
+    }
   }
   c.malformed += impl_->unknown_source;
   for (uint32_t i = 0; i < impl_->fabric.size(); ++i) {

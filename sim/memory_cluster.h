@@ -1,14 +1,18 @@
-// A whole DBLP job in one process: one server and W workers exchanging real
-// DBLP frames over the in-memory loopback fabric, with real control messages
-// (encoded and decoded by the control codec, delivered in pieces), software
-// loss and microbursts, stale-round replays, the tolerance policy and the
-// server's mean.
+// A whole DBLP job in one process: S server shards (each a ServerJob over its
+// partition of the gradient, one phase for the whole model) and W workers
+// exchanging real DBLP frames over the in-memory loopback fabric, with real
+// control messages (encoded and decoded by the control codec, delivered in
+// pieces), software loss and microbursts, stale-round replays, the tolerance
+// policy and the servers' mean.
 //
-// Time is modelled, not measured: every data frame costs `ns_per_frame` on
-// the one link into (or out of) the server, and every control message takes
-// `control_one_way_ns` to arrive. The protocol logic is the real one; only
-// the clock is simulated, so results are deterministic for a seed. The DPDK
-// apps (src/, apps/) measure real time.
+// Time is modelled, not measured (sim/sim_costs.h): the loop runs in turns,
+// in each of which every sender sends at most one burst per link; a turn
+// lasts as long as its busiest resource needs (a host's NIC in or out, an
+// lcore's CPU, the shared cores of a small host), so W workers into one
+// server link take W times as long as one (the incast). Every control
+// message takes costs.control_one_way_ns to arrive. The protocol logic is the
+// real one; only the clock is simulated, so results are deterministic for a
+// seed. The DPDK apps (src/, apps/) measure real time.
 #pragma once
 
 #include <cstdint>
@@ -28,6 +32,7 @@
 #include "dblp/wire/bitmap.h"
 #include "dblp/wire/chunking.h"
 #include "dblp/wire/wire.h"
+#include "sim/sim_costs.h"
 
 namespace dblp {
 
@@ -50,8 +55,13 @@ struct ClusterConfig : ServerJobSettings {
   uint32_t burst = 32;              // frames per TX burst
   uint32_t stale_replay = 16;       // frames of the last round replayed
   size_t ring_size = 1 << 16;       // receive ring per endpoint
-  double ns_per_frame = 1230;       // 1500 B at 10 Gb/s (incl. overhead)
-  double control_one_way_ns = 10000;
+  SimCosts costs;                   // the clock's model (10 Gb/s links)
+  // Server shards (processes), each over its own partition of the chunks
+  // (ShardMap(num_chunks, S)) with its own link; and the datapath lcores of
+  // each shard and of each worker, which share its CPU work evenly.
+  uint32_t server_shards = 1;
+  uint32_t server_lcores = 1;
+  uint32_t worker_lcores = 1;
   // Modelled time without progress (send_side.h, receive_side.h) after
   // which a round fails (std::runtime_error naming the workers), as
   // --round_timeout_ms in the apps: 100% loss ends, never spins.
@@ -110,8 +120,12 @@ class MemoryCluster {
   IterationOutcome RunIteration() { return RunIteration({}); }
 
   const ClusterConfig& config() const;
+  // The whole gradient's layout (each shard runs over a slice of it).
   const ChunkLayout& layout() const;
-  // The server's mean of the last iteration (after push fill).
+  // Server shard k's first global chunk and its partition's layout.
+  uint32_t shard_first_chunk(uint32_t k) const;
+  const ChunkLayout& shard_layout(uint32_t k) const;
+  // The servers' mean of the last iteration (after push fill), whole.
   const std::vector<float>& server_mean() const;
   // What worker `rank` received of the mean (after broadcast fill).
   const std::vector<float>& worker_average(uint32_t rank) const;
@@ -120,13 +134,14 @@ class MemoryCluster {
   // Which chunks of the last broadcast reached worker `rank`.
   const Bitmap& bcast_arrived(uint32_t rank) const;
   ClusterCounters counters() const;
-  // The server's counters by the apps' names (push_<verdict>,
-  // decode_<status>, injected_drops, frames_unpinned_source).
+  // The servers' counters by the apps' names (push_<verdict>,
+  // decode_<status>, injected_drops, frames_unpinned_source): the frames'
+  // over every shard, the job's (bad gradients, clipping) shard 0's.
   NamedCounters server_counters() const;
   // The server job's settings for a summary (ServerJob::Info).
   std::vector<std::pair<std::string, std::string>> server_info() const;
-  // The server's rows (the ServerJob's, as dblp-server writes them).
-  std::vector<IterationRecord>& server_rows();
+  // Server shard k's rows (its ServerJob's, as dblp-server writes them).
+  std::vector<IterationRecord>& server_rows(uint32_t k = 0);
 
  private:
   struct Impl;
