@@ -164,8 +164,9 @@ ShardLinks::Event ShardLinks::OnDirectoryMessage(const ControlMessage& m) {
   }
   if (const auto* a = std::get_if<ShardAssignMsg>(&m)) {
     if (assigned_ || a->shard_index != cfg_.role.index ||
-        a->shard_count != cfg_.role.count) {
-      Fail(ShardName(0) + " sent a SHARD_ASSIGN for another shard");
+        a->shard_count != cfg_.role.count || a->num_chunks == 0 ||
+        a->chunk_payload == 0) {
+      Fail(ShardName(0) + " sent a SHARD_ASSIGN that is not this shard's");
       return Event::kNone;
     }
     own_ = *a;
