@@ -3,13 +3,17 @@
 // tolerance policy and broadcasts the mean back.
 #include <gflags/gflags.h>
 
+#include <charconv>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <memory>
 
 #include "common_flags.h"
+#include "dblp/base/ipv4_endpoint.h"
 #include "dblp/base/log.h"
+#include "dblp/control/control.h"
 #include "dblp/control/control_sidecar.h"
 #include "eal_app.h"
 #include "runtime_flags.h"
@@ -36,6 +40,85 @@ DEFINE_bool(flow_isolate, false,
             "put each port in rte_flow isolated mode, so that only the "
             "job's UDP ports reach DPDK and the kernel keeps the rest "
             "(bifurcated NICs such as mlx5; net_tap); needs flow rules");
+DEFINE_uint32(shards, 1,
+              "server shards of the job: dblp-server processes that each "
+              "own a partition of the gradient's chunks (1..64)");
+DEFINE_uint32(shard_index, 0,
+              "this server's shard, 0..shards-1; shard 0 is the job's "
+              "directory, the address every worker joins");
+DEFINE_string(directory, "",
+              "shard 0's control address (its --listen), for a shard "
+              "index > 0; it registers there");
+
+namespace {
+
+// The flags every server shard must share: a shard whose differ is
+// refused, naming the first (ShardRegistry).
+constexpr const char* kShardJobFlags[] = {
+    "workers",      "policy",           "p_fixed",       "p_low",
+    "p_high",       "clr_freq",         "clr_eta",       "ltp_deadline_factor",
+    "ltp_window",   "ltp_min_fraction", "frame_auth",    "push_fill",
+    "resync_every", "bcast_tolerance",  "push_feedback", "on_bad_gradient",
+    "clip_norm",    "on_worker_loss",   "zero_fraction", "zero_iters",
+    "mtu",          "insecure"};
+
+// Doubles in their shortest exact form ("0.008", not gflags'
+// "0.0080000000000000002"): the same value gives the same text.
+std::string ShardJobFlags() {
+  std::string out;
+  for (const char* name : kShardJobFlags) {
+    gflags::CommandLineFlagInfo info;
+    if (!gflags::GetCommandLineFlagInfo(name, &info)) continue;
+    std::string value = info.current_value;
+    if (info.type == "double") {
+      char buf[64];
+      const double d = std::strtod(value.c_str(), nullptr);
+      const auto r = std::to_chars(buf, buf + sizeof buf, d);
+      value.assign(buf, r.ptr);
+    }
+    out += std::string("--") + name + "=" + value + "\n";
+  }
+  return out;
+}
+
+// Checked before the EAL starts: exits 2 naming the flag.
+dblp::ShardRole ShardRoleFromFlags() {
+  if (FLAGS_shards < 1 || FLAGS_shards > dblp::kMaxServerShards) {
+    dblp::FlagError("--shards=" + std::to_string(FLAGS_shards) +
+                    " is out of range: use 1.." +
+                    std::to_string(dblp::kMaxServerShards));
+  }
+  if (FLAGS_shard_index >= FLAGS_shards) {
+    dblp::FlagError("--shard_index=" + std::to_string(FLAGS_shard_index) +
+                    " needs --shards above it: use 0.." +
+                    std::to_string(FLAGS_shards - 1));
+  }
+  if (FLAGS_shard_index > 0 && FLAGS_directory.empty()) {
+    dblp::FlagError("--shard_index=" + std::to_string(FLAGS_shard_index) +
+                    " needs --directory=IP:PORT, the --listen of shard 0");
+  }
+  if (FLAGS_shard_index == 0 && !FLAGS_directory.empty()) {
+    dblp::FlagError(
+        "--directory is for shards 1..shards-1; shard 0 is the "
+        "directory (drop --directory or set --shard_index)");
+  }
+  dblp::ShardRole role;
+  role.index = static_cast<uint16_t>(FLAGS_shard_index);
+  role.count = static_cast<uint16_t>(FLAGS_shards);
+  role.directory = FLAGS_shard_index > 0 ? FLAGS_directory : FLAGS_listen;
+  if (role.index > 0) {
+    sockaddr_in sa{};
+    std::string err;
+    if (!dblp::ParseIpv4Endpoint(FLAGS_directory, false, false, "10.0.0.1:9100",
+                                 &sa, &err)) {
+      dblp::FlagError("--directory=" + FLAGS_directory + ": " + err);
+    }
+  }
+  return role;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   dblp::ParseAppFlagsOrDie(
       argc, argv,
@@ -45,6 +128,8 @@ int main(int argc, char** argv) {
       "--workers=1 --policy=dblp");
 
   dblp::ServerOptions o;
+  o.shard_role = ShardRoleFromFlags();
+  o.shard_job_flags = ShardJobFlags();
   o.listen = FLAGS_listen;
   o.workers = FLAGS_workers;
   o.local_ip = FLAGS_local_ip;
