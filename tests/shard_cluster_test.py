@@ -6,12 +6,18 @@ same job on one dblp-server.
 Modes (one per meson test):
 
   parity  (default) 1 server, then 2 shards, 3 workers each, integer
-          gradients, no injected loss. Every dumped mean (the shards'
-          partitions laid end to end) and every worker's applied average
-          must be bit-identical to the one-server job's, and every shard's
-          rows must carry the one-server job's p, phase and mean norm every
-          iteration (--policy=dblp: the reference must itself leave and
-          re-enter the critical regime, or the test shows nothing).
+          gradients (sums exact in float32), no injected loss. Which copies
+          a round sums is timing (STOP at ceil((1-p)N) while frames are in
+          flight), so: every shard mean (the partitions end to end) must
+          be the mean of its own arrivals, bit for bit; wherever both jobs
+          summed the same copies, the one server's, bit for bit (at least
+          half of all floats); every shard's rows must carry the one
+          server's p and phase every iteration (the same CLR decisions)
+          and the norm of the whole mean, and the one server's norm bits
+          where every arrival matched; every worker applies the shards'
+          mean where its broadcast arrived (--policy=dblp: the reference
+          must itself leave and re-enter the critical regime, or the test
+          shows nothing).
   --loss  2 shards under Bernoulli loss and a 70% burst: every shard's push
           rounds deliver >= ceil((1 - p) N_k) of its own N_k chunks, and
           every worker's average equals the shards' mean on every chunk its
@@ -36,8 +42,8 @@ import sys
 import tempfile
 import time
 
-from dblp_testlib import (check, finish, free_port, make_secret, read_bits,
-                          read_f32)
+from dblp_testlib import (check, f32, finish, free_port, integer_value,
+                          make_secret, read_bits, read_f32)
 
 WORKERS = 3
 ITERATIONS = 12
@@ -226,7 +232,45 @@ def sharded_mean(tmp, shards, it):
     return mean
 
 
+CHUNK_FLOATS = (((1500 - 20 - 8 - 20) & ~3) - 16) // 4  # full tags: 359
+N_CHUNKS = (FLOATS + CHUNK_FLOATS - 1) // CHUNK_FLOATS
+BOUNDS = {1: [0, N_CHUNKS], 2: [0, 128, N_CHUNKS]}  # ShardMap's, 64-aligned
+
+
+def push_bits(tmp, shards, rank, it):
+    """Worker `rank`'s push chunks that the server(s) summed in iteration
+    `it`, in global chunk order (each shard dumps its partition's bits)."""
+    bits = []
+    b = BOUNDS[shards]
+    for k in range(shards):
+        bits += read_bits(os.path.join(tmp, "dump", "s%d" % k,
+                                       "w%d_it%d_push.bits" % (rank, it)),
+                          b[k + 1] - b[k])
+    return bits
+
+
+def train_step(it, every):
+    if every == 0:
+        return it
+    if (it + 1) % (every + 1) == 0:
+        return None
+    return it - (it + 1) // (every + 1)
+
+
+def sent_value(a, j, step, rank):
+    """What worker `rank` pushed at float j (integer gradients, x4 in the
+    --norm_jumps window; a resync pushes the integer source's model: 0)."""
+    if step is None:
+        return 0.0
+    jump = a["policy"] == "dblp" and 4 <= step < 7
+    return integer_value(j, step, rank) * (4.0 if jump else 1.0)
+
+
 def parity(a):
+    """The same job on one server and on two shards. Which chunks a round
+    sums is timing (STOP at ceil((1-p)N) while frames are in flight), so
+    the runs are compared where their arrivals agree, and each is checked
+    against its own arrivals everywhere."""
     ref = tempfile.mkdtemp(prefix="dblp-shards-ref-")
     sh = tempfile.mkdtemp(prefix="dblp-shards-2-")
     run_job(a, ref, 1)
@@ -235,37 +279,83 @@ def parity(a):
           "shard 1" in out["shard1"][1] or "shard 1" in out["shard0"][1],
           out["shard1"][1][-600:])
     ref_rows, s0, s1 = rows_of(ref, 0), rows_of(sh, 0), rows_of(sh, 1)
-    for key in ("p", "critical", "grad_norm"):
+    for key in ("p", "critical"):
         want = per_iteration(ref_rows, key)
         for k, rows in enumerate((s0, s1)):
             got = per_iteration(rows, key)
-            check("shard %d: %s of every iteration as one server's" % (k, key),
-                  got == want, "one server %s\nshard %d %s" % (want, k, got))
+            check("shard %d: the one server's %s every iteration (one phase, "
+                  "the same CLR decisions)" % (k, key), got == want,
+                  "one server %s\nshard %d %s" % (want, k, got))
+    norms0, norms1 = (per_iteration(s0, "grad_norm"),
+                      per_iteration(s1, "grad_norm"))
+    check("both shards record the job's one norm every iteration",
+          norms0 == norms1, "%s\n%s" % (norms0, norms1))
     if a["policy"] == "dblp":
         ps = [p for _, p in sorted(per_iteration(ref_rows, "p").items())]
         check("the reference left and re-entered the critical regime",
               P_HIGH in ps and any(x == P_HIGH and y == P_LOW
                                    for x, y in zip(ps, ps[1:])), ps)
-    same_means, same_avgs = True, True
-    detail = ""
-    rr, rs = ranks_of(ref), ranks_of(sh)
+    ref_norms = per_iteration(ref_rows, "grad_norm")
+    rank_of = ranks_of(sh)
+    bad = {"recompute": "", "ref": "", "norm": "", "same_norm": "",
+           "avg": ""}
+    compared = same_sets = 0
     for it in range(DUMP_ITERS):
-        want = read_f32(os.path.join(ref, "dump", "s0", "mean_it%d.f32" % it))
-        got = sharded_mean(sh, 2, it)
-        if list(want) != list(got):
-            same_means = False
-            detail = "iteration %d: %d floats vs %d" % (it, len(want), len(got))
+        step = train_step(it, a["resync"])
+        mean = sharded_mean(sh, 2, it)
+        want_ref = read_f32(os.path.join(ref, "dump", "s0",
+                                         "mean_it%d.f32" % it))
+        arr = [push_bits(sh, 2, r, it) for r in range(WORKERS)]
+        arr_ref = [push_bits(ref, 1, r, it) for r in range(WORKERS)]
+        for j in range(FLOATS):
+            c = j // CHUNK_FLOATS
+            got = [r for r in range(WORKERS) if arr[r][c]]
+            s = sum(sent_value(a, j, step, r) for r in got)
+            expect = f32(s / len(got)) if got else 0.0
+            if mean[j] != expect and not bad["recompute"]:
+                bad["recompute"] = ("iteration %d float %d: %r, its own "
+                                    "arrivals give %r" % (it, j, mean[j],
+                                                          expect))
+            if [arr[r][c] for r in range(WORKERS)] == \
+                    [arr_ref[r][c] for r in range(WORKERS)]:
+                compared += 1
+                if mean[j] != want_ref[j] and not bad["ref"]:
+                    bad["ref"] = ("iteration %d float %d: shards %r, one "
+                                  "server %r" % (it, j, mean[j], want_ref[j]))
+        norm = math.sqrt(sum(float(x) * x for x in mean))
+        if abs(norms0[it] - norm) > 1e-9 * max(norm, 1) and not bad["norm"]:
+            bad["norm"] = ("iteration %d: rows %r, the whole mean's %r"
+                           % (it, norms0[it], norm))
+        if arr == arr_ref:
+            same_sets += 1
+            if norms0[it] != ref_norms[it] and not bad["same_norm"]:
+                bad["same_norm"] = ("iteration %d: %r vs one server's %r" %
+                                    (it, norms0[it], ref_norms[it]))
         for w in range(WORKERS):
-            path = "w%d_it%d_avg.f32"
-            x = read_f32(os.path.join(ref, "dump", "w", path % (rr[w], it)))
-            y = read_f32(os.path.join(sh, "dump", "w", path % (rs[w], it)))
-            if x != y:
-                same_avgs = False
-                detail = "iteration %d worker %d" % (it, w)
-    check("the shards' means are the one server's, bit for bit", same_means,
-          detail)
-    check("every worker applied the one server's averages, bit for bit",
-          same_avgs, detail)
+            r = rank_of[w]
+            avg = read_f32(os.path.join(sh, "dump", "w",
+                                        "w%d_it%d_avg.f32" % (r, it)))
+            got = read_bits(os.path.join(sh, "dump", "w",
+                                         "w%d_it%d_bcast.bits" % (r, it)),
+                            N_CHUNKS)
+            for j in range(FLOATS):
+                if avg[j] != (mean[j] if got[j // CHUNK_FLOATS] else 0.0):
+                    bad["avg"] = bad["avg"] or ("iteration %d worker %d "
+                                                "float %d" % (it, w, j))
+                    break
+    check("every shard mean is the mean of its own arrivals, bit for bit",
+          not bad["recompute"], bad["recompute"])
+    check("where both jobs summed the same copies, the shards' mean is the "
+          "one server's, bit for bit (%d of %d floats)" % (
+              compared, DUMP_ITERS * FLOATS),
+          not bad["ref"] and compared >= DUMP_ITERS * FLOATS // 2, bad["ref"])
+    check("the rows' norm is the whole mean's (both partitions)",
+          not bad["norm"], bad["norm"])
+    check("iterations whose arrivals match carry the one server's norm, "
+          "bit for bit (%d of %d)" % (same_sets, DUMP_ITERS),
+          not bad["same_norm"], bad["same_norm"])
+    check("every worker applied the shards' mean where its broadcast "
+          "arrived", not bad["avg"], bad["avg"])
     shutil.rmtree(ref, ignore_errors=True)
     shutil.rmtree(sh, ignore_errors=True)
 
@@ -273,10 +363,7 @@ def parity(a):
 def lossy(a):
     sh = tempfile.mkdtemp(prefix="dblp-shards-loss-")
     run_job(a, sh, 2, lossy=True)
-    tag = 16
-    chunk_floats = (((1500 - 20 - 8 - 20) & ~3) - tag) // 4
-    n = (FLOATS + chunk_floats - 1) // chunk_floats
-    bounds = [0, 128, n]
+    chunk_floats, n, bounds = CHUNK_FLOATS, N_CHUNKS, BOUNDS[2]
     for k in range(2):
         nk = bounds[k + 1] - bounds[k]
         low = []
