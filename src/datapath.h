@@ -171,10 +171,12 @@ struct RingOutbox {
 // the frame goes on to the protocol (`*pf` then locates its DBLP bytes);
 // every frame turned away is counted by reason in `ctr`.
 // Always inlined: it runs once per received frame.
+// `port_lo..port_hi`: the UDP destination ports of several peers (a worker's
+// server shards on one port).
 [[gnu::always_inline]] inline bool AdmitFrame(
-    const rte_mbuf* m, uint16_t udp_port, RxLossInjector& loss, uint64_t now_ns,
-    DatapathCounters& ctr, ParsedFrame* pf) {
-  const FrameStatus fs = ParseFrame(m, udp_port, udp_port, pf);
+    const rte_mbuf* m, uint16_t port_lo, uint16_t port_hi, RxLossInjector& loss,
+    uint64_t now_ns, DatapathCounters& ctr, ParsedFrame* pf) {
+  const FrameStatus fs = ParseFrame(m, port_lo, port_hi, pf);
   if (fs != FrameStatus::kOk) {
     DatapathCounters::Add(ctr.frame_drops[static_cast<int>(fs)]);
     return false;
@@ -184,6 +186,11 @@ struct RingOutbox {
     return false;
   }
   return true;
+}
+[[gnu::always_inline]] inline bool AdmitFrame(
+    const rte_mbuf* m, uint16_t udp_port, RxLossInjector& loss, uint64_t now_ns,
+    DatapathCounters& ctr, ParsedFrame* pf) {
+  return AdmitFrame(m, udp_port, udp_port, loss, now_ns, ctr, pf);
 }
 
 // Asks for `n` bytes at `p` to be brought into the caches, a line at a
