@@ -85,6 +85,33 @@ std::vector<uint8_t> Frame(uint8_t type, const Bytes& body) {
   return out;
 }
 
+// v6: the directory's WELCOME (shard 0 of 3) with its shard map.
+WelcomeMsg ShardedWelcome() {
+  WelcomeMsg w;
+  w.session = 7;
+  w.num_workers = 2;
+  w.mtu = 1500;
+  w.chunk_payload = 1440;
+  w.num_chunks = 128;
+  w.total_bytes = 128 * 1440;
+  w.model_bytes = 300 * 1440 - 5;
+  w.policy = "dblp";
+  w.shard_count = 3;
+  for (uint16_t k = 0; k < 3; ++k) {
+    ShardEntry e;
+    e.control_ipv4 = 0x7F000001;
+    e.control_port = static_cast<uint16_t>(9100 + k);
+    e.data_ipv4 = 0x0A000001 + k;
+    e.data_mac = {0x02, 0, 0, 0, 0, static_cast<uint8_t>(k)};
+    e.udp_base_port = static_cast<uint16_t>(40000 + 100 * k);
+    e.queues = static_cast<uint16_t>(1 + k);
+    e.first_chunk = 128u * k;
+    e.num_chunks = k < 2 ? 128 : 44;
+    w.shards.push_back(e);
+  }
+  return w;
+}
+
 std::vector<ControlMessage> Samples() {
   std::vector<ControlMessage> v;
   JoinMsg join;
@@ -101,6 +128,15 @@ std::vector<ControlMessage> Samples() {
   join.data_ipv4 = 0x0A000009;
   join.data_udp_port = 51000;
   v.push_back(join);
+  // v6: a JOIN to server shard 2 of 3 with the directory's claim.
+  JoinMsg claim = join;
+  claim.shard_index = 2;
+  claim.shard_count = 3;
+  claim.first_chunk = 128;
+  claim.shard_chunks = 64;
+  claim.rank_plus_one = 4;
+  claim.directory_nonce.fill(0x3C);
+  v.push_back(claim);
 
   WelcomeMsg w;
   w.session = 0xDEADBEEF;
@@ -124,6 +160,7 @@ std::vector<ControlMessage> Samples() {
   w.job_nonce.fill(0x5A);
   for (size_t i = 0; i < w.mac.size(); ++i) w.mac[i] = static_cast<uint8_t>(i);
   v.push_back(w);
+  v.push_back(ShardedWelcome());
   ChallengeMsg ch;
   ch.nonce.fill(0x11);
   ch.proof.fill(0xEE);
@@ -411,6 +448,9 @@ TEST(ControlDecoder, EveryErrorReachedByCraftedFrame) {
     }
     // v4's tail: nonce, data MAC, IPv4, UDP port.
     for (int i = 0; i < 32 + 6 + 4 + 2; ++i) b.U8(0);
+    // v6's tail: shard 0 of 1, no claim, no directory nonce.
+    b.U16(0).U16(1).U32(0).U32(0).U16(0);
+    for (int i = 0; i < 32; ++i) b.U8(0);
     return Frame(1, b);
   };
   auto round_begin = [](double p, double minf) {
@@ -755,6 +795,99 @@ TEST(ControlCodec, MinFractionOneRoundTrips) {
   ControlMessage out;
   ASSERT_EQ(d.Next(out), ControlDecoder::Status::kMessage);
   EXPECT_EQ(std::get<RoundBeginMsg>(out), rb);
+}
+
+// v6's shard fields: the encoder and the decoder refuse a JOIN or WELCOME
+// whose shard place, claim or map cannot be right, naming the field.
+TEST(ControlCodec, ShardFieldsRejectedWhenInconsistent) {
+  auto join = [](auto edit) {
+    JoinMsg j;
+    edit(j);
+    return ControlMessage(j);
+  };
+  auto welcome = [](auto edit) {
+    WelcomeMsg w = ShardedWelcome();
+    edit(w);
+    return ControlMessage(w);
+  };
+  struct Bad {
+    ControlMessage msg;
+    ControlError want;
+    std::string field;
+  };
+  const std::vector<Bad> bad = {
+      {join([](JoinMsg& j) { j.shard_count = 0; }), ControlError::kBadValue,
+       "JOIN.shard_count"},
+      {join([](JoinMsg& j) { j.shard_count = 65; }), ControlError::kBadValue,
+       "JOIN.shard_count"},
+      {join([](JoinMsg& j) { j.shard_index = 1; }), ControlError::kBadValue,
+       "JOIN.shard_index"},
+      {join([](JoinMsg& j) {
+         j.shard_count = 2;
+         j.shard_index = 1;
+         j.first_chunk = 0xFFFFFFC0;
+         j.shard_chunks = 128;
+       }),
+       ControlError::kBadValue, "JOIN.shard_chunks"},
+      {welcome([](WelcomeMsg& w) { w.shard_index = 3; }),
+       ControlError::kBadValue, "WELCOME.shard_index"},
+      {welcome([](WelcomeMsg& w) { w.shards.pop_back(); }),
+       ControlError::kBadValue, "WELCOME.shards"},
+      {welcome([](WelcomeMsg& w) { w.shards[1].first_chunk = 127; }),
+       ControlError::kBadValue, "WELCOME.shards[1].first_chunk"},
+      {welcome([](WelcomeMsg& w) { w.shards[0].first_chunk = 1; }),
+       ControlError::kBadValue, "WELCOME.shards[0].first_chunk"},
+      {welcome([](WelcomeMsg& w) { w.shards[2].queues = 0; }),
+       ControlError::kBadValue, "WELCOME.shards[2].queues"},
+      {welcome([](WelcomeMsg& w) { w.num_chunks = 64; }),
+       ControlError::kBadValue, "not this WELCOME's partition"},
+      {welcome([](WelcomeMsg& w) { w.model_bytes = w.total_bytes - 1; }),
+       ControlError::kBadValue, "WELCOME.model_bytes"},
+      {welcome([](WelcomeMsg& w) {
+         w.shard_count = 64;
+         w.shards.resize(65, w.shards[2]);
+       }),
+       ControlError::kTooManyItems, "WELCOME.shards"},
+  };
+  for (const Bad& b : bad) {
+    SCOPED_TRACE(b.field);
+    std::string why;
+    EXPECT_EQ(ValidateControl(b.msg, &why), b.want);
+    EXPECT_NE(why.find(b.field), std::string::npos) << why;
+    EXPECT_THROW(EncodeControl(b.msg), std::invalid_argument);
+  }
+  // The decoder refuses the same values (the entry's bytes edited in a
+  // valid frame: shards[1].queues, 18 bytes into its entry).
+  std::vector<uint8_t> frame = EncodeControl(ShardedWelcome());
+  const size_t entry1_queues = frame.size() - 2 * 28 + 18;
+  ASSERT_EQ(frame[entry1_queues + 1], 2);
+  frame[entry1_queues + 1] = 0;
+  ExpectRejected(frame, ControlError::kBadValue, "WELCOME.shards[1].queues");
+}
+
+// A lying shard count is refused before anything is reserved for it.
+TEST(ControlDecoder, ShardMapCountBoundedByLimitAndFrame) {
+  std::vector<uint8_t> frame = EncodeControl(ShardedWelcome());
+  // The map's u32 count sits right before its 3 entries of 28 bytes.
+  const size_t count_at = frame.size() - 3 * 28 - 4;
+  ASSERT_EQ(frame[count_at + 3], 3);
+  std::vector<uint8_t> too_many = frame;
+  too_many[count_at + 3] = 65;
+  ExpectRejected(too_many, ControlError::kTooManyItems, "WELCOME.shards");
+  std::vector<uint8_t> past_end = frame;
+  past_end[count_at + 3] = 4;
+  ExpectRejected(past_end, ControlError::kTruncatedBody, "WELCOME.shards");
+}
+
+// A v5 JOIN (no shard fields) is cut short for a v6 decoder, not misread.
+TEST(ControlDecoder, JoinWithoutV6TailIsTruncated) {
+  std::vector<uint8_t> frame = EncodeControl(JoinMsg{});
+  const size_t v6_tail = 2 + 2 + 4 + 4 + 2 + 32;
+  frame.resize(frame.size() - v6_tail);
+  const uint32_t len = static_cast<uint32_t>(frame.size() - 4);
+  for (int i = 0; i < 4; ++i)
+    frame[i] = static_cast<uint8_t>(len >> (24 - 8 * i));
+  ExpectRejected(frame, ControlError::kTruncatedBody, "JOIN.shard_index");
 }
 
 }  // namespace

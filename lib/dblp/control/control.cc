@@ -48,6 +48,7 @@ static_assert(std::variant_size_v<ControlMessage> == 12);
 constexpr size_t kMinLayerBytes = 2 + 4;  // empty name + zero dims
 constexpr size_t kDimBytes = 8;
 constexpr size_t kWordBytes = 8;
+constexpr size_t kShardEntryBytes = 4 + 2 + 4 + 6 + 2 + 2 + 4 + 4;
 
 uint32_t LoadBe32(const uint8_t* p) {
   return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) |
@@ -76,7 +77,13 @@ bool Fields(V& v, Like<JoinMsg> auto& m) {
          v.U64(m.total_bytes, "total_bytes") && v.U32(m.mtu, "mtu") &&
          v.Layers(m.layers) && v.Bytes(m.nonce, "nonce") &&
          v.Bytes(m.data_mac, "data_mac") && v.U32(m.data_ipv4, "data_ipv4") &&
-         v.U16(m.data_udp_port, "data_udp_port");
+         v.U16(m.data_udp_port, "data_udp_port") &&
+         v.U16(m.shard_index, "shard_index") &&
+         v.U16(m.shard_count, "shard_count") &&
+         v.U32(m.first_chunk, "first_chunk") &&
+         v.U32(m.shard_chunks, "shard_chunks") &&
+         v.U16(m.rank_plus_one, "rank_plus_one") &&
+         v.Bytes(m.directory_nonce, "directory_nonce") && v.Whole(m);
 }
 template <class V>
 bool Fields(V& v, Like<ChallengeMsg> auto& m) {
@@ -107,7 +114,12 @@ bool Fields(V& v, Like<WelcomeMsg> auto& m) {
          v.Str(m.policy, kMaxControlString, "policy") && v.Layers(m.layers) &&
          v.U32(m.worker_ipv4, "worker_ipv4") &&
          v.Enum(m.frame_auth, kMaxFrameAuthMode, "frame_auth") &&
-         v.Bytes(m.job_nonce, "job_nonce") && v.Bytes(m.mac, "mac");
+         v.Bytes(m.job_nonce, "job_nonce") && v.Bytes(m.mac, "mac") &&
+         v.U16(m.shard_index, "shard_index") &&
+         v.U16(m.shard_count, "shard_count") &&
+         v.U32(m.first_chunk, "first_chunk") &&
+         v.U64(m.model_bytes, "model_bytes") && v.Shards(m.shards) &&
+         v.Whole(m);
 }
 template <class V>
 bool Fields(V& v, Like<RoundBeginMsg> auto& m) {
@@ -262,6 +274,67 @@ class Checker : public FieldErrors {
     return true;
   }
 
+  bool Shards(const std::vector<ShardEntry>& shards) {
+    if (shards.size() > kMaxServerShards) {
+      return Fail(ControlError::kTooManyItems, "shards",
+                  std::to_string(shards.size()) + " > limit " +
+                      std::to_string(kMaxServerShards));
+    }
+    // The map covers the gradient from chunk 0 in index order, no gaps.
+    uint64_t next = 0;
+    for (size_t i = 0; i < shards.size(); ++i) {
+      const std::string field = "shards[" + std::to_string(i) + "]";
+      if (shards[i].queues == 0) {
+        return Fail(ControlError::kBadValue, field + ".queues", "0 queues");
+      }
+      if (shards[i].first_chunk != next) {
+        return Fail(ControlError::kBadValue, field + ".first_chunk",
+                    std::to_string(shards[i].first_chunk) +
+                        " but the shards before it end at " +
+                        std::to_string(next));
+      }
+      next += shards[i].num_chunks;
+    }
+    if (next > std::numeric_limits<uint32_t>::max()) {
+      return Fail(ControlError::kBadValue, "shards",
+                  std::to_string(next) + " chunks in all, more than 2^32 - 1");
+    }
+    return true;
+  }
+
+  // The rules between fields.
+  bool Whole(const JoinMsg& m) {
+    if (!Place(m.shard_index, m.shard_count)) return false;
+    if (uint64_t{m.first_chunk} + m.shard_chunks >
+        std::numeric_limits<uint32_t>::max()) {
+      return Fail(ControlError::kBadValue, "shard_chunks",
+                  "first_chunk + shard_chunks past 2^32 - 1");
+    }
+    return true;
+  }
+  bool Whole(const WelcomeMsg& m) {
+    if (!Place(m.shard_index, m.shard_count)) return false;
+    if (m.model_bytes != 0 && m.model_bytes < m.total_bytes) {
+      return Fail(ControlError::kBadValue, "model_bytes",
+                  std::to_string(m.model_bytes) + " < total_bytes " +
+                      std::to_string(m.total_bytes));
+    }
+    if (m.shards.empty()) return true;
+    if (m.shards.size() != m.shard_count) {
+      return Fail(ControlError::kBadValue, "shards",
+                  std::to_string(m.shards.size()) +
+                      " entries but shard_count " +
+                      std::to_string(m.shard_count));
+    }
+    const ShardEntry& own = m.shards[m.shard_index];
+    if (own.first_chunk != m.first_chunk || own.num_chunks != m.num_chunks) {
+      return Fail(ControlError::kBadValue, "shards",
+                  "entry " + std::to_string(m.shard_index) +
+                      " is not this WELCOME's partition");
+    }
+    return true;
+  }
+
   bool Words(uint32_t num_bits, const std::vector<uint64_t>& words) {
     const uint64_t want = WordsFor(num_bits);
     if (words.size() != want) {
@@ -274,6 +347,21 @@ class Checker : public FieldErrors {
     if (tail != 0 && (words.back() >> tail) != 0) {
       return Fail(ControlError::kBadBitmap, "words",
                   "bits set beyond num_bits " + std::to_string(num_bits));
+    }
+    return true;
+  }
+
+ private:
+  bool Place(uint16_t index, uint16_t count) {
+    if (count == 0 || count > kMaxServerShards) {
+      return Fail(ControlError::kBadValue, "shard_count",
+                  std::to_string(count) + " not in 1.." +
+                      std::to_string(kMaxServerShards));
+    }
+    if (index >= count) {
+      return Fail(
+          ControlError::kBadValue, "shard_index",
+          std::to_string(index) + " >= shard_count " + std::to_string(count));
     }
     return true;
   }
@@ -332,6 +420,24 @@ class Writer {
     U32(num_bits);
     U32(static_cast<uint32_t>(words.size()));
     for (uint64_t w : words) U64(w);
+    return true;
+  }
+  bool Shards(const std::vector<ShardEntry>& shards) {
+    U32(static_cast<uint32_t>(shards.size()));
+    for (const ShardEntry& e : shards) {
+      U32(e.control_ipv4);
+      U16(e.control_port);
+      U32(e.data_ipv4);
+      Bytes(e.data_mac, {});
+      U16(e.udp_base_port);
+      U16(e.queues);
+      U32(e.first_chunk);
+      U32(e.num_chunks);
+    }
+    return true;
+  }
+  template <class M>
+  bool Whole(const M&) {
     return true;
   }
 
@@ -469,6 +575,28 @@ class Reader : public FieldErrors {
     for (uint32_t i = 0; i < n; ++i) {
       if (!U64(words[i], "words")) return false;
     }
+    return true;
+  }
+  bool Shards(std::vector<ShardEntry>& shards) {
+    uint32_t n;
+    if (!Count(n, kMaxServerShards, kShardEntryBytes, "shards")) return false;
+    shards.resize(n);
+    for (ShardEntry& e : shards) {
+      // Count() checked that every entry's bytes are in the frame.
+      U32(e.control_ipv4, "shards");
+      U16(e.control_port, "shards");
+      U32(e.data_ipv4, "shards");
+      Bytes(e.data_mac, "shards");
+      U16(e.udp_base_port, "shards");
+      U16(e.queues, "shards");
+      U32(e.first_chunk, "shards");
+      U32(e.num_chunks, "shards");
+    }
+    return true;
+  }
+  // Cross-field rules are Checker's.
+  template <class M>
+  bool Whole(M&) {
     return true;
   }
 

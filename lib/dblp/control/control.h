@@ -36,7 +36,11 @@ namespace dblp {
 //    a MAC over itself.
 // 5: ROUND_BEGIN carries `critical`, the policy's phase (workers report it
 //    in their rows and to a PyTorch trainer).
-inline constexpr uint16_t kControlVersion = 5;
+// 6: server shards (one job over S dblp-server processes, each owning a
+//    partition of the chunks): JOIN carries the worker's claim on a shard
+//    (index, count, range, directory rank and nonce); WELCOME carries the
+//    shard's place, the whole gradient's size and the shard map.
+inline constexpr uint16_t kControlVersion = 6;
 inline constexpr uint32_t kMaxControlFrame = 1u << 20;  // default decoder limit
 inline constexpr size_t kControlFrameHeader = 4;        // the u32 length
 
@@ -45,6 +49,9 @@ inline constexpr size_t kMaxControlString = 4096;
 inline constexpr size_t kMaxLayerName = 256;
 inline constexpr size_t kMaxLayers = 65536;
 inline constexpr size_t kMaxShapeDims = 8;
+// Server shards of one job (dblp-server --shards): at most this many, so a
+// WELCOME's shard map has at most this many entries.
+inline constexpr size_t kMaxServerShards = 64;
 
 enum class ControlType : uint8_t {
   kJoin = 1,
@@ -69,6 +76,22 @@ struct LayerInfo {
 
 enum class Direction : uint8_t { kPush = 0, kBroadcast = 1 };
 
+// One server shard (a dblp-server process owning a partition of the
+// gradient's chunks), as the directory (shard 0) lists it in its WELCOME.
+// Since v6.
+struct ShardEntry {
+  uint32_t control_ipv4 = 0;  // its TCP control listener
+  uint16_t control_port = 0;
+  uint32_t data_ipv4 = 0;  // where its data frames go
+  std::array<uint8_t, 6> data_mac{};
+  uint16_t udp_base_port = 0;
+  uint16_t queues = 1;  // its datapath lcores (lcore shards), >= 1
+  // Its partition: global chunks [first_chunk, first_chunk + num_chunks).
+  uint32_t first_chunk = 0;
+  uint32_t num_chunks = 0;
+  bool operator==(const ShardEntry&) const = default;
+};
+
 // Worker -> server, once: who I am and what buffer I will push.
 struct JoinMsg {
   uint16_t protocol_version = kControlVersion;
@@ -84,6 +107,16 @@ struct JoinMsg {
   std::array<uint8_t, 6> data_mac{};
   uint32_t data_ipv4 = 0;
   uint16_t data_udp_port = 0;  // 0: the server's base port + 1 + rank
+  // Since v6. Which server shard this JOIN is for and the claim the
+  // directory's WELCOME gave the worker: shard k > 0 admits only a JOIN
+  // whose claim matches its own registration. A JOIN to the directory (or
+  // to an unsharded server) carries the defaults.
+  uint16_t shard_index = 0;     // < shard_count
+  uint16_t shard_count = 1;     // 1..kMaxServerShards
+  uint32_t first_chunk = 0;     // the claimed partition (global chunks)
+  uint32_t shard_chunks = 0;    // 0: unsharded or the directory
+  uint16_t rank_plus_one = 0;   // the directory's rank + 1 (0: none yet)
+  AuthBytes directory_nonce{};  // the directory's job nonce
   bool operator==(const JoinMsg&) const = default;
 };
 
@@ -122,6 +155,19 @@ struct WelcomeMsg {
   // HMAC over this WELCOME (with mac zeroed) and both handshake nonces:
   // only the server that proved the secret could have sent it.
   AuthBytes mac{};
+  // Since v6. This server's place among the job's server shards. Then
+  // total_bytes and num_chunks above describe this shard's PARTITION (the
+  // worker's local layout for it), first_chunk is where it starts in the
+  // whole gradient, and model_bytes is the whole gradient's size (0 from
+  // a server before v6; an unsharded server sends total_bytes).
+  uint16_t shard_index = 0;  // < shard_count
+  uint16_t shard_count = 1;  // 1..kMaxServerShards
+  uint32_t first_chunk = 0;
+  uint64_t model_bytes = 0;  // >= total_bytes unless 0
+  // The directory's shard map: every shard in index order, itself
+  // included, contiguous from chunk 0; empty from a shard k > 0 and from
+  // an unsharded server.
+  std::vector<ShardEntry> shards;
   bool operator==(const WelcomeMsg&) const = default;
 };
 

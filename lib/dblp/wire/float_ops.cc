@@ -1,5 +1,6 @@
 #include "dblp/wire/float_ops.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -127,6 +128,27 @@ bool SumStaysFinite(const float* dst, const uint8_t* src, size_t n,
 double L2Norm(std::span<const float> v) {
   double sum = 0;
   for (float x : v) sum += static_cast<double>(x) * x;
+  return std::sqrt(sum);
+}
+
+size_t NormBlocks(size_t floats, size_t block_floats) {
+  return block_floats == 0 ? 0 : (floats + block_floats - 1) / block_floats;
+}
+
+void BlockSquares(std::span<const float> v, size_t block_floats,
+                  std::span<double> out) {
+  for (size_t b = 0; b < out.size(); ++b) {
+    const size_t lo = std::min(v.size(), b * block_floats);
+    const size_t hi = std::min(v.size(), lo + block_floats);
+    double sum = 0;
+    for (size_t i = lo; i < hi; ++i) sum += static_cast<double>(v[i]) * v[i];
+    out[b] = sum;
+  }
+}
+
+double NormOfBlockSquares(std::span<const double> squares) {
+  double sum = 0;
+  for (double s : squares) sum += s;
   return std::sqrt(sum);
 }
 

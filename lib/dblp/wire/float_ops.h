@@ -44,8 +44,22 @@ void StoreScaledFloats(float* dst, const uint8_t* src, size_t n, float scale);
 bool SumStaysFinite(const float* dst, const uint8_t* src, size_t n,
                     float scale);
 
-// The L2 norm of a gradient, accumulated in double in index order (the CLR
-// detector's input; the order keeps it bit-identical across transports).
+// The L2 norm of a gradient, accumulated in double in index order.
 double L2Norm(std::span<const float> v);
+
+// The mean's norm the CLR detector is fed, in two steps so that server
+// shards (each holding a partition of whole blocks) get the bits one
+// server gets: per block of kNormBlockChunks chunks, the sum of squares in
+// double in index order; then the blocks' sum in block order, and sqrt.
+// 64 chunks: a server shard's partition starts at a multiple of 64
+// (ShardMap), so its blocks are the whole gradient's.
+inline constexpr uint32_t kNormBlockChunks = 64;
+// Blocks of `block_floats` floats (the last may be shorter) in `floats`.
+size_t NormBlocks(size_t floats, size_t block_floats);
+// out[b] = the sum of squares of block b (out.size() == NormBlocks(...)).
+void BlockSquares(std::span<const float> v, size_t block_floats,
+                  std::span<double> out);
+// sqrt of the blocks' sum, added in order.
+double NormOfBlockSquares(std::span<const double> squares);
 
 }  // namespace dblp

@@ -1,0 +1,151 @@
+// The phase of a sharded job (lib/dblp/job/phase_link.h): the block
+// squares' norm, the leader's gathering and its refusals, and the
+// in-process link's wait for a shard that never reports.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <chrono>
+#include <cmath>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "dblp/job/phase_link.h"
+#include "dblp/round/shards.h"
+#include "dblp/wire/chunking.h"
+#include "dblp/wire/float_ops.h"
+
+namespace dblp {
+namespace {
+
+std::vector<float> Gradient(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, 1e-2f);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+std::vector<double> Squares(std::span<const float> v, uint32_t chunk_floats) {
+  const size_t per = size_t{kNormBlockChunks} * chunk_floats;
+  std::vector<double> out(NormBlocks(v.size(), per));
+  BlockSquares(v, per, out);
+  return out;
+}
+
+// Partitions cut by ShardMap hold whole blocks, so their blocks in shard
+// order are the whole gradient's: the same norm, bit for bit.
+TEST(PhaseNorm, PartitionsGiveTheWholeNormBits) {
+  const uint32_t chunk_floats = 363;  // ChunkPayloadForMtu(1500) / 4
+  const ChunkLayout whole(uint64_t{chunk_floats} * 4 * 1000 - 8,
+                          chunk_floats * 4);
+  const auto g = Gradient(whole.total_bytes() / 4, 7);
+  const double one = NormOfBlockSquares(Squares(g, chunk_floats));
+  for (uint32_t S : {2u, 3u, 5u}) {
+    const ShardMap map(whole.num_chunks(), S);
+    std::vector<double> all;
+    for (uint32_t k = 0; k < S; ++k) {
+      const size_t lo = size_t{map.begin(k)} * chunk_floats;
+      const size_t hi = std::min(g.size(), size_t{map.end(k)} * chunk_floats);
+      const auto part =
+          Squares(std::span(g).subspan(lo, hi - lo), chunk_floats);
+      EXPECT_EQ(part.size(), PartitionNormBlocks(map.end(k) - map.begin(k)));
+      all.insert(all.end(), part.begin(), part.end());
+    }
+    EXPECT_EQ(std::bit_cast<uint64_t>(NormOfBlockSquares(all)),
+              std::bit_cast<uint64_t>(one))
+        << S << " shards";
+  }
+  // Not a tautology: index-order summation of the same floats differs in
+  // the last bits, which is why every server uses the blocks.
+  EXPECT_NEAR(L2Norm(g), one, 1e-12 * one);
+}
+
+PolicyConfig Dblp() {
+  PolicyConfig c;
+  c.kind = PolicyKind::kDblp;
+  c.clr.freq = 2;
+  c.clr.eta = 0.2;
+  return c;
+}
+
+TEST(PhaseLeader, GathersEveryShardThenRunsThePolicyOnce) {
+  PhaseLeader leader(TolerancePolicy::Create(Dblp()), 0, {2, 1});
+  auto replay = TolerancePolicy::Create(Dblp());
+  const std::vector<double> a = {1.0, 2.0}, b = {6.0};
+  for (uint64_t it = 0; it < 6; ++it) {
+    const double scale = it == 3 ? 9.0 : 1.0;  // a norm jump
+    const std::vector<double> sa = {a[0] * scale, a[1] * scale};
+    const std::vector<double> sb = {b[0] * scale};
+    // Shard 1 first: arrival order does not matter, shard order does.
+    EXPECT_EQ(leader.Add(1, it, false, sb, 50), "");
+    EXPECT_FALSE(leader.complete());
+    EXPECT_EQ(leader.Add(0, it, false, sa, 70), "");
+    ASSERT_TRUE(leader.complete());
+    const PhaseDecision d = leader.Decide();
+    EXPECT_EQ(d.failure, "");
+    EXPECT_EQ(d.norm, std::sqrt((1.0 + 2.0 + 6.0) * scale));
+    replay->OnIterationEnd(it, d.norm, 70);
+    EXPECT_EQ(d.next.p, replay->Current().p) << "iteration " << it;
+    EXPECT_EQ(d.next.critical, replay->Current().critical);
+  }
+}
+
+TEST(PhaseLeader, RefusesPartialsThatCannotBeRight) {
+  PhaseLeader leader(TolerancePolicy::Create(Dblp()), 0, {2, 1});
+  const std::vector<double> two = {1, 2}, one = {3};
+  EXPECT_NE(leader.Add(2, 0, false, one, 0).find("server shard 2"),
+            std::string::npos);
+  EXPECT_NE(leader.Add(1, 1, false, one, 0).find("iteration 1"),
+            std::string::npos);
+  EXPECT_NE(leader.Add(1, 0, false, two, 0).find("2 norm blocks"),
+            std::string::npos);
+  EXPECT_EQ(leader.Add(1, 0, false, one, 0), "");
+  EXPECT_NE(leader.Add(1, 0, false, one, 0).find("second partial"),
+            std::string::npos);
+  EXPECT_NE(leader.Add(0, 0, true, two, 0).find("resync"), std::string::npos);
+  EXPECT_FALSE(leader.complete());
+  const std::string missing = leader.Missing(250);
+  EXPECT_NE(missing.find("server shard 0 sent no partial of iteration 0 "
+                         "within 250 ms"),
+            std::string::npos)
+      << missing;
+}
+
+TEST(InProcessPhase, ThreadsGetOneDecisionAndAMissingShardIsNamed) {
+  InProcessPhase phase(TolerancePolicy::Create(Dblp()), 0, {1, 1, 1},
+                       std::chrono::milliseconds(2000));
+  std::vector<PhaseDecision> got(3);
+  std::vector<std::thread> t;
+  for (uint32_t k = 0; k < 3; ++k) {
+    t.emplace_back([&, k] {
+      const std::vector<double> sq = {double(k + 1)};
+      got[k] = phase.link(k).Decide(0, false, sq, 0);
+    });
+  }
+  for (auto& x : t) x.join();
+  for (const PhaseDecision& d : got) {
+    EXPECT_EQ(d.failure, "");
+    EXPECT_EQ(d.norm, std::sqrt(6.0));
+  }
+  // Iteration 1: shard 2 never reports.
+  InProcessPhase short_wait(TolerancePolicy::Create(Dblp()), 0, {1, 1, 1},
+                            std::chrono::milliseconds(100));
+  std::vector<PhaseDecision> late(2);
+  t.clear();
+  for (uint32_t k = 0; k < 2; ++k) {
+    t.emplace_back([&, k] {
+      const std::vector<double> sq = {1.0};
+      late[k] = short_wait.link(k).Decide(0, false, sq, 0);
+    });
+  }
+  for (auto& x : t) x.join();
+  for (const PhaseDecision& d : late) {
+    EXPECT_NE(d.failure.find("server shard 2 sent no partial"),
+              std::string::npos)
+        << d.failure;
+  }
+}
+
+}  // namespace
+}  // namespace dblp
