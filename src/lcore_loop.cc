@@ -63,18 +63,19 @@ std::string JobSync::failure() {
 
 // ---- dblp-worker ------------------------------------------------------------
 
-WorkerLcore::WorkerLcore(LcoreConf& conf, ShardLinks& links,
-                         const Setup& setup)
+WorkerLcore::WorkerLcore(LcoreConf& conf, ShardLinks& links, const Setup& setup)
     : conf_(conf), links_(links), setup_(setup) {
   lanes_.reserve(links.size());  // rx_ points into it
   for (const auto& link : links) {
     ShardLink& l = *link;
-    Lane lane{&l, {}, ShardMap(l.layout.num_chunks(),
-                              static_cast<uint32_t>(l.push.size())),
-              l.control.outbox()};
+    Lane lane{
+        &l,
+        {},
+        ShardMap(l.layout.num_chunks(), static_cast<uint32_t>(l.push.size())),
+        l.control.outbox()};
     for (ChunkTransmitter& tx : l.tx) {
-      lane.frames.push_back(MbufFrames{&tx, &l.to_server, l.gradient,
-                                       &l.layout});
+      lane.frames.push_back(
+          MbufFrames{&tx, &l.to_server, l.gradient, &l.layout});
     }
     lanes_.push_back(std::move(lane));
   }
@@ -86,8 +87,8 @@ WorkerLcore::WorkerLcore(LcoreConf& conf, ShardLinks& links,
         return r.port == l.port && r.queue == q;
       });
       if (it == rx_.end()) {
-        rx_.push_back(RxQueue{l.port, q, {}, l.local.udp_port,
-                              l.local.udp_port});
+        rx_.push_back(
+            RxQueue{l.port, q, {}, l.local.udp_port, l.local.udp_port});
         it = rx_.end() - 1;
       }
       it->lanes.push_back(&lane);
@@ -130,11 +131,10 @@ uint16_t WorkerLcore::PollBroadcast(uint64_t now_ns, const RxQueue& rxq) {
       continue;
     }
     ShardLink& l = *lane->link;
-    l.bcast->OnFrame(pf.dblp, pf.dblp_len,
-                     [&](const DataHeader& h, const uint8_t* payload) {
-                       std::memcpy(l.mean + l.layout.Offset(h.seq), payload,
-                                   h.payload_len);
-                     });
+    l.bcast->OnFrame(
+        pf.dblp, pf.dblp_len, [&](const DataHeader& h, const uint8_t* payload) {
+          std::memcpy(l.mean + l.layout.Offset(h.seq), payload, h.payload_len);
+        });
   }
   rte_pktmbuf_free_bulk(conf_.rx_pkts, n);
   return n;

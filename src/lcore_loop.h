@@ -116,7 +116,7 @@ class WorkerLcore {
   struct Lane {
     ShardLink* link = nullptr;
     std::vector<MbufFrames> frames;  // per TX queue
-    ShardMap shards;  // the partition over that server's lcores
+    ShardMap shards;                 // the partition over that server's lcores
     RingOutbox outbox;
     bool have_go = false;
     uint32_t go_round = 0;  // the latest push ROUND_BEGIN

@@ -16,8 +16,10 @@ std::string ShardLinks::Seal(uint32_t total_chunks) {
   for (const auto& l : links_) {
     if (l->first_chunk != next || l->first_chunk % 64 != 0) {
       return l->Label() + " holds chunks from " +
-             std::to_string(l->first_chunk) + ", but the partitions before it "
-             "end at " + std::to_string(next) +
+             std::to_string(l->first_chunk) +
+             ", but the partitions before it "
+             "end at " +
+             std::to_string(next) +
              " (partitions are contiguous, in shard order, and start at "
              "multiples of 64 chunks)";
     }

@@ -84,7 +84,7 @@ class WorkerControl {
   void SendRequests();
   void StopThread() { thread_.reset(); }
 
-  TypedRing<DatapathEvent> events_;      // sidecar -> dp
+  TypedRing<DatapathEvent> events_;     // sidecar -> dp
   TypedRing<ControlRequest> requests_;  // dp -> sidecar
   ControlSidecar sidecar_;
   std::unique_ptr<SidecarThread> thread_;

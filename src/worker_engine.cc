@@ -55,10 +55,10 @@ class WorkerRun {
   ChunkLayout layout_;  // the whole gradient's
   std::optional<WorkerJob> job_;
   rte_mempool* pool_ = nullptr;
-  std::vector<uint16_t> ports_;          // the links' ports, each once
-  std::vector<PortCaps> caps_;           // by port
-  std::vector<TokenBucket> link_rate_;   // by port
-  std::optional<RxLossInjector> loss_;   // on the broadcast we receive
+  std::vector<uint16_t> ports_;         // the links' ports, each once
+  std::vector<PortCaps> caps_;          // by port
+  std::vector<TokenBucket> link_rate_;  // by port
+  std::optional<RxLossInjector> loss_;  // on the broadcast we receive
   std::optional<RoundPacer> pacer_;
   std::optional<WorkerLcore> lcore_;
   // A test seam (--hostile_per_round installs one): called before each
@@ -86,8 +86,9 @@ void WorkerRun::BuildPorts() {
     }
     caps_[p] = SetupWorkerPort(o_, p, q, pool_);
     ports_.push_back(p);
-    link_rate_.emplace_back(o_.dp.link_gbps,
-                            uint64_t{o_.dp.burst} * WireBytesPerFrame(caps_[p].mtu));
+    link_rate_.emplace_back(
+        o_.dp.link_gbps,
+        uint64_t{o_.dp.burst} * WireBytesPerFrame(caps_[p].mtu));
   }
 }
 
@@ -112,14 +113,14 @@ void WorkerRun::BuildLink(ShardLink& l) {
       Direction::kBroadcast, 0});
   l.control.Attach(l.push_ptrs, &*l.bcast);
   for (uint16_t q = 0; q < queues; ++q) {
-    l.tx.push_back(ChunkTransmitter{l.port, q, pool_, &lc_.counters,
-                                    &link_rate_[l.port], 8,
-                                    WireBytesPerFrame(l.caps.mtu),
-                                    o_.dp.prefetch});
+    l.tx.push_back(
+        ChunkTransmitter{l.port, q, pool_, &lc_.counters, &link_rate_[l.port],
+                         8, WireBytesPerFrame(l.caps.mtu), o_.dp.prefetch});
   }
   // The partition's bytes of the whole gradient and mean.
   const uint64_t at = layout_.Offset(l.first_chunk);
-  l.gradient = reinterpret_cast<const uint8_t*>(job_->model().grad().data()) + at;
+  l.gradient =
+      reinterpret_cast<const uint8_t*>(job_->model().grad().data()) + at;
   l.mean = reinterpret_cast<uint8_t*>(job_->model().avg().data()) + at;
 }
 
@@ -218,9 +219,8 @@ int WorkerRun::Run() {
   // shard's claim), and a wrong one ends the worker naming the fix.
   JoinServerShards(o_, *source_, &lc_.counters, quit_, &links_);
   wel_ = links_[0].wel;
-  layout_ = ChunkLayout(
-      links_.size() > 1 ? wel_.model_bytes : wel_.total_bytes,
-      wel_.chunk_payload);
+  layout_ = ChunkLayout(links_.size() > 1 ? wel_.model_bytes : wel_.total_bytes,
+                        wel_.chunk_payload);
   for (const auto& l : links_) {
     l->layout = ChunkLayout(l->wel.total_bytes, l->wel.chunk_payload);
     l->first_chunk = l->wel.first_chunk;

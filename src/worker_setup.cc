@@ -54,8 +54,8 @@ namespace {
 // ends the process. In a sharded job the failure names the shard.
 WelcomeMsg JoinLink(const WorkerOptions& o, ShardLink& l, const JoinMsg& join,
                     const std::atomic<bool>& quit) {
-  AppFailure joined = l.control.Join(l.address, join, o.join_timeout_ms, quit,
-                                     o.dp.realtime);
+  AppFailure joined =
+      l.control.Join(l.address, join, o.join_timeout_ms, quit, o.dp.realtime);
   if (joined.failed()) {
     if (l.count > 1) joined.what = l.Label() + ": " + joined.what;
     Die(joined);
@@ -109,17 +109,18 @@ void JoinServerShards(const WorkerOptions& o, const GradientSource& source,
     const uint16_t port = ports == S ? k : 0;
     auto link = std::make_unique<ShardLink>(k, S, ShardControlAddress(map[k]),
                                             o.secret, ctr, 0);
-    const JoinMsg claim =
-        ShardJoin(MakeJoin(o, source, port), dir, k, map[k]);
+    const JoinMsg claim = ShardJoin(MakeJoin(o, source, port), dir, k, map[k]);
     const WelcomeMsg got = JoinLink(o, *link, claim, quit);
     if (std::string bad = CheckShardWelcome(dir, claim, map[k], got);
         !bad.empty()) {
       const std::string why = link->Label() +
                               "'s WELCOME does not confirm the shard map's "
-                              "claim: " + bad;
+                              "claim: " +
+                              bad;
       link->control.Finish(false, why);
-      Die(why, "give every worker the directory's shard map (--server= the "
-               "directory, shard 0)");
+      Die(why,
+          "give every worker the directory's shard map (--server= the "
+          "directory, shard 0)");
     }
     link->wel = got;
     link->port = port;
@@ -156,9 +157,9 @@ void PrintJoined(const WelcomeMsg& wel, const GradientSource& source,
                  const ChunkLayout& layout, const PortCaps& caps,
                  size_t shards) {
   const std::string sharded =
-      shards > 1 ? " (directory of " + std::to_string(shards) +
-                       " server shards)"
-                 : "";
+      shards > 1
+          ? " (directory of " + std::to_string(shards) + " server shards)"
+          : "";
   std::printf(
       "dblp-worker: rank %u of %u, session %08x, %s, %u chunks of %u "
       "B, port %s (%s), server %s:%u%s\n",

@@ -1,9 +1,9 @@
 // A worker's side of joining a sharded job: the directory's shard map is
 // checked, each shard k > 0 gets the claim the map gives, and a shard's
 // WELCOME that does not confirm the claim is caught.
-#include "dblp/control/shard_claim.h"
-
 #include <gtest/gtest.h>
+
+#include "dblp/control/shard_claim.h"
 
 namespace dblp {
 namespace {

@@ -10,8 +10,8 @@ ShardMapHook ShardMapOverride(const std::string& spec) {
   if (spec.empty()) return nullptr;
   unsigned shard = 0, first = 0, chunks = 0;
   char tail = 0;
-  if (std::sscanf(spec.c_str(), "%u:%u:%u%c", &shard, &first, &chunks,
-                  &tail) != 3 ||
+  if (std::sscanf(spec.c_str(), "%u:%u:%u%c", &shard, &first, &chunks, &tail) !=
+          3 ||
       shard == 0 || shard >= kMaxServerShards) {
     throw std::invalid_argument(
         "--shard_map_override: use SHARD:FIRST_CHUNK:NUM_CHUNKS with SHARD "

@@ -27,8 +27,8 @@ std::string ShardControlAddress(const ShardEntry& e) {
 std::string CheckShardMap(const WelcomeMsg& d) {
   const size_t n = d.shards.size();
   if (n < 2 || n != d.shard_count || n > kMaxServerShards) {
-    return "the shard map lists " + std::to_string(n) + " shards for a job of " +
-           std::to_string(d.shard_count);
+    return "the shard map lists " + std::to_string(n) +
+           " shards for a job of " + std::to_string(d.shard_count);
   }
   if (d.shard_index != 0 || d.first_chunk != 0 || d.chunk_payload == 0) {
     return "the directory is not shard 0 at chunk 0";
@@ -81,8 +81,7 @@ std::string CheckShardWelcome(const WelcomeMsg& directory, const JoinMsg& claim,
       Differs<uint32_t>("partition of chunks", got.num_chunks,
                         claim.shard_chunks),
       Differs<uint32_t>("rank + 1", got.rank + 1, claim.rank_plus_one),
-      Differs<uint32_t>("worker count", got.num_workers,
-                        directory.num_workers),
+      Differs<uint32_t>("worker count", got.num_workers, directory.num_workers),
       Differs<uint64_t>("gradient bytes", got.model_bytes,
                         directory.model_bytes),
       Differs<uint32_t>("chunk payload", got.chunk_payload,
