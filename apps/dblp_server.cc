@@ -9,7 +9,9 @@
 #include <memory>
 
 #include "common_flags.h"
+#include "dblp/base/ipv4_endpoint.h"
 #include "dblp/base/log.h"
+#include "dblp/control/control.h"
 #include "dblp/control/control_sidecar.h"
 #include "eal_app.h"
 #include "runtime_flags.h"
@@ -24,6 +26,77 @@ DEFINE_uint32(udp_port, 47000,
 DEFINE_uint32(session, 0,
               "session id (0 = derived from the job's random "
               "nonce)");
+DEFINE_uint32(shards, 1,
+              "server shards of the job: dblp-server processes that each "
+              "own a partition of the gradient's chunks (1..64)");
+DEFINE_uint32(shard_index, 0,
+              "this server's shard, 0..shards-1; shard 0 is the job's "
+              "directory, which the workers' --server names");
+DEFINE_string(directory, "",
+              "shard 0's control address (its --listen), for a shard "
+              "index > 0; it registers there");
+
+namespace {
+
+// The flags every server shard must share: a shard whose differ is
+// refused, naming the first (ShardRegistry).
+constexpr const char* kShardJobFlags[] = {
+    "workers",      "policy",           "p_fixed",       "p_low",
+    "p_high",       "clr_freq",         "clr_eta",       "ltp_deadline_factor",
+    "ltp_window",   "ltp_min_fraction", "frame_auth",    "push_fill",
+    "resync_every", "bcast_tolerance",  "push_feedback", "on_bad_gradient",
+    "clip_norm",    "on_worker_loss",   "zero_fraction", "zero_iters",
+    "mtu",          "insecure"};
+
+std::string ShardJobFlags() {
+  std::string out;
+  for (const char* name : kShardJobFlags) {
+    std::string value;
+    if (gflags::GetCommandLineOption(name, &value)) {
+      out += std::string("--") + name + "=" + value + "\n";
+    }
+  }
+  return out;
+}
+
+// Checked before the EAL starts: exits 2 naming the flag.
+dblp::ShardRole ShardRoleFromFlags() {
+  if (FLAGS_shards < 1 || FLAGS_shards > dblp::kMaxServerShards) {
+    dblp::FlagError("--shards=" + std::to_string(FLAGS_shards) +
+                    " is out of range: use 1.." +
+                    std::to_string(dblp::kMaxServerShards));
+  }
+  if (FLAGS_shard_index >= FLAGS_shards) {
+    dblp::FlagError("--shard_index=" + std::to_string(FLAGS_shard_index) +
+                    " needs --shards above it: use 0.." +
+                    std::to_string(FLAGS_shards - 1));
+  }
+  if (FLAGS_shard_index > 0 && FLAGS_directory.empty()) {
+    dblp::FlagError("--shard_index=" + std::to_string(FLAGS_shard_index) +
+                    " needs --directory=IP:PORT, the --listen of shard 0");
+  }
+  if (FLAGS_shard_index == 0 && !FLAGS_directory.empty()) {
+    dblp::FlagError(
+        "--directory is for shards 1..shards-1; shard 0 is the "
+        "directory (drop --directory or set --shard_index)");
+  }
+  dblp::ShardRole role;
+  role.index = static_cast<uint16_t>(FLAGS_shard_index);
+  role.count = static_cast<uint16_t>(FLAGS_shards);
+  role.directory = FLAGS_shard_index > 0 ? FLAGS_directory : FLAGS_listen;
+  if (role.index > 0) {
+    sockaddr_in sa{};
+    std::string err;
+    if (!dblp::ParseIpv4Endpoint(FLAGS_directory, false, false, "10.0.0.1:9100",
+                                 &sa, &err)) {
+      dblp::FlagError("--directory=" + FLAGS_directory + ": " + err);
+    }
+  }
+  return role;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   dblp::ParseAppFlagsOrDie(
       argc, argv,
@@ -33,6 +106,8 @@ int main(int argc, char** argv) {
       "--workers=1 --policy=dblp");
 
   dblp::ServerOptions o;
+  o.shard_role = ShardRoleFromFlags();
+  o.shard_job_flags = ShardJobFlags();
   o.listen = FLAGS_listen;
   o.workers = FLAGS_workers;
   o.local_ip = FLAGS_local_ip;

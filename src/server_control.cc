@@ -19,12 +19,27 @@ ServerControl::ServerControl(const ServerJoinConfig& join,
       sidecar_(MakeCallbacks(std::move(ctr), stats_period_s), kMaxControlFrame,
                limits),
       admission_(JoinPolicy{join.workers, join.mtu, join.max_gradient_bytes,
-                            false, join.rank_by_name},
+                            false, join.rank_by_name,
+                            join.sharding && join.sharding->role.index > 0},
                  *join.secret, "dblp-server"),
       errors_(join.workers),
       bye_seen_(join.workers, false),
       alive_(new std::atomic<bool>[join.workers]) {
   for (uint32_t w = 0; w < join.workers; ++w) alive_[w].store(true);
+  if (join.sharding && join.sharding->role.sharded()) {
+    admission_.set_role(join.sharding->role);
+    shards_ = std::make_unique<ShardLinks>(
+        *join.sharding, sidecar_,
+        [this](const std::string& why) { FailFromSidecar(why); });
+  }
+}
+
+// Sidecar thread: a shard or the directory is gone; lcore 0 ends the job
+// at its next look (HandleEvents), a blocked phase returns on its own.
+void ServerControl::FailFromSidecar(const std::string& why) {
+  if (failed_.load(std::memory_order_acquire)) return;
+  failure_ = why;
+  failed_.store(true, std::memory_order_release);
 }
 
 ServerControl::~ServerControl() { Stop(); }
@@ -86,6 +101,8 @@ void ServerControl::Welcome() {
         member.data_ipv4 != 0 ? member.data_ipv4 : kDefaultWorkerIpv4 + w;
     wm.frame_auth = static_cast<uint8_t>(cfg_.frame_auth);
     wm.job_nonce = cfg_.job_nonce;
+    wm.model_bytes = wm.total_bytes;
+    if (shards_ && !WelcomeShards(&wm)) return;
     admission_.SealWelcome(w, &wm);
     Endpoint& pin = pinned_[w];
     std::memcpy(pin.mac.addr_bytes, member.data_mac.data(), 6);
@@ -97,14 +114,66 @@ void ServerControl::Welcome() {
   joined_.store(true, std::memory_order_release);
 }
 
+// A server shard's WELCOME describes its partition and, from the
+// directory, every shard. False: the job cannot start (said to everyone).
+bool ServerControl::WelcomeShards(WelcomeMsg* wm) {
+  if (cfg_.sharding->role.index == 0 && wm->rank == 0) {
+    const std::string why = shards_->AssignPartitions(
+        wm->total_bytes, wm->chunk_payload, cfg_.job_nonce);
+    if (!why.empty()) {
+      admit_failure_ = why;
+      shards_->Finish(why);
+      for (const JoinDesk::Member& m : admission_.desk().members()) {
+        sidecar_.Send(m.conn, ErrorMsg{2, "the job failed: " + why});
+      }
+      return false;
+    }
+  }
+  const ShardAssignMsg& own = shards_->partition();
+  if (own.chunk_payload != wm->chunk_payload) {
+    admit_failure_ = "this server shard's chunks hold " +
+                     std::to_string(wm->chunk_payload) + " bytes, the " +
+                     "directory's " + std::to_string(own.chunk_payload) +
+                     ": give every server shard the same --mtu and "
+                     "--frame_auth";
+    return false;
+  }
+  wm->shard_index = own.shard_index;
+  wm->shard_count = own.shard_count;
+  wm->first_chunk = own.first_chunk;
+  wm->model_bytes = own.model_bytes;
+  wm->total_bytes = shards_->PartitionBytes();
+  wm->num_chunks = own.num_chunks;
+  if (own.shard_index == 0) wm->shards = shards_->entries();
+  return true;
+}
+
+void ServerControl::MaybeWelcome() {
+  if (joined_.load() || !admit_failure_.empty()) return;
+  if (!admission_.desk().full()) return;
+  if (shards_ && !shards_->ready()) return;
+  Welcome();
+}
+
+// Sidecar: a message on the directory's or a shard's connection.
+void ServerControl::OnShardMessage(ConnId c, const ControlMessage& m) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (shards_->OnMessage(c, m) == ShardLinks::Event::kAssigned) {
+    admission_.Assign(sidecar_, shards_->partition());
+  }
+  MaybeWelcome();
+}
+
 void ServerControl::OnMessage(ConnId c, const ControlMessage& m) {
+  if (shards_ && shards_->Owns(c)) return OnShardMessage(c, m);
   Admission::Step step;
   {
     std::lock_guard<std::mutex> lock(mu_);
     step = admission_.OnMessage(sidecar_, c, m);
-    if (step == Admission::Step::kAdmitted && admission_.desk().full()) {
-      Welcome();
+    if (step == Admission::Step::kShard) {
+      shards_->OnRegistration(c, admission_.registration());
     }
+    if (step == Admission::Step::kAdmitted) MaybeWelcome();
   }
   if (step != Admission::Step::kMember) return;
   const int w = admission_.desk().RankOf(c);
@@ -125,6 +194,11 @@ void ServerControl::OnMessage(ConnId c, const ControlMessage& m) {
 
 void ServerControl::OnClose(ConnId c, const std::string& reason) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (shards_ && shards_->Owns(c)) {
+    admission_.OnClose(c);
+    shards_->OnClose(c, reason);
+    return;
+  }
   const int w = admission_.OnClose(c);  // frees a slot during the join
   if (w < 0) return;
   if (!joined_.load()) {
@@ -161,6 +235,14 @@ void ServerControl::Announce(const RoundBeginRequest& r) {
   }
 }
 
+void ServerControl::Finish() {
+  if (thread_ == nullptr || shards_ == nullptr) return;
+  outbox().Post(FinishRequest{true});
+  for (int i = 0; i < 200 && !job_error_sent_.load(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
 void ServerControl::Fail(const std::string& why) {
   if (thread_ == nullptr) return;
   job_error_ = why;
@@ -179,14 +261,21 @@ void ServerControl::SendJobError() {
     sidecar_.Send(admission_.desk().members()[w].conn, m);
     sidecar_.Close(admission_.desk().members()[w].conn, "job failed");
   }
+  if (shards_) shards_->Finish(job_error_);
   job_error_sent_.store(true);
 }
 
 void ServerControl::SendRequests() {
+  if (shards_) shards_->Flush();  // the phase's partial or decision
   ControlRequest r;
   while (requests_.Pop(&r)) {
-    if (std::holds_alternative<FinishRequest>(r)) {
-      SendJobError();
+    if (const auto* f = std::get_if<FinishRequest>(&r)) {
+      if (!f->ok) {
+        SendJobError();
+      } else {
+        shards_->Finish("");
+        job_error_sent_.store(true);
+      }
       continue;
     }
     if (const auto* rb = std::get_if<RoundBeginRequest>(&r)) {
@@ -232,20 +321,43 @@ AppFailure ServerControl::AdmitWorkers(const std::string& listen,
       cfg_.ports, cfg_.workers, listen.c_str(), cfg_.session,
       cfg_.policy.c_str());
   std::fflush(stdout);
+  if (shards_ && cfg_.sharding->role.index > 0) {
+    // Registered before the thread runs: the JOIN goes out first.
+    const AppFailure f = shards_->ConnectDirectory(timeout_ms);
+    if (f.failed()) return f;
+  }
   thread_ = std::make_unique<SidecarThread>(sidecar_);
   SetControlPriorities(*thread_, "dblp-server", realtime);
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  const std::string directory =
+      shards_ ? cfg_.sharding->role.directory : listen;
   while (!joined_.load(std::memory_order_acquire)) {
+    std::string admit_failure;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      admit_failure = admit_failure_;
+    }
+    if (!admit_failure.empty() || failed()) {
+      Stop();
+      return {admit_failure.empty() ? failure_ : admit_failure,
+              "see above; every server shard's log says what it refused"};
+    }
     if (quit.load() || std::chrono::steady_clock::now() > deadline) {
       std::string shortfall;
       {
         std::lock_guard<std::mutex> lock(mu_);
         shortfall = admission_.desk().Shortfall();
+        if (shards_ && !shards_->Shortfall().empty()) {
+          shortfall += "; " + shards_->Shortfall();
+        }
       }
       Stop();
-      return {shortfall, "start all workers with --server=" + listen +
-                             " or lower --workers"};
+      return {
+          shortfall,
+          "start all workers with --server=" + directory +
+              (shards_ ? " and every server shard with --directory=" + directory
+                       : std::string(" or lower --workers"))};
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,7 @@
 #include "dblp/round/send_side.h"
 #include "dblp/round/shards.h"
 #include "port.h"
+#include "server_shards.h"
 
 namespace dblp {
 
@@ -41,6 +43,9 @@ struct ServerJoinConfig {
   const JobSecret* secret = nullptr;  // the job's (insecure: empty)
   FrameAuthMode frame_auth = FrameAuthMode::kNone;  // told in WELCOME
   AuthBytes job_nonce{};  // the frame key and session derive from it
+  // A server shard of a sharded job (--shards > 1): its place, the
+  // directory, the phase's settings (server_shards.h).
+  std::optional<ShardLinksConfig> sharding;
 };
 
 class ServerControl {
@@ -64,6 +69,12 @@ class ServerControl {
                           const std::atomic<bool>& quit, bool realtime);
   // The first JOIN (every JOIN's gradient), once AdmitWorkers succeeded.
   const JoinMsg& first_join() const { return admission_.desk().first(); }
+  // A server shard's links to the others (null unsharded): the job's
+  // phase and this shard's partition, once AdmitWorkers succeeded.
+  ShardLinks* shard_links() { return shards_.get(); }
+  // The job ended well: peer server shards get a BYE (so the close that
+  // follows is no loss). Bounded, like Fail.
+  void Finish();
   // Datapath, once, before the first round: worker w's sides, one per
   // shard (lcore): push[w][k], bcast[w][k].
   void Attach(std::vector<std::vector<ReceiveSide*>> push,
@@ -131,12 +142,20 @@ class ServerControl {
   void SendRequests();
   void Announce(const RoundBeginRequest& r);
   void SendJobError();
+  // Under mu_, sidecar: WELCOME everyone once every worker (and, in a
+  // sharded job, every shard or the partition) is in.
+  void MaybeWelcome();
+  bool WelcomeShards(WelcomeMsg* wm);
+  void OnShardMessage(ConnId c, const ControlMessage& m);
+  void FailFromSidecar(const std::string& why);
 
   ServerJoinConfig cfg_;
   TypedRing<DatapathEvent> events_{"dblp_s_ev", 4096};  // sidecar -> dp
   // Every lcore posts requests: a multi-producer ring.
   TypedRing<ControlRequest> requests_{"dblp_s_req", 4096, true};
   ControlSidecar sidecar_;
+  std::unique_ptr<ShardLinks> shards_;  // sharded jobs only
+  std::string admit_failure_;  // sidecar: wo under mu_; AdmitWorkers: ro
   std::unique_ptr<SidecarThread> thread_;
   // Fail() writes it before posting the FinishRequest the sidecar answers.
   std::string job_error_;

@@ -79,7 +79,14 @@ void ServerRun::BuildJob() {
     workers_.back()->source = a_.control->pinned_source(w);
     workers_.back()->frame_key = a_.control->member_frame_key(w);
   }
-  job_ = std::make_unique<ServerJob>(o_, std::move(a_.policy), layout_,
+  // A server shard: the job's phase decides the norm and p; the clip
+  // share counts the whole gradient.
+  ServerJobSettings settings = o_;
+  if (ShardLinks* links = a_.control->shard_links()) {
+    settings.phase = links;
+    settings.model_floats = links->partition().model_bytes / sizeof(float);
+  }
+  job_ = std::make_unique<ServerJob>(settings, std::move(a_.policy), layout_,
                                      std::move(names), o_.dp.send_order,
                                      o_.dp.seed, "dblp-server", S);
   job_->set_row_stream(&rows_);
@@ -214,7 +221,11 @@ void ServerRun::FillCounters(RunReport* report) {
 
 // The summary and the exit code, once every lcore stopped.
 int ServerRun::Report(const std::string& failure) {
-  if (!failure.empty()) a_.control->Fail(failure);
+  if (!failure.empty()) {
+    a_.control->Fail(failure);
+  } else {
+    a_.control->Finish();  // peer server shards: a BYE, no loss
+  }
   a_.control->Stop();
   RunReport report;
   report.role = "server";

@@ -9,6 +9,7 @@
 #include "app_options.h"
 #include "dblp/control/control_sidecar.h"
 #include "dblp/control/job_auth.h"
+#include "dblp/control/server_shards.h"
 #include "dblp/job/server_iteration.h"
 
 namespace dblp {
@@ -32,6 +33,11 @@ struct ServerOptions : ServerJobSettings {
   // of the gradient (sums, mean, previous mean) in memory.
   uint64_t max_gradient_bytes = uint64_t{1} << 30;
   bool rank_by_name = false;  // --rank_order=name (JoinPolicy)
+  // A server shard of a sharded job (--shards, --shard_index,
+  // --directory; server_shards.h) and the job flags every shard must
+  // share ("--flag=value" lines).
+  ShardRole shard_role;
+  std::string shard_job_flags;
 };
 
 int RunServer(const ServerOptions& opts);

@@ -73,17 +73,48 @@ ServerAdmission AdmitServerWorkers(const ServerOptions& o,
   std::vector<const DatapathCounters*> counters;
   for (const auto& c : a.confs) counters.push_back(&c->counters);
   const PortCaps& caps = a.ports.caps[0];
+  ServerJoinConfig join{o.workers,
+                        a.session,
+                        caps.mtu,
+                        a.local_ip,
+                        o.udp_port,
+                        caps.mac,
+                        o.max_gradient_bytes,
+                        o.rank_by_name,
+                        a.policy->Describe(),
+                        a.ports.nb_ports,
+                        S,
+                        o.resync_every,
+                        o.push_feedback,
+                        o.consistent_broadcast,
+                        &o.secret,
+                        o.frame_auth,
+                        job_nonce,
+                        std::nullopt};
+  if (o.shard_role.sharded()) {
+    join.sharding = ShardLinksConfig{o.shard_role,
+                                     o.listen,
+                                     o.shard_job_flags,
+                                     a.local_ip,
+                                     caps.mac,
+                                     o.udp_port,
+                                     S,
+                                     caps.mtu,
+                                     &o.secret,
+                                     o.policy,
+                                     o.resync_every,
+                                     o.dp.round_timeout_ms};
+  }
   a.control = std::make_unique<ServerControl>(
-      ServerJoinConfig{o.workers, a.session, caps.mtu, a.local_ip, o.udp_port,
-                       caps.mac, o.max_gradient_bytes, o.rank_by_name,
-                       a.policy->Describe(), a.ports.nb_ports, S,
-                       o.resync_every, o.push_feedback, o.consistent_broadcast,
-                       &o.secret, o.frame_auth, job_nonce},
-      counters, o.dp.stats_period_s, o.control_limits);
+      join, counters, o.dp.stats_period_s, o.control_limits);
   const AppFailure f =
       a.control->AdmitWorkers(o.listen, o.join_timeout_ms, quit, o.dp.realtime);
   if (f.failed()) Die(f);
-  a.gradient_bytes = a.control->first_join().total_bytes;
+  // A server shard's job is over its partition (local chunk i is the
+  // gradient's first_chunk + i).
+  const ShardLinks* links = a.control->shard_links();
+  a.gradient_bytes =
+      links ? links->PartitionBytes() : a.control->first_join().total_bytes;
   return a;
 }
 

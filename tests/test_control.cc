@@ -85,6 +85,21 @@ std::vector<uint8_t> Frame(uint8_t type, const Bytes& body) {
   return out;
 }
 
+ShardHelloMsg Hello() {
+  ShardHelloMsg h;
+  h.shard_index = 1;
+  h.shard_count = 3;
+  h.control_ipv4 = 0x7F000001;
+  h.control_port = 9101;
+  h.data_ipv4 = 0x0A000011;
+  h.data_mac = {0x02, 0, 0, 0, 1, 1};
+  h.udp_base_port = 47100;
+  h.queues = 2;
+  h.mtu = 1500;
+  h.job_flags = "--policy=dblp\n--workers=3\n";
+  return h;
+}
+
 // v6: the directory's WELCOME (shard 0 of 3) with its shard map.
 WelcomeMsg ShardedWelcome() {
   WelcomeMsg w;
@@ -194,6 +209,26 @@ std::vector<ControlMessage> Samples() {
   v.push_back(ByeMsg{.reason = "training done"});
   v.push_back(ErrorMsg{.code = 503, .text = "session mismatch"});
   v.push_back(AcceptedMsg{.round = 12, .num_bits = 70, .words = {~0ull, 0x2}});
+  v.push_back(Hello());
+  v.push_back(ShardAssignMsg{.shard_index = 2,
+                             .shard_count = 3,
+                             .first_chunk = 256,
+                             .num_chunks = 44,
+                             .chunk_payload = 1440,
+                             .model_bytes = 300 * 1440 - 5,
+                             .directory_nonce = AuthBytes{1, 2, 3}});
+  v.push_back(PhasePartialMsg{
+      .iteration = 1ull << 40,
+      .resync = true,
+      .push_ns = 123456789,
+      .squares = {0.0, 1e-300, 2.5, -0.0,
+                  std::numeric_limits<double>::infinity(), 3e38}});
+  v.push_back(PhaseDecisionMsg{.iteration = 77,
+                               .norm = 1.0 / 3.0,
+                               .p = 0.408,
+                               .deadline_ns = 5,
+                               .min_fraction = 1.0,
+                               .critical = true});
   return v;
 }
 
@@ -465,7 +500,7 @@ TEST(ControlDecoder, EveryErrorReachedByCraftedFrame) {
                  "max_frame");
   ExpectRejected({0, 0, 0, 0}, ControlError::kEmptyFrame, "length 0");
   ExpectRejected(Frame(0, Bytes()), ControlError::kUnknownType, "type 0");
-  ExpectRejected(Frame(13, Bytes()), ControlError::kUnknownType, "type 13");
+  ExpectRejected(Frame(17, Bytes()), ControlError::kUnknownType, "type 17");
 
   // kTruncatedBody: missing fixed field, string past the end, vector count
   // past the end.
@@ -647,6 +682,14 @@ TEST(ControlDecoder, HugeDeclaredCountsAllocateNothingBig) {
       {Frame(1, Bytes().U16(1).U32(2).Str("w").U64(1).U32(1).U32(
                     static_cast<uint32_t>(kMaxLayers))),
        ControlError::kTruncatedBody},
+      // v6: a PHASE_PARTIAL claiming the most blocks, none present, and
+      // one claiming more.
+      {Frame(15, Bytes().U64(1).U8(0).U64(2).U32(
+                     static_cast<uint32_t>(kMaxPhaseBlocks))),
+       ControlError::kTruncatedBody},
+      {Frame(15, Bytes().U64(1).U8(0).U64(2).U32(
+                     static_cast<uint32_t>(kMaxPhaseBlocks + 1))),
+       ControlError::kTooManyItems},
       {Frame(2, Bytes()
                     .U32(1)
                     .U16(0)
@@ -773,9 +816,11 @@ TEST(ControlCodec, NamesAreDistinctAndTypesMatchWire) {
   }
   EXPECT_EQ(names.size(), 10u);
   EXPECT_STREQ(ControlErrorName(ControlError::kNone), "none");
-  const char* want[] = {"JOIN",     "WELCOME",   "ROUND_BEGIN", "PROBE",
-                        "BITMAP",   "STOP",      "BYE",         "ERROR",
-                        "ACCEPTED", "CHALLENGE", "PROOF",       "TAG"};
+  const char* want[] = {
+      "JOIN",        "WELCOME",      "ROUND_BEGIN",   "PROBE",
+      "BITMAP",      "STOP",         "BYE",           "ERROR",
+      "ACCEPTED",    "CHALLENGE",    "PROOF",         "TAG",
+      "SHARD_HELLO", "SHARD_ASSIGN", "PHASE_PARTIAL", "PHASE_DECISION"};
   for (const ControlMessage& msg : Samples()) {
     const auto t = static_cast<uint8_t>(TypeOf(msg));
     ASSERT_GE(t, 1);
@@ -863,6 +908,73 @@ TEST(ControlCodec, ShardFieldsRejectedWhenInconsistent) {
   ASSERT_EQ(frame[entry1_queues + 1], 2);
   frame[entry1_queues + 1] = 0;
   ExpectRejected(frame, ControlError::kBadValue, "WELCOME.shards[1].queues");
+}
+
+// SHARD_HELLO, SHARD_ASSIGN and PHASE_DECISION values that cannot be
+// right are refused by the encoder and the decoder alike.
+TEST(ControlCodec, ShardMessagesRejectedWhenInconsistent) {
+  auto hello = [](auto edit) {
+    ShardHelloMsg h = Hello();
+    edit(h);
+    return ControlMessage(h);
+  };
+  const ShardAssignMsg assign{.shard_index = 1,
+                              .shard_count = 2,
+                              .first_chunk = 64,
+                              .num_chunks = 10,
+                              .chunk_payload = 1440,
+                              .model_bytes = 74 * 1440};
+  auto with = [&](auto edit) {
+    ShardAssignMsg a = assign;
+    edit(a);
+    return ControlMessage(a);
+  };
+  struct Bad {
+    ControlMessage msg;
+    ControlError want;
+    std::string field;
+  };
+  const std::vector<Bad> bad = {
+      {hello([](ShardHelloMsg& h) { h.shard_index = 0; }),
+       ControlError::kBadValue, "SHARD_HELLO.shard_index: 0 is the directory"},
+      {hello([](ShardHelloMsg& h) { h.shard_index = 3; }),
+       ControlError::kBadValue, "SHARD_HELLO.shard_index"},
+      {hello([](ShardHelloMsg& h) { h.queues = 0; }), ControlError::kBadValue,
+       "SHARD_HELLO.queues"},
+      {hello([](ShardHelloMsg& h) { h.job_flags.assign(5000, 'x'); }),
+       ControlError::kStringTooLong, "SHARD_HELLO.job_flags"},
+      {with([](ShardAssignMsg& a) { a.shard_count = 65; }),
+       ControlError::kBadValue, "SHARD_ASSIGN.shard_count"},
+      {with([](ShardAssignMsg& a) { a.num_chunks = 0; }),
+       ControlError::kBadValue, "SHARD_ASSIGN.num_chunks"},
+      {with([](ShardAssignMsg& a) { a.chunk_payload = 1442; }),
+       ControlError::kBadValue, "SHARD_ASSIGN.num_chunks"},
+      {with([](ShardAssignMsg& a) { a.model_bytes = 73 * 1440; }),
+       ControlError::kBadValue, "SHARD_ASSIGN.model_bytes"},
+      {PhaseDecisionMsg{.p = 1.0}, ControlError::kBadValue, "PHASE_DECISION.p"},
+      {PhaseDecisionMsg{.min_fraction = -1}, ControlError::kBadValue,
+       "PHASE_DECISION.min_fraction"},
+  };
+  for (const Bad& b : bad) {
+    SCOPED_TRACE(b.field);
+    std::string why;
+    EXPECT_EQ(ValidateControl(b.msg, &why), b.want);
+    EXPECT_NE(why.find(b.field), std::string::npos) << why;
+    EXPECT_THROW(EncodeControl(b.msg), std::invalid_argument);
+  }
+  // The decoder: the last chunk one byte past the model (model_bytes is
+  // the frame's 8 bytes before the 32-byte nonce).
+  ShardAssignMsg tight = assign;
+  tight.model_bytes = 73 * 1440 + 1;
+  std::vector<uint8_t> frame = EncodeControl(tight);
+  frame[frame.size() - 32 - 1] -= 1;  // 73 * 1440
+  ExpectRejected(frame, ControlError::kBadValue, "SHARD_ASSIGN.model_bytes");
+  // A PHASE_DECISION's p of 1 (bytes 13..20: after the type, iteration
+  // and norm).
+  std::vector<uint8_t> dec = EncodeControl(PhaseDecisionMsg{.p = 0.5});
+  dec[5 + 16] = 0x3F;
+  dec[5 + 17] = 0xF0;
+  ExpectRejected(dec, ControlError::kBadValue, "PHASE_DECISION.p");
 }
 
 // A lying shard count is refused before anything is reserved for it.

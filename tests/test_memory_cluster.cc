@@ -116,7 +116,11 @@ class CheckedCluster {
     // The server's mean, bit for bit.
     const std::vector<float>& mean = cluster_.server_mean();
     EXPECT_TRUE(MeanIsExact(grads, mean, c.push_fill));
-    EXPECT_EQ(out.grad_norm, L2Norm(mean));
+    // The server's norm: 64-chunk blocks' squares, summed in order.
+    const size_t per = size_t{kNormBlockChunks} * layout.chunk_payload() / 4;
+    std::vector<double> blocks(NormBlocks(mean.size(), per));
+    BlockSquares(mean, per, blocks);
+    EXPECT_EQ(out.grad_norm, NormOfBlockSquares(blocks));
 
     // Each worker's copy: the mean where the broadcast arrived, the fill
     // elsewhere.

@@ -1,6 +1,7 @@
 #include "dblp/control/admission.h"
 
 #include <cstdio>
+#include <utility>
 #include <variant>
 
 #include "dblp/base/log.h"
@@ -18,6 +19,10 @@ Admission::Step Admission::OnMessage(ControlSidecar& sc, ConnId c,
                  " != server's " + std::to_string(kControlVersion) +
                  ": run the same DBLP build everywhere",
              &refused_joins_);
+      return Step::kHandled;
+    }
+    if (std::string why = CheckJoinForRole(*j, role_); !why.empty()) {
+      Refuse(sc, c, why, &refused_joins_);
       return Step::kHandled;
     }
     ChallengeMsg ch;
@@ -39,12 +44,16 @@ Admission::Step Admission::OnMessage(ControlSidecar& sc, ConnId c,
     // Both sides hold the channel keys now: every later message, a
     // refusal included, travels with its TAG.
     sc.Authenticate(c, handshake_.Keys(c));
-    if (std::string why = desk_.Admit(c, j); !why.empty()) {
-      Refuse(sc, c, why, &refused_joins_);
-      return Step::kHandled;
+    if (role_.sharded() && IsShardRegistration(j)) {  // the directory only
+      registration_ = j;
+      sc.Trust(c);
+      return Step::kShard;
     }
-    sc.Trust(c);
-    return Step::kAdmitted;
+    if (role_.index > 0 && !assigned_) {
+      held_.emplace_back(c, j);
+      return Step::kHeld;
+    }
+    return Admit(sc, c, j);
   }
   if (desk_.RankOf(c) < 0 || IsServerMessage(m)) {
     // A stranger (or a worker mid-handshake) may send nothing else, and
@@ -59,8 +68,37 @@ Admission::Step Admission::OnMessage(ControlSidecar& sc, ConnId c,
   return Step::kMember;
 }
 
+Admission::Step Admission::Admit(ControlSidecar& sc, ConnId c,
+                                 const JoinMsg& j) {
+  if (role_.index > 0) {
+    const std::string why =
+        CheckClaim(j, assignment_, desk_.policy().workers, role_.directory);
+    if (!why.empty()) {
+      Refuse(sc, c, why, &refused_joins_);
+      return Step::kHandled;
+    }
+  }
+  if (std::string why = desk_.Admit(c, j); !why.empty()) {
+    Refuse(sc, c, why, &refused_joins_);
+    return Step::kHandled;
+  }
+  sc.Trust(c);
+  return Step::kAdmitted;
+}
+
+Admission::Step Admission::Assign(ControlSidecar& sc, const ShardAssignMsg& a) {
+  assigned_ = true;
+  assignment_ = a;
+  Step step = Step::kHandled;
+  for (const auto& [c, j] : std::exchange(held_, {})) {
+    if (Admit(sc, c, j) == Step::kAdmitted) step = Step::kAdmitted;
+  }
+  return step;
+}
+
 int Admission::OnClose(ConnId c) {
   handshake_.Forget(c);
+  std::erase_if(held_, [c](const auto& h) { return h.first == c; });
   const int w = desk_.RankOf(c);
   if (w >= 0) desk_.Leave(c);  // a no-op once the desk closed
   return w;

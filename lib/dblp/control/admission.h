@@ -15,6 +15,7 @@
 #include "dblp/control/control_sidecar.h"
 #include "dblp/control/job_auth.h"
 #include "dblp/control/join.h"
+#include "dblp/control/server_shards.h"
 
 namespace dblp {
 
@@ -28,7 +29,21 @@ class Admission {
     kHandled,   // a handshake step (answered or refused): nothing to do
     kAdmitted,  // a worker took a slot: WELCOME everyone once desk().full()
     kMember,    // a round message of an admitted worker: the caller's
+    // The directory of a sharded job: server shard registration() proved
+    // the secret (trusted now); its SHARD_HELLO is next. The caller's.
+    kShard,
+    // A server shard k > 0: a worker's claim proved the secret before the
+    // directory assigned the partition; Assign() decides it.
+    kHeld,
   };
+  // This server's place in a sharded job (server_shards.h): JOINs not for
+  // it are refused naming the directory. Before the first message.
+  void set_role(const ShardRole& role) { role_ = role; }
+  // A server shard k > 0: the directory's assignment. Decides the held
+  // claims (refused, or admitted: kAdmitted for any means check full()).
+  Step Assign(ControlSidecar& sc, const ShardAssignMsg& a);
+  // The last kShard's JOIN.
+  const JoinMsg& registration() const { return registration_; }
   // Every message of connection `c` goes here first.
   Step OnMessage(ControlSidecar& sc, ConnId c, const ControlMessage& m);
   // A connection closed: forgets its handshake and, before the job
@@ -56,8 +71,17 @@ class Admission {
   void Refuse(ControlSidecar& sc, ConnId c, const std::string& why,
               std::atomic<uint64_t>* counter);
 
+  // A proven JOIN takes its slot (a server shard k > 0: if its claim is
+  // right).
+  Step Admit(ControlSidecar& sc, ConnId c, const JoinMsg& j);
+
   JoinDesk desk_;
   ServerHandshake handshake_;
+  ShardRole role_;
+  JoinMsg registration_;
+  bool assigned_ = false;
+  ShardAssignMsg assignment_;
+  std::vector<std::pair<ConnId, JoinMsg>> held_;
   const char* app_;
   uint64_t refusals_ = 0;  // sidecar only
   // Sidecar: wo; any thread (the report): ro.

@@ -41,7 +41,15 @@ static_assert(
     std::is_same_v<std::variant_alternative_t<10, ControlMessage>, ProofMsg>);
 static_assert(
     std::is_same_v<std::variant_alternative_t<11, ControlMessage>, TagMsg>);
-static_assert(std::variant_size_v<ControlMessage> == 12);
+static_assert(std::is_same_v<std::variant_alternative_t<12, ControlMessage>,
+                             ShardHelloMsg>);
+static_assert(std::is_same_v<std::variant_alternative_t<13, ControlMessage>,
+                             ShardAssignMsg>);
+static_assert(std::is_same_v<std::variant_alternative_t<14, ControlMessage>,
+                             PhasePartialMsg>);
+static_assert(std::is_same_v<std::variant_alternative_t<15, ControlMessage>,
+                             PhaseDecisionMsg>);
+static_assert(std::variant_size_v<ControlMessage> == 16);
 
 // Smallest encodings, used to bound a declared count by the bytes left
 // before anything is reserved.
@@ -151,6 +159,39 @@ bool Fields(V& v, Like<StopMsg> auto& m) {
          v.U32(m.received, "received") && v.Reason(m.reason);
 }
 template <class V>
+bool Fields(V& v, Like<ShardHelloMsg> auto& m) {
+  return v.U16(m.shard_index, "shard_index") &&
+         v.U16(m.shard_count, "shard_count") &&
+         v.U32(m.control_ipv4, "control_ipv4") &&
+         v.U16(m.control_port, "control_port") &&
+         v.U32(m.data_ipv4, "data_ipv4") && v.Bytes(m.data_mac, "data_mac") &&
+         v.U16(m.udp_base_port, "udp_base_port") && v.U16(m.queues, "queues") &&
+         v.U32(m.mtu, "mtu") &&
+         v.Str(m.job_flags, kMaxControlString, "job_flags") && v.Whole(m);
+}
+template <class V>
+bool Fields(V& v, Like<ShardAssignMsg> auto& m) {
+  return v.U16(m.shard_index, "shard_index") &&
+         v.U16(m.shard_count, "shard_count") &&
+         v.U32(m.first_chunk, "first_chunk") &&
+         v.U32(m.num_chunks, "num_chunks") &&
+         v.U32(m.chunk_payload, "chunk_payload") &&
+         v.U64(m.model_bytes, "model_bytes") &&
+         v.Bytes(m.directory_nonce, "directory_nonce") && v.Whole(m);
+}
+template <class V>
+bool Fields(V& v, Like<PhasePartialMsg> auto& m) {
+  return v.U64(m.iteration, "iteration") && v.Flag(m.resync, "resync") &&
+         v.U64(m.push_ns, "push_ns") && v.Doubles(m.squares, "squares");
+}
+template <class V>
+bool Fields(V& v, Like<PhaseDecisionMsg> auto& m) {
+  return v.U64(m.iteration, "iteration") && v.F64(m.norm, "norm") &&
+         v.Fraction(m.p, "p", false) && v.U64(m.deadline_ns, "deadline_ns") &&
+         v.Fraction(m.min_fraction, "min_fraction", true) &&
+         v.Flag(m.critical, "critical");
+}
+template <class V>
 bool Fields(V& v, Like<ByeMsg> auto& m) {
   return v.Str(m.reason, kMaxControlString, "reason");
 }
@@ -197,8 +238,17 @@ class Checker : public FieldErrors {
     return true;
   }
   bool Flag(bool, std::string_view) { return true; }
+  bool F64(double, std::string_view) { return true; }
   template <size_t N>
   bool Bytes(const std::array<uint8_t, N>&, std::string_view) {
+    return true;
+  }
+  bool Doubles(const std::vector<double>& v, std::string_view field) {
+    if (v.size() > kMaxPhaseBlocks) {
+      return Fail(ControlError::kTooManyItems, field,
+                  std::to_string(v.size()) + " > limit " +
+                      std::to_string(kMaxPhaseBlocks));
+    }
     return true;
   }
 
@@ -312,6 +362,32 @@ class Checker : public FieldErrors {
     }
     return true;
   }
+  bool Whole(const ShardHelloMsg& m) {
+    if (!Place(m.shard_index, m.shard_count)) return false;
+    if (m.shard_index == 0) {
+      return Fail(ControlError::kBadValue, "shard_index",
+                  "0 is the directory, which says no SHARD_HELLO");
+    }
+    if (m.queues == 0) {
+      return Fail(ControlError::kBadValue, "queues", "0 queues");
+    }
+    return true;
+  }
+  bool Whole(const ShardAssignMsg& m) {
+    if (!Place(m.shard_index, m.shard_count)) return false;
+    if (m.num_chunks == 0 || m.chunk_payload == 0 || m.chunk_payload % 4 != 0) {
+      return Fail(ControlError::kBadValue, "num_chunks",
+                  "a partition needs chunks of a positive multiple of 4 "
+                  "bytes");
+    }
+    if ((uint64_t{m.first_chunk} + m.num_chunks - 1) * m.chunk_payload >=
+        m.model_bytes) {
+      return Fail(ControlError::kBadValue, "model_bytes",
+                  std::to_string(m.model_bytes) +
+                      " bytes end before the partition's last chunk");
+    }
+    return true;
+  }
   bool Whole(const WelcomeMsg& m) {
     if (!Place(m.shard_index, m.shard_count)) return false;
     if (m.model_bytes != 0 && m.model_bytes < m.total_bytes) {
@@ -391,6 +467,14 @@ class Writer {
     return U32(static_cast<uint32_t>(v));
   }
   bool Flag(bool v, std::string_view) { return U8(v ? 1 : 0); }
+  bool F64(double v, std::string_view) {
+    return U64(std::bit_cast<uint64_t>(v));
+  }
+  bool Doubles(const std::vector<double>& v, std::string_view) {
+    U32(static_cast<uint32_t>(v.size()));
+    for (double x : v) F64(x, {});
+    return true;
+  }
   bool Dir(Direction d) { return U8(static_cast<uint8_t>(d)); }
   bool Reason(StopReason r) { return U8(static_cast<uint8_t>(r)); }
   bool Enum(uint8_t v, uint8_t, std::string_view) { return U8(v); }
@@ -484,10 +568,18 @@ class Reader : public FieldErrors {
   bool U16(uint16_t& v, std::string_view f) { return Uint(2, v, f); }
   bool U32(uint32_t& v, std::string_view f) { return Uint(4, v, f); }
   bool U64(uint64_t& v, std::string_view f) { return Uint(8, v, f); }
-  bool Fraction(double& v, std::string_view f, bool) {
+  bool Fraction(double& v, std::string_view f, bool) { return F64(v, f); }
+  bool F64(double& v, std::string_view f) {
     uint64_t x;
     if (!Uint(8, x, f)) return false;
     v = std::bit_cast<double>(x);
+    return true;
+  }
+  bool Doubles(std::vector<double>& v, std::string_view f) {
+    uint32_t n;
+    if (!Count(n, kMaxPhaseBlocks, 8, std::string(f))) return false;
+    v.resize(n);
+    for (double& x : v) F64(x, f);  // Count() checked the bytes
     return true;
   }
   // Enums are taken raw; Checker rejects values outside the enum.
@@ -617,7 +709,7 @@ class Reader : public FieldErrors {
 
 bool IsKnownType(uint8_t t) {
   return t >= static_cast<uint8_t>(ControlType::kJoin) &&
-         t <= static_cast<uint8_t>(ControlType::kTag);
+         t <= static_cast<uint8_t>(ControlType::kPhaseDecision);
 }
 
 // Parses a body of alternative T; on failure fills err/text.
@@ -701,6 +793,14 @@ const char* ControlTypeName(ControlType t) {
       return "PROOF";
     case ControlType::kTag:
       return "TAG";
+    case ControlType::kShardHello:
+      return "SHARD_HELLO";
+    case ControlType::kShardAssign:
+      return "SHARD_ASSIGN";
+    case ControlType::kPhasePartial:
+      return "PHASE_PARTIAL";
+    case ControlType::kPhaseDecision:
+      return "PHASE_DECISION";
   }
   return "UNKNOWN";
 }
@@ -713,7 +813,14 @@ bool IsServerMessage(const ControlMessage& m) {
   return std::holds_alternative<WelcomeMsg>(m) ||
          std::holds_alternative<ChallengeMsg>(m) ||
          std::holds_alternative<RoundBeginMsg>(m) ||
-         std::holds_alternative<AcceptedMsg>(m);
+         std::holds_alternative<AcceptedMsg>(m) ||
+         std::holds_alternative<ShardAssignMsg>(m) ||
+         std::holds_alternative<PhaseDecisionMsg>(m);
+}
+
+bool IsShardMessage(const ControlMessage& m) {
+  return std::holds_alternative<ShardHelloMsg>(m) ||
+         std::holds_alternative<PhasePartialMsg>(m);
 }
 
 bool IsWorkerOnlyMessage(const ControlMessage& m) {
@@ -849,6 +956,18 @@ ControlDecoder::Status ControlDecoder::Next(ControlMessage& out) {
       break;
     case ControlType::kTag:
       ok = ParseAs<TagMsg>(body, body_len, name, out, err, text);
+      break;
+    case ControlType::kShardHello:
+      ok = ParseAs<ShardHelloMsg>(body, body_len, name, out, err, text);
+      break;
+    case ControlType::kShardAssign:
+      ok = ParseAs<ShardAssignMsg>(body, body_len, name, out, err, text);
+      break;
+    case ControlType::kPhasePartial:
+      ok = ParseAs<PhasePartialMsg>(body, body_len, name, out, err, text);
+      break;
+    case ControlType::kPhaseDecision:
+      ok = ParseAs<PhaseDecisionMsg>(body, body_len, name, out, err, text);
       break;
   }
   if (!ok) return Fail(err, std::move(text));

@@ -39,7 +39,10 @@ namespace dblp {
 // 6: server shards (one job over S dblp-server processes, each owning a
 //    partition of the chunks): JOIN carries the worker's claim on a shard
 //    (index, count, range, directory rank and nonce); WELCOME carries the
-//    shard's place, the whole gradient's size and the shard map.
+//    shard's place, the whole gradient's size and the shard map;
+//    SHARD_HELLO, SHARD_ASSIGN (a shard's registration with the directory
+//    and its partition), PHASE_PARTIAL and PHASE_DECISION (the job's one
+//    phase, lib/dblp/job/phase_link.h) are new.
 inline constexpr uint16_t kControlVersion = 6;
 inline constexpr uint32_t kMaxControlFrame = 1u << 20;  // default decoder limit
 inline constexpr size_t kControlFrameHeader = 4;        // the u32 length
@@ -52,6 +55,8 @@ inline constexpr size_t kMaxShapeDims = 8;
 // Server shards of one job (dblp-server --shards): at most this many, so a
 // WELCOME's shard map has at most this many entries.
 inline constexpr size_t kMaxServerShards = 64;
+// A PHASE_PARTIAL's norm blocks: one per 64 chunks of at most 2^32 chunks.
+inline constexpr size_t kMaxPhaseBlocks = size_t{1} << 26;
 
 enum class ControlType : uint8_t {
   kJoin = 1,
@@ -66,6 +71,10 @@ enum class ControlType : uint8_t {
   kChallenge = 10,
   kProof = 11,
   kTag = 12,
+  kShardHello = 13,
+  kShardAssign = 14,
+  kPhasePartial = 15,
+  kPhaseDecision = 16,
 };
 
 struct LayerInfo {
@@ -254,6 +263,62 @@ struct AcceptedMsg {
   bool operator==(const AcceptedMsg&) const = default;
 };
 
+// Server shard k > 0 -> the directory (shard 0), once, right after its
+// PROOF (it JOINed with shard_index k and no claim): where it listens and
+// sends, and the job flags every shard must share. Since v6.
+struct ShardHelloMsg {
+  uint16_t shard_index = 0;   // its --shard_index, < shard_count
+  uint16_t shard_count = 1;   // its --shards
+  uint32_t control_ipv4 = 0;  // its --listen (0: the address it came from)
+  uint16_t control_port = 0;
+  uint32_t data_ipv4 = 0;  // its --local_ip
+  std::array<uint8_t, 6> data_mac{};
+  uint16_t udp_base_port = 0;  // its --udp_port
+  uint16_t queues = 1;         // its datapath lcores, >= 1
+  uint32_t mtu = 0;            // its data port's
+  // "--flag=value" lines: the job's flags, which must match the
+  // directory's (the first difference is named in the refusal).
+  std::string job_flags;
+  bool operator==(const ShardHelloMsg&) const = default;
+};
+
+// The directory -> server shard k, once every shard registered and every
+// worker joined: its partition of the job's chunks. Since v6.
+struct ShardAssignMsg {
+  uint16_t shard_index = 0;
+  uint16_t shard_count = 1;
+  uint32_t first_chunk = 0;  // global chunks [first, first + num)
+  uint32_t num_chunks = 0;
+  uint32_t chunk_payload = 0;  // bytes a chunk (the last may be shorter)
+  uint64_t model_bytes = 0;    // the whole gradient
+  // The directory's job nonce: every worker's claim on this shard carries
+  // it (JoinMsg::directory_nonce).
+  AuthBytes directory_nonce{};
+  bool operator==(const ShardAssignMsg&) const = default;
+};
+
+// Server shard k -> the directory, once per iteration: its partition's
+// norm blocks (float_ops.h BlockSquares) and its push's duration. Since v6.
+struct PhasePartialMsg {
+  uint64_t iteration = 0;
+  bool resync = false;
+  uint64_t push_ns = 0;
+  std::vector<double> squares;  // at most kMaxPhaseBlocks
+  bool operator==(const PhasePartialMsg&) const = default;
+};
+
+// The directory -> every server shard k > 0, once per iteration: the
+// whole mean's norm and the next push's tolerance. Since v6.
+struct PhaseDecisionMsg {
+  uint64_t iteration = 0;
+  double norm = 0;  // any bits (a non-finite mean's norm is counted)
+  double p = 0;     // in [0, 1)
+  uint64_t deadline_ns = 0;
+  double min_fraction = 1.0;  // in [0, 1]
+  bool critical = false;
+  bool operator==(const PhaseDecisionMsg&) const = default;
+};
+
 struct ByeMsg {
   std::string reason;
   bool operator==(const ByeMsg&) const = default;
@@ -269,7 +334,8 @@ struct ErrorMsg {
 using ControlMessage =
     std::variant<JoinMsg, WelcomeMsg, RoundBeginMsg, ProbeMsg, BitmapMsg,
                  StopMsg, ByeMsg, ErrorMsg, AcceptedMsg, ChallengeMsg, ProofMsg,
-                 TagMsg>;
+                 TagMsg, ShardHelloMsg, ShardAssignMsg, PhasePartialMsg,
+                 PhaseDecisionMsg>;
 
 enum class ControlError : uint8_t {
   kNone,
@@ -279,7 +345,7 @@ enum class ControlError : uint8_t {
   kTruncatedBody,  // a field, string or vector runs past the frame's end
   kTrailingBytes,  // bytes left in the frame after the last field
   kStringTooLong,  // string above kMaxControlString / kMaxLayerName
-  kTooManyItems,   // more than kMaxLayers layers or kMaxShapeDims dims
+  kTooManyItems,   // more than kMaxLayers layers, kMaxShapeDims dims, ...
   kBadBitmap,      // word count != ceil(num_bits / 64) or bits past the end
   kBadValue,       // enum out of range, p/min_fraction, negative dim
 };
@@ -288,11 +354,14 @@ const char* ControlErrorName(ControlError e);
 const char* ControlTypeName(ControlType t);  // "JOIN", ...; "UNKNOWN"
 const char* ControlTypeName(const ControlMessage& m);
 ControlType TypeOf(const ControlMessage& m);
-// Messages only a server sends (WELCOME, CHALLENGE, ROUND_BEGIN, ACCEPTED)
-// and only a worker sends (JOIN, PROOF): either one arriving at the wrong
-// end is out of order.
+// Messages only a server sends (WELCOME, CHALLENGE, ROUND_BEGIN, ACCEPTED,
+// and the directory's SHARD_ASSIGN and PHASE_DECISION) and only a worker
+// sends (JOIN, PROOF): either one arriving at the wrong end is out of
+// order. SHARD_HELLO and PHASE_PARTIAL come only from a server shard on its
+// connection to the directory (IsShardMessage).
 bool IsServerMessage(const ControlMessage& m);
 bool IsWorkerOnlyMessage(const ControlMessage& m);
+bool IsShardMessage(const ControlMessage& m);
 
 // Checks a message against the field limits and value rules above. Returns
 // kNone if it may be sent; otherwise the error the decoder would report,

@@ -43,14 +43,27 @@ std::string JoinDesk::Admit(ConnId c, const JoinMsg& j) {
     return "worker MTU " + std::to_string(j.mtu) + " != server MTU " +
            std::to_string(policy_.mtu) + ": pass the same --mtu to every app";
   }
+  if (policy_.rank_by_claim) {
+    if (j.rank_plus_one == 0 || j.rank_plus_one > policy_.workers) {
+      return "the JOIN claims no rank of this job's " +
+             std::to_string(policy_.workers) + " workers";
+    }
+    for (const Member& m : members_) {
+      if (m.rank_plus_one == j.rank_plus_one) {
+        return "rank " + std::to_string(j.rank_plus_one - 1) +
+               " already joined: every worker JOINs each server shard once, "
+               "with the rank the directory gave it";
+      }
+    }
+  }
   if (members_.empty()) {
     first_ = j;
   } else if (j.total_bytes != first_.total_bytes || j.layers != first_.layers) {
     return "gradient layout differs from the first worker's: every worker "
            "must run the same model (--floats / --model)";
   }
-  members_.push_back(
-      Member{c, j.worker_name, j.data_mac, j.data_ipv4, j.data_udp_port});
+  members_.push_back(Member{c, j.worker_name, j.data_mac, j.data_ipv4,
+                            j.data_udp_port, j.rank_plus_one});
   most_members_ = std::max(most_members_, members_.size());
   return "";
 }
@@ -67,7 +80,12 @@ std::string JoinDesk::Shortfall() const {
 }
 
 void JoinDesk::Close() {
-  if (!closed_ && policy_.rank_by_name) {
+  if (!closed_ && policy_.rank_by_claim) {
+    std::sort(members_.begin(), members_.end(),
+              [](const Member& a, const Member& b) {
+                return a.rank_plus_one < b.rank_plus_one;
+              });
+  } else if (!closed_ && policy_.rank_by_name) {
     std::stable_sort(members_.begin(), members_.end(),
                      [](const Member& a, const Member& b) {
                        return NameBefore(a.name, b.name);

@@ -30,6 +30,10 @@ struct JoinPolicy {
   // than by the order the JOINs came in: a launcher that names its workers
   // after its own ranks (torch.distributed's) gets the same ranks here.
   bool rank_by_name = false;
+  // A server shard k > 0 (server_shards.h): each worker takes the rank
+  // its claim names (the directory's), so every shard's rank r is the
+  // same worker. Duplicates and ranks >= workers are refused.
+  bool rank_by_claim = false;
 };
 
 class JoinDesk {
@@ -40,6 +44,7 @@ class JoinDesk {
     std::array<uint8_t, 6> data_mac{};  // its JOIN's data source
     uint32_t data_ipv4 = 0;             // 0: the server assigns one
     uint16_t data_udp_port = 0;         // 0: base port + 1 + rank
+    uint16_t rank_plus_one = 0;         // its claim's (rank_by_claim)
   };
 
   explicit JoinDesk(const JoinPolicy& policy) : policy_(policy) {}
@@ -60,6 +65,7 @@ class JoinDesk {
   void Close();
 
   const std::vector<Member>& members() const { return members_; }
+  const JoinPolicy& policy() const { return policy_; }
   // Why the job did not start: "only K of N workers joined", and how many
   // had joined at most when some left again (a worker gives up at its own
   // join timeout, which may be shorter than the server's).

@@ -4,7 +4,7 @@
 
 #include "dblp/base/log.h"
 #include "dblp/base/rng.h"
-#include "dblp/wire/float_ops.h"  // L2Norm
+#include "dblp/wire/float_ops.h"  // BlockSquares
 
 namespace dblp {
 
@@ -19,9 +19,12 @@ ServerIteration::ServerIteration(const ServerJobSettings& s,
       resync_(s.resync_every),
       seed_(seed),
       app_(std::move(app)),
-      reducer_(layout, workers, shards),
+      reducer_(layout, workers, shards, s.model_floats),
       tallies_(workers),
-      mean_(layout.total_bytes() / sizeof(float), 0.0f) {
+      mean_(layout.total_bytes() / sizeof(float), 0.0f),
+      block_floats_(size_t{kNormBlockChunks} * layout.chunk_payload() /
+                    sizeof(float)),
+      squares_(NormBlocks(mean_.size(), block_floats_), 0.0) {
   reducer_.set_clip_norm(ClipNormFor(0));
   if (s.consistent_broadcast) carry_.emplace(layout, HashMix(seed, 0xCA));
 }
@@ -55,10 +58,19 @@ ReducedPush ServerIteration::Reduce(uint64_t it, uint64_t push_ns) {
       step <= s_.zero_last) {
     ZeroRandomChunks(mean_, layout_, s_.zero_fraction, HashMix(seed_, step));
   }
-  r.norm = L2Norm(mean_);
+  BlockSquares(mean_, block_floats_, squares_);
+  if (s_.phase != nullptr) {
+    // A server shard: the job's phase decides from every shard's blocks.
+    PhaseDecision d = s_.phase->Decide(it, r.resync, squares_, push_ns);
+    r.failure = std::move(d.failure);
+    r.norm = d.norm;
+    r.next = d.next;
+  } else {
+    r.norm = NormOfBlockSquares(squares_);
+    if (!r.resync) policy_->OnIterationEnd(step, r.norm, push_ns);
+    r.next = policy_->Current();
+  }
   r.mean_finite = std::isfinite(r.norm);
-  if (!r.resync) policy_->OnIterationEnd(step, r.norm, push_ns);
-  r.next = policy_->Current();
   r.broadcast = BroadcastTolerance(r.resync, r.next);
   if (carry_ && !r.resync) {
     // The receiver STOPs with exactly the subset: no deadline may cut it.

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "dblp/job/phase_link.h"
 #include "dblp/policy/broadcast_carry.h"
 #include "dblp/policy/loss_fill.h"
 #include "dblp/policy/mean_reducer.h"
@@ -63,12 +64,21 @@ struct ServerJobSettings {
   uint64_t zero_first = 0;
   uint64_t zero_last = 0;
   ReducedObserver on_reduced;  // test seam; empty in production
+  // A server shard of a sharded job (dblp-server --shards): the job's
+  // phase, which decides the norm and the next tolerance from every
+  // shard's block squares (phase_link.h; null: unsharded, the policy runs
+  // here), and the whole gradient's floats (the clip norm's per-chunk
+  // share, mean_reducer.h; 0: this layout's). Not owned.
+  PhaseLink* phase = nullptr;
+  uint64_t model_floats = 0;
 };
 
 // What one closed push decided.
 struct ReducedPush {
   bool resync = false;       // the "mean" is the average model
-  double norm = 0;           // the mean's L2 norm (what the policy saw)
+  // The mean's L2 norm (what the policy saw): per-64-chunk block squares
+  // summed in order (float_ops.h); a server shard's is the whole job's.
+  double norm = 0;
   RoundTolerance broadcast;  // the broadcast of this mean
   // The consistent broadcast's chunks, in send order (empty: the usual
   // per-worker order). Valid until the next Reduce.
@@ -78,7 +88,8 @@ struct ReducedPush {
   // L2 norm of what it sent. Valid until the next Reduce.
   std::span<const MeanReducer::Tally> workers;
   bool mean_finite = true;  // the mean's norm is finite
-  std::string failure;      // the job ends (--on_bad_gradient=abort)
+  // The job ends (--on_bad_gradient=abort, a lost server shard).
+  std::string failure;
 };
 
 class ServerIteration {
@@ -126,6 +137,8 @@ class ServerIteration {
   MeanReducer reducer_;
   std::vector<MeanReducer::Tally> tallies_;  // the last Reduce's, per worker
   std::vector<float> mean_;
+  const size_t block_floats_;    // a norm block's floats (kNormBlockChunks)
+  std::vector<double> squares_;  // the last Reduce's block squares
   // Built only for a consistent broadcast: it holds a copy of the gradient.
   std::optional<BroadcastCarry> carry_;
 };

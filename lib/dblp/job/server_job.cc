@@ -49,7 +49,9 @@ const ReducedPush& ServerJob::ClosePush(uint64_t it, const ClosedPush& c,
                                         AcceptedSlots* accepted,
                                         std::vector<ControlRequest>* post) {
   reduced_ = iteration_.Reduce(it, c.now_ns - push_open_ns_);
-  reduced_.failure = CheckContributions(it, reduced_);
+  // The phase's failure (a lost server shard) comes first.
+  std::string bad = CheckContributions(it, reduced_);
+  if (reduced_.failure.empty()) reduced_.failure = std::move(bad);
   const ReducedPush& r = reduced_;
   const double n = layout_.num_chunks();
   const uint64_t clr_nonfinite = iteration_.policy()->nonfinite_norms();

@@ -61,10 +61,12 @@ void MeanReducer::AlignedFree::operator()(float* p) const {
 }
 
 MeanReducer::MeanReducer(const ChunkLayout& layout, uint32_t num_workers,
-                         uint32_t shards)
+                         uint32_t shards, uint64_t model_floats)
     : layout_(layout),
       num_workers_(num_workers),
       shards_(std::max(shards, 1u)),
+      clip_floats_(model_floats != 0 ? model_floats
+                                     : layout.total_bytes() / sizeof(float)),
       tallies_(static_cast<size_t>(num_workers) * std::max(shards, 1u)),
       stride_floats_(0),
       counts_(layout.num_chunks()) {
@@ -129,7 +131,7 @@ bool MeanReducer::Accumulate(uint32_t w, uint32_t seq, const uint8_t* payload,
     // This chunk's share of the bound: the shares' squares sum to X^2.
     const double bound =
         clip_norm_ * std::sqrt(static_cast<double>(floats) /
-                               static_cast<double>(prev_mean_.size()));
+                               static_cast<double>(clip_floats_));
     if (scan.sum_squares > bound * bound) {
       scale = static_cast<float>(bound / std::sqrt(scan.sum_squares));
       ++t.clipped;

@@ -53,8 +53,11 @@ class MeanReducer {
   // Throws std::invalid_argument if total_bytes is not a multiple of 4 or
   // num_workers is 0. Starts with a clean round (BeginRound not required).
   // `shards`: the threads that Accumulate (one tally per worker each).
+  // `model_floats`: the whole gradient's floats, which the clip norm's
+  // per-chunk share divides by (a server shard's layout is one partition
+  // of it); 0: the layout's.
   MeanReducer(const ChunkLayout& layout, uint32_t num_workers,
-              uint32_t shards = 1);
+              uint32_t shards = 1, uint64_t model_floats = 0);
 
   // What one (worker, shard) contributed this round, reset by BeginRound.
   struct alignas(64) Tally {
@@ -149,6 +152,7 @@ class MeanReducer {
   uint32_t num_workers_;
   uint32_t shards_;
   double clip_norm_ = 0;
+  uint64_t clip_floats_;        // the clip share's denominator (model_floats)
   std::vector<Tally> tallies_;  // [worker * shards_ + shard]
   // Floats between the starts of consecutive chunks' sum slices: the chunk's
   // float count rounded up to a cache line, so slices never share a line.
