@@ -63,7 +63,7 @@ std::string JobSync::failure() {
 
 // ---- dblp-worker ------------------------------------------------------------
 
-WorkerLcore::WorkerLcore(LcoreConf& conf, ShardLinks& links, const Setup& setup)
+WorkerLcore::WorkerLcore(LcoreConf& conf, WorkerShardLinks& links, const Setup& setup)
     : conf_(conf), links_(links), setup_(setup) {
   lanes_.reserve(links.size());  // rx_ points into it
   for (const auto& link : links) {

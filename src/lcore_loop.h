@@ -100,7 +100,7 @@ class WorkerLcore {
     RxLossInjector* loss = nullptr;  // on the broadcast we receive
     RoundPacer* pacer = nullptr;
   };
-  WorkerLcore(LcoreConf& conf, ShardLinks& links, const Setup& setup);
+  WorkerLcore(LcoreConf& conf, WorkerShardLinks& links, const Setup& setup);
 
   // Opens iteration `it`'s broadcast receivers and waits for every server
   // shard to open its push round. False (with *failure) on a timeout, a
@@ -146,7 +146,7 @@ class WorkerLcore {
   std::string Stalled(const char* waiting_for, uint64_t it) const;
 
   LcoreConf& conf_;
-  ShardLinks& links_;
+  WorkerShardLinks& links_;
   Setup setup_;
   std::vector<Lane> lanes_;
   std::vector<RxQueue> rx_;

@@ -9,7 +9,7 @@ std::string ShardLink::Label() const {
   return "server shard " + std::to_string(index) + " at " + address;
 }
 
-std::string ShardLinks::Seal(uint32_t total_chunks) {
+std::string WorkerShardLinks::Seal(uint32_t total_chunks) {
   uint32_t next = 0;
   sides_.clear();
   firsts_.clear();
@@ -35,7 +35,7 @@ std::string ShardLinks::Seal(uint32_t total_chunks) {
   return "";
 }
 
-void ShardLinks::Split(std::span<const uint32_t> order) {
+void WorkerShardLinks::Split(std::span<const uint32_t> order) {
   for (const auto& l : links_) l->order.clear();
   if (links_.size() == 1) {  // unsharded: local seqs are global
     links_[0]->order.assign(order.begin(), order.end());
@@ -48,7 +48,7 @@ void ShardLinks::Split(std::span<const uint32_t> order) {
   }
 }
 
-void ShardLinks::SnapshotArrived(Bitmap* arrived) const {
+void WorkerShardLinks::SnapshotArrived(Bitmap* arrived) const {
   if (links_.size() == 1) {
     links_[0]->bcast->receiver().SnapshotBitmap(*arrived);
     return;
@@ -61,7 +61,7 @@ void ShardLinks::SnapshotArrived(Bitmap* arrived) const {
   }
 }
 
-double ShardLinks::delivered_fraction() const {
+double WorkerShardLinks::delivered_fraction() const {
   if (links_.size() == 1) {
     return links_[0]->bcast->receiver().delivered_fraction();
   }
@@ -71,7 +71,7 @@ double ShardLinks::delivered_fraction() const {
                             : static_cast<double>(received) / total_chunks_;
 }
 
-bool ShardLinks::TakeAccepted(uint32_t round, Bitmap* out) {
+bool WorkerShardLinks::TakeAccepted(uint32_t round, Bitmap* out) {
   if (links_.size() == 1) return links_[0]->control.TakeAccepted(round, out);
   bool all = true;
   for (const auto& l : links_) {
@@ -95,14 +95,14 @@ bool ShardLinks::TakeAccepted(uint32_t round, Bitmap* out) {
   return true;
 }
 
-bool ShardLinks::server_gone() const {
+bool WorkerShardLinks::server_gone() const {
   for (const auto& l : links_) {
     if (l->control.server_gone()) return true;
   }
   return false;
 }
 
-std::string ShardLinks::failure() const {
+std::string WorkerShardLinks::failure() const {
   for (const auto& l : links_) {
     if (!l->control.server_gone()) continue;
     if (links_.size() == 1) return l->control.failure();

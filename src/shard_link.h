@@ -7,7 +7,7 @@
 // shard of that server), the broadcast receiver over the partition and the
 // transmitters. An unsharded job is one link to the one server.
 //
-// The WorkerJob and WorkerModel stay whole-gradient: ShardLinks maps the
+// The WorkerJob and WorkerModel stay whole-gradient: WorkerShardLinks maps the
 // global push order to each link's local seqs, the links' broadcast bitmaps
 // and ACCEPTEDs into the whole gradient's (partitions are 64-chunk aligned,
 // so whole words copy), and names the first server shard that is gone.
@@ -76,7 +76,7 @@ struct ShardLink {
 
 // Every link of the worker, in server shard order; the WorkerJob's view of
 // them as one server (its AcceptedChannel).
-class ShardLinks {
+class WorkerShardLinks {
  public:
   void Add(std::unique_ptr<ShardLink> link) {
     links_.push_back(std::move(link));

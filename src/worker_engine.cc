@@ -49,7 +49,7 @@ class WorkerRun {
   const std::atomic<bool>& quit_;
   RowStream rows_;
   LcoreConf lc_;
-  ShardLinks links_;  // links_[0]: the directory (or the only server)
+  WorkerShardLinks links_;  // links_[0]: the directory (or the only server)
   EngineRuntime runtime_{"dblp-worker", false};
   WelcomeMsg wel_;      // the directory's
   ChunkLayout layout_;  // the whole gradient's

@@ -67,7 +67,7 @@ WelcomeMsg JoinLink(const WorkerOptions& o, ShardLink& l, const JoinMsg& join,
 
 void JoinServerShards(const WorkerOptions& o, const GradientSource& source,
                       const DatapathCounters* ctr,
-                      const std::atomic<bool>& quit, ShardLinks* links) {
+                      const std::atomic<bool>& quit, WorkerShardLinks* links) {
   const JoinMsg base = MakeJoin(o, source, 0);
   auto directory = std::make_unique<ShardLink>(0, 1, o.server, o.secret, ctr,
                                                o.dp.stats_period_s);
@@ -186,7 +186,7 @@ FrameTemplate ServerTemplate(const WorkerOptions& o, const WelcomeMsg& wel,
   return FrameTemplate(*local, server, caps);
 }
 
-void AddWorkerCounters(const LcoreConf& lc, const ShardLinks& links,
+void AddWorkerCounters(const LcoreConf& lc, const WorkerShardLinks& links,
                        const PortDrops& drops, RunReport* report) {
   uint64_t bitmaps_dropped = 0, stops = 0, msgs_in = 0, msgs_out = 0;
   std::vector<const ReceiverRound*> receivers;

@@ -36,7 +36,7 @@ JoinMsg MakeJoin(const WorkerOptions& o, const GradientSource& source,
 // process naming the shard and the fix.
 void JoinServerShards(const WorkerOptions& o, const GradientSource& source,
                       const DatapathCounters* ctr,
-                      const std::atomic<bool>& quit, ShardLinks* links);
+                      const std::atomic<bool>& quit, WorkerShardLinks* links);
 
 // Binds `source` to the WELCOME's rank; refuses (telling the server, then
 // Die() with the fix) a source or a fill that cannot serve the job.
@@ -65,7 +65,7 @@ FrameTemplate ServerTemplate(const WorkerOptions& o, const WelcomeMsg& wel,
                              const PortCaps& caps, Endpoint* local);
 
 // Summed over every link (and port).
-void AddWorkerCounters(const LcoreConf& lc, const ShardLinks& links,
+void AddWorkerCounters(const LcoreConf& lc, const WorkerShardLinks& links,
                        const PortDrops& drops, RunReport* report);
 
 }  // namespace dblp
