@@ -21,11 +21,23 @@
 DEFINE_string(listen, "127.0.0.1:9100", "TCP control address to listen on");
 DEFINE_string(local_ip, "10.0.0.1", "the server's IPv4 on the data ports");
 DEFINE_uint32(udp_port, 47000,
-              "UDP port of pushes (worker r receives the "
-              "broadcast on udp_port + 1 + r)");
+              "UDP port of pushes (with several lcores, lcore k's chunks "
+              "on udp_port + k; worker r receives the broadcast on "
+              "udp_port + 1 + r)");
 DEFINE_uint32(session, 0,
               "session id (0 = derived from the job's random "
               "nonce)");
+DEFINE_string(steering, "auto",
+              "with several lcores (-l) on a port other than net_memif: how "
+              "lcore k's chunks (UDP dst port udp_port + k) reach its RX "
+              "queue k: flow (one rte_flow rule per lcore; refused: exit), "
+              "rss (the port's RSS; frames on another lcore's queue are "
+              "handed to it, counted frames_misrouted) or auto (flow, else "
+              "rss)");
+DEFINE_bool(flow_isolate, false,
+            "put each port in rte_flow isolated mode, so that only the "
+            "job's UDP ports reach DPDK and the kernel keeps the rest "
+            "(bifurcated NICs such as mlx5; net_tap); needs flow rules");
 DEFINE_uint32(shards, 1,
               "server shards of the job: dblp-server processes that each "
               "own a partition of the gradient's chunks (1..64)");
@@ -120,6 +132,16 @@ int main(int argc, char** argv) {
                     std::to_string(65534 - FLAGS_workers));
   }
   o.udp_port = static_cast<uint16_t>(FLAGS_udp_port);
+  if (!dblp::ParseSteeringMode(FLAGS_steering, &o.steering.mode)) {
+    dblp::FlagError("--steering=" + FLAGS_steering +
+                    " is not a steering mode: use auto, flow or rss");
+  }
+  if (FLAGS_flow_isolate && o.steering.mode == dblp::SteeringMode::kRss) {
+    dblp::FlagError(
+        "--flow_isolate needs flow rules, --steering=rss installs none: use "
+        "--steering=flow or auto with it");
+  }
+  o.steering.isolate = FLAGS_flow_isolate;
   o.dp = dblp::DatapathOptionsFromFlags();
   static_cast<dblp::ServerJobSettings&>(o) = dblp::JobSettingsFromFlags();
   o.session = FLAGS_session;

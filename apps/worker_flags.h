@@ -31,9 +31,10 @@ DEFINE_uint32(shm_idle_timeout_ms, 0,
               "shm: fail when the trainer, still alive, posts nothing for "
               "this long (0: wait while it lives)");
 DEFINE_string(norm_jumps, "",
-              "synthetic: iterations where the gradient norm jumps (phase "
-              "changes for the CLR detector)");
-DEFINE_uint32(jump_length, 10, "synthetic: iterations a norm jump lasts");
+              "synthetic and integer: iterations where the gradient norm "
+              "jumps (phase changes for the CLR detector; integer: x4)");
+DEFINE_uint32(jump_length, 10,
+              "synthetic and integer: iterations a norm jump lasts");
 DEFINE_string(lying_gradient, "",
               "test hook: the worker of rank RANK pushes a bad gradient "
               "from iteration FROM on, KIND:RANK[:FROM] with KIND nan | inf "
@@ -66,6 +67,18 @@ inline std::unique_ptr<GradientSource> WorkerSourceFromFlags() {
   }
 }
 
+// --norm_jumps and --jump_length (synthetic and integer sources).
+inline NormTrace NormTraceFromFlags() {
+  NormTrace trace;
+  try {
+    trace.jumps = ParseIterationList(FLAGS_norm_jumps);
+  } catch (const std::invalid_argument& e) {
+    FlagError(std::string("--norm_jumps: ") + e.what());
+  }
+  trace.jump_length = FLAGS_jump_length;
+  return trace;
+}
+
 inline std::unique_ptr<GradientSource> PlainSourceFromFlags() {
   const bool shm = FLAGS_gradient == "shm";
   if (shm != !FLAGS_shm.empty()) {
@@ -84,18 +97,11 @@ inline std::unique_ptr<GradientSource> PlainSourceFromFlags() {
   }
   if (FLAGS_gradient == "synthetic") {
     if (FLAGS_floats == 0) FlagError("--floats must be >= 1");
-    NormTrace trace;
-    try {
-      trace.jumps = ParseIterationList(FLAGS_norm_jumps);
-    } catch (const std::invalid_argument& e) {
-      FlagError(std::string("--norm_jumps: ") + e.what());
-    }
-    trace.jump_length = FLAGS_jump_length;
-    return MakeSyntheticSource(FLAGS_floats, FLAGS_seed, trace);
+    return MakeSyntheticSource(FLAGS_floats, FLAGS_seed, NormTraceFromFlags());
   }
   if (FLAGS_gradient == "integer") {
     if (FLAGS_floats == 0) FlagError("--floats must be >= 1");
-    return MakeIntegerSource(FLAGS_floats);
+    return MakeIntegerSource(FLAGS_floats, NormTraceFromFlags());
   }
   return nullptr;
 }

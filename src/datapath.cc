@@ -52,6 +52,7 @@ uint32_t ChunkTransmitter::Send(FrameTemplate& tmpl, DataHeader proto,
   constexpr uint32_t kMaxBurst = 64;
   rte_mbuf* mbufs[kMaxBurst];
   uint32_t consumed = 0;
+  if (udp_dst_port != 0) tmpl.set_dst_port(udp_dst_port);
   while (consumed < n) {
     uint32_t k = std::min(n - consumed, kMaxBurst);
     if (pacer != nullptr) {

@@ -106,6 +106,11 @@ struct alignas(RTE_CACHE_LINE_SIZE) DatapathCounters {
   // Frames from an address other than the one pinned for the sender
   // (server: the worker's JOIN; worker: the server's WELCOME).
   Counter unpinned_source{0};
+  // Server: frames of another lcore's chunk range that landed on this
+  // lcore's queue (RSS steering) and were handed to their owner, and
+  // those dropped because its handoff ring was full (the sender resends).
+  Counter misrouted{0};
+  Counter handoff_full{0};
   std::array<Counter, kNumFrameStatus> frame_drops{};  // L2-L4 validation
 
   static void Add(Counter& c, uint64_t n = 1) {
@@ -171,9 +176,10 @@ struct RingOutbox {
 // the frame goes on to the protocol (`*pf` then locates its DBLP bytes);
 // every frame turned away is counted by reason in `ctr`.
 // Always inlined: it runs once per received frame.
-// `port_lo..port_hi`: the UDP destination ports of several peers (a worker's
-// server shards on one port).
-[[gnu::always_inline]] inline bool AdmitFrame(
+// `port_lo..port_hi`: the UDP destination ports we own (a server with S
+// lcores: its base port + 0..S-1; a worker: its server shards sharing a
+// port).
+[[gnu::always_inline]] inline bool AdmitFrameIn(
     const rte_mbuf* m, uint16_t port_lo, uint16_t port_hi, RxLossInjector& loss,
     uint64_t now_ns, DatapathCounters& ctr, ParsedFrame* pf) {
   const FrameStatus fs = ParseFrame(m, port_lo, port_hi, pf);
@@ -190,7 +196,7 @@ struct RingOutbox {
 [[gnu::always_inline]] inline bool AdmitFrame(
     const rte_mbuf* m, uint16_t udp_port, RxLossInjector& loss, uint64_t now_ns,
     DatapathCounters& ctr, ParsedFrame* pf) {
-  return AdmitFrame(m, udp_port, udp_port, loss, now_ns, ctr, pf);
+  return AdmitFrameIn(m, udp_port, udp_port, loss, now_ns, ctr, pf);
 }
 
 // Asks for `n` bytes at `p` to be brought into the caches, a line at a
@@ -211,6 +217,30 @@ inline uint32_t PeekSeq(const rte_mbuf* m) {
   uint32_t be;
   std::memcpy(&be, rte_pktmbuf_mtod_offset(m, const uint8_t*, kAt), 4);
   return rte_be_to_cpu_32(be);
+}
+
+// The chunk number of a received push: plain Ethernet / IPv4 (no options)
+// / UDP to a destination port in `port_lo..port_hi`, long enough for a
+// DBLP header; UINT32_MAX for any other frame. Reads the first 64 bytes
+// only (already prefetched), to find the lcore that owns it before the
+// frame is validated (ServerLcore::HandOver).
+inline uint32_t PeekPushSeq(const rte_mbuf* m, uint16_t port_lo,
+                            uint16_t port_hi) {
+  constexpr uint32_t kAt = kL2L3L4Bytes + offsetof(DataHeaderWire, seq_be);
+  if (rte_pktmbuf_data_len(m) < kAt + 4) return UINT32_MAX;
+  const auto* p = rte_pktmbuf_mtod(m, const uint8_t*);
+  const auto* eth = reinterpret_cast<const rte_ether_hdr*>(p);
+  const auto* ip =
+      reinterpret_cast<const rte_ipv4_hdr*>(p + sizeof(rte_ether_hdr));
+  if (eth->ether_type != rte_cpu_to_be_16(RTE_ETHER_TYPE_IPV4) ||
+      ip->version_ihl != 0x45 || ip->next_proto_id != IPPROTO_UDP) {
+    return UINT32_MAX;
+  }
+  uint16_t dst_be;
+  std::memcpy(&dst_be, p + kL2L3L4Bytes - sizeof(rte_udp_hdr) + 2, 2);
+  const uint16_t dst = rte_be_to_cpu_16(dst_be);
+  if (dst < port_lo || dst > port_hi) return UINT32_MAX;
+  return PeekSeq(m);
 }
 
 // rte_eth_rx_burst, out of line so that profiles attribute the PMD's RX
@@ -241,6 +271,10 @@ struct ChunkTransmitter {
   uint32_t tx_retries = 8;       // bounded retry when the TX ring is full
   uint32_t wire_frame_bytes = WireBytesPerFrame(1500);  // for the pacer
   bool prefetch = true;  // the next chunk's payload while building this one
+  // Non-zero: every frame goes to this UDP destination port (a worker's
+  // queue k: the server's base port + k, steering.h), set on the template
+  // once per Send.
+  uint16_t udp_dst_port = 0;
 
   // Builds and transmits `n` chunks `seqs` of `buffer` as frames of `proto`
   // (type, session, rank, round; seq and length are filled per chunk).

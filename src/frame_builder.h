@@ -11,7 +11,9 @@
 #include <rte_mbuf.h>
 #include <rte_udp.h>
 
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "dblp/security/frame_auth.h"
 #include "dblp/wire/wire.h"
@@ -46,6 +48,16 @@ class FrameTemplate {
   // The same framing around arbitrary UDP payload bytes (hostile-input
   // tests: truncated or garbled DBLP headers with valid L2-L4).
   bool BuildRaw(rte_mbuf* m, const uint8_t* udp_payload, uint16_t len);
+
+  // Steering (steering.h): the UDP destination port of the frames built
+  // from now on (a worker sends lcore-shard k's chunks to the server's
+  // base port + k). A 2-byte store; dst() keeps the template's own port.
+  void set_dst_port(uint16_t port) {
+    const uint16_t be = rte_cpu_to_be_16(port);
+    std::memcpy(hdr_ + kL2L3L4Bytes - sizeof(rte_udp_hdr) +
+                    offsetof(rte_udp_hdr, dst_port),
+                &be, sizeof(be));
+  }
 
   const Endpoint& src() const { return src_; }
   const Endpoint& dst() const { return dst_; }

@@ -121,7 +121,7 @@ uint16_t WorkerLcore::PollBroadcast(uint64_t now_ns, const RxQueue& rxq) {
   for (Lane* lane : rxq.lanes) lane->arrivals = true;
   for (uint16_t i = 0; i < n; ++i) {
     ParsedFrame pf;
-    if (!AdmitFrame(conf_.rx_pkts[i], rxq.port_lo, rxq.port_hi, *setup_.loss,
+    if (!AdmitFrameIn(conf_.rx_pkts[i], rxq.port_lo, rxq.port_hi, *setup_.loss,
                     now_ns, conf_.counters, &pf)) {
       continue;
     }
@@ -368,6 +368,8 @@ ServerLcore::ServerLcore(LcoreConf& conf, ServerControl& control, JobSync& sync,
   tx_.pool = setup.pool;
   tx_.counters = &conf.counters;
   tx_.prefetch = setup.prefetch;
+  staged_.resize(setup.handoff.size());
+  staged_n_.assign(setup.handoff.size(), 0);
   // The return path from the JOIN when it says all of it (one port, the
   // worker's MAC), never from a frame. With several ports, or a worker
   // behind a router, the port and next hop come from the first frame that
@@ -391,6 +393,9 @@ void ServerLcore::ReceiveBurst(uint16_t port, rte_mbuf** pkts, uint16_t n,
     }
   }
   const uint32_t shard = conf_.shard;
+  // Lcore k's range arrives on udp_port + k (steering.h).
+  const auto port_hi =
+      static_cast<uint16_t>(setup_.udp_port + setup_.shards->num_shards() - 1);
   const uint32_t num_workers = static_cast<uint32_t>(links_.size());
   const std::atomic<bool>* alive = job_.alive_flags();
   for (uint16_t i = 0; i < n; ++i) {
@@ -404,8 +409,8 @@ void ServerLcore::ReceiveBurst(uint16_t port, rte_mbuf** pkts, uint16_t n,
       if (i + 1 < n) reducer.Prefetch(PeekSeq(pkts[i + 1]));
     }
     ParsedFrame pf;
-    if (!AdmitFrame(pkts[i], setup_.udp_port, *setup_.loss, now_ns,
-                    conf_.counters, &pf)) {
+    if (!AdmitFrameIn(pkts[i], setup_.udp_port, port_hi, *setup_.loss, now_ns,
+                      conf_.counters, &pf)) {
       continue;
     }
     // Unknown ranks go to worker 0's receiver, which counts them as
@@ -479,17 +484,84 @@ bool ServerLcore::AdoptReturnPaths() {
   return true;
 }
 
+// Under RSS steering a queue also gets frames of other lcores' ranges.
+// Each goes to its owner through the owner's handoff ring rather than
+// being dropped: RSS hashes a flow (a worker's address and the lcore's
+// port) to one queue, so a dropped frame's resend would land on the same
+// wrong queue and the round would never complete. Only the owner may set
+// its bitmap words and add into its sum slice. Returns how many of `pkts`
+// stay here (compacted in place); the rest are handed over or, when the
+// owner's ring is full, dropped (the sender resends, counted).
+uint16_t ServerLcore::HandOver(uint16_t port, rte_mbuf** pkts, uint16_t n) {
+  const ShardMap& shards = *setup_.shards;
+  const auto port_hi =
+      static_cast<uint16_t>(setup_.udp_port + shards.num_shards() - 1);
+  uint16_t keep = 0;
+  bool any = false;
+  for (uint16_t i = 0; i < n; ++i) {
+    const uint32_t seq = PeekPushSeq(pkts[i], setup_.udp_port, port_hi);
+    const uint32_t owner =
+        seq < shards.num_chunks() ? shards.ShardOf(seq) : conf_.shard;
+    if (owner == conf_.shard) {
+      pkts[keep++] = pkts[i];
+      continue;
+    }
+    pkts[i]->port = port;  // the owner learns return paths from it
+    staged_[owner][staged_n_[owner]++] = pkts[i];
+    any = true;
+  }
+  if (!any) return keep;
+  for (uint32_t j = 0; j < staged_.size(); ++j) {
+    const uint16_t m = staged_n_[j];
+    if (m == 0) continue;
+    staged_n_[j] = 0;
+    const unsigned in = rte_ring_enqueue_burst(
+        setup_.handoff[j], reinterpret_cast<void**>(staged_[j].data()), m,
+        nullptr);
+    DatapathCounters::Add(conf_.counters.misrouted, m);
+    if (in < m) {
+      DatapathCounters::Add(conf_.counters.handoff_full, m - in);
+      rte_pktmbuf_free_bulk(staged_[j].data() + in, m - in);
+    }
+  }
+  return keep;
+}
+
+// The frames other lcores handed to us, in runs of one port. True when
+// the ring came back short (nothing more was waiting).
+bool ServerLcore::TakeHandedOver(uint64_t now_ns, uint32_t* total) {
+  const unsigned n = rte_ring_dequeue_burst(setup_.handoff[conf_.shard],
+                                            reinterpret_cast<void**>(handed_),
+                                            kRxBurst, nullptr);
+  for (unsigned i = 0; i < n;) {
+    unsigned j = i + 1;
+    while (j < n && handed_[j]->port == handed_[i]->port) ++j;
+    ReceiveBurst(handed_[i]->port, handed_ + i, static_cast<uint16_t>(j - i),
+                 now_ns);
+    i = j;
+  }
+  if (n != 0) rte_pktmbuf_free_bulk(handed_, n);
+  *total += n;
+  return n < kRxBurst;
+}
+
 uint32_t ServerLcore::PollPushes(uint64_t now_ns) {
   uint32_t total = 0;
   ++conf_.poll_gen;
+  const bool handoff = !setup_.handoff.empty();
+  // A PROBE is answered after a poll that found both our queue and our
+  // handoff ring short (frames still on another lcore's queue may be
+  // reported missing and resent: duplicates, never a loss).
+  const bool ring_drained = !handoff || TakeHandedOver(now_ns, &total);
   for (uint16_t p = 0; p < setup_.nb_ports; ++p) {
     const uint16_t n = PollRx(p, conf_.shard, conf_.rx_pkts, kRxBurst);
-    if (n < kRxBurst) drained_gen_[p] = conf_.poll_gen;
+    if (n < kRxBurst && ring_drained) drained_gen_[p] = conf_.poll_gen;
     if (n == 0) continue;
     total += n;
     DatapathCounters::Add(conf_.counters.rx_frames, n);
-    ReceiveBurst(p, conf_.rx_pkts, n, now_ns);
-    rte_pktmbuf_free_bulk(conf_.rx_pkts, n);
+    const uint16_t mine = handoff ? HandOver(p, conf_.rx_pkts, n) : n;
+    ReceiveBurst(p, conf_.rx_pkts, mine, now_ns);
+    rte_pktmbuf_free_bulk(conf_.rx_pkts, mine);
   }
   return total;
 }
@@ -725,6 +797,33 @@ LinkGrid BuildLinkGrid(uint32_t session, const ChunkLayout& layout,
     }
   }
   return links;
+}
+
+}  // namespace dblp
+
+namespace dblp {
+
+HandoffRings::HandoffRings(uint16_t lcores, int socket) {
+  for (uint16_t k = 0; k < lcores; ++k) {
+    const std::string name = "dblp_handoff_" + std::to_string(k);
+    rte_ring* r =
+        rte_ring_create(name.c_str(), kHandoffRingSize, socket, RING_F_SC_DEQ);
+    if (r == nullptr) {
+      Die("cannot create ring " + name + ": " + rte_strerror(rte_errno),
+          "give the EAL more memory (-m) or check --file-prefix clashes");
+    }
+    rings_.push_back(r);
+  }
+}
+
+HandoffRings::~HandoffRings() {
+  for (rte_ring* r : rings_) {
+    void* m = nullptr;
+    while (rte_ring_dequeue(r, &m) == 0) {
+      rte_pktmbuf_free(static_cast<rte_mbuf*>(m));
+    }
+    rte_ring_free(r);
+  }
 }
 
 }  // namespace dblp

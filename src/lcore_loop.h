@@ -8,13 +8,17 @@
 // Several lcores (EAL -l/--lcores): a round's chunks are sharded over them
 // (lib/dblp/round/shards.h). Lcore k owns shard k: RX and TX queue k of every
 // port, and shard k's side of every round, so each bitmap word and each sum
-// slice has one writer. A sender puts chunk `seq` on TX queue ShardOf(seq);
-// memif maps a client's TX queue k to the server's RX queue k.
+// slice has one writer. A sender puts chunk `seq` on TX queue ShardOf(seq),
+// to UDP port base + ShardOf(seq): memif maps a client's TX queue k to the
+// server's RX queue k, a NIC steers the port to it (steering.h), and a
+// frame that still lands on another lcore's queue is handed to its owner.
 #pragma once
 
 #include <rte_common.h>
 #include <rte_mbuf.h>
+#include <rte_ring.h>
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -249,6 +253,10 @@ class ServerLcore {
     bool prefetch = true;
     bool push_only = false;
     ServerDecisions* decisions = nullptr;
+    // Several lcores: lcore j's handoff ring, which takes the frames of
+    // j's chunk range that landed on another lcore's queue (RSS steering,
+    // steering.h). Empty with one lcore.
+    std::vector<rte_ring*> handoff;
   };
 
   ServerLcore(LcoreConf& conf, ServerControl& control, JobSync& sync,
@@ -272,6 +280,8 @@ class ServerLcore {
   enum class PushEnd : uint8_t { kStopped, kAllBye, kFailed };
   bool Turn(uint64_t now_ns, bool broadcasting);
   uint32_t PollPushes(uint64_t now_ns);
+  uint16_t HandOver(uint16_t port, rte_mbuf** pkts, uint16_t n);
+  bool TakeHandedOver(uint64_t now_ns, uint32_t* total);
   void Learn(ServerLink& l, uint16_t port, uint16_t rank,
              const rte_ether_addr& next_hop);
   bool AdoptReturnPaths();
@@ -300,6 +310,28 @@ class ServerLcore {
   uint32_t rr_ = 0;                    // broadcast round robin
   uint64_t iteration_ = 0;
   uint64_t departures_ = 0;  // BYEs and lost workers: they move the job
+  // HandOver's frames for each other lcore, within one burst.
+  std::vector<std::array<rte_mbuf*, kRxBurst>> staged_;
+  std::vector<uint16_t> staged_n_;
+  rte_mbuf* handed_[kRxBurst];  // taken from our own handoff ring
 };
+
+// The handoff rings of a server's lcores (ServerLcore::Setup::handoff):
+// multi-producer, single-consumer. Setup only; what is left in them at the
+// end goes back to the pool.
+class HandoffRings {
+ public:
+  HandoffRings() = default;
+  HandoffRings(uint16_t lcores, int socket);
+  ~HandoffRings();
+  HandoffRings(const HandoffRings&) = delete;
+  HandoffRings& operator=(const HandoffRings&) = delete;
+  const std::vector<rte_ring*>& rings() const { return rings_; }
+
+ private:
+  std::vector<rte_ring*> rings_;
+};
+// Frames a handoff ring holds (the pool needs that many more mbufs).
+inline constexpr uint32_t kHandoffRingSize = 1024;
 
 }  // namespace dblp

@@ -14,6 +14,7 @@
 
 #include "dblp/base/log.h"
 #include "eal_app.h"
+#include "steering.h"
 
 namespace dblp {
 
@@ -223,8 +224,10 @@ PortCaps SetupPortOrDie(const PortOptions& opts, rte_mempool* pool) {
     if (hf != 0) {
       conf.rxmode.mq_mode = RTE_ETH_MQ_RX_RSS;
       conf.rx_adv_conf.rss_conf.rss_hf = hf;
+      caps.rss_hf = hf;
     }
   }
+  if (opts.flow_isolate) IsolateOrDie(port, where);
 
   ret = rte_eth_dev_configure(port, opts.nb_queues, opts.nb_queues, &conf);
   if (ret != 0) {

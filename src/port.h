@@ -27,6 +27,9 @@ struct PortOptions {
   // A software UDP checksum is summed while the payload is copied into the
   // frame (one pass over the gradient) instead of in a second pass.
   bool fused_checksum = true;
+  // rte_flow isolated mode before the port is configured (steering.h,
+  // --flow_isolate): only frames the flow rules match reach DPDK.
+  bool flow_isolate = false;
 };
 
 // What the port ended up with after negotiation.
@@ -37,6 +40,7 @@ struct PortCaps {
   bool fused_checksum = true;     // PortOptions::fused_checksum
   bool rx_cksum_offload = false;  // device validates and flags RX checksums
   uint32_t mtu = 1500;
+  uint64_t rss_hf = 0;  // RSS hash functions in use (several queues)
   rte_ether_addr mac{};
   std::string driver;
 };

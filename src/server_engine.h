@@ -11,6 +11,7 @@
 #include "dblp/control/job_auth.h"
 #include "dblp/control/server_shards.h"
 #include "dblp/job/server_iteration.h"
+#include "steering.h"
 
 namespace dblp {
 
@@ -20,7 +21,11 @@ struct ServerOptions : ServerJobSettings {
   std::string listen = "127.0.0.1:9100";  // TCP control address
   uint32_t workers = 3;
   std::string local_ip = "10.0.0.1";
-  uint16_t udp_port = 47000;  // pushes arrive here; worker r gets +1+r
+  // Pushes arrive here (lcore k's range on udp_port + k); worker r gets
+  // +1+r.
+  uint16_t udp_port = 47000;
+  // Several lcores on a real port: how its queues are steered.
+  SteeringOptions steering;
   DatapathOptions dp;         // loss: on the push frames it receives
   uint32_t session = 0;       // 0 = derived from the job's random nonce
   JobSecret secret;           // --secret_file (empty: --insecure)

@@ -57,6 +57,16 @@ void AddServerCounters(const std::vector<std::unique_ptr<LcoreConf>>& lcs,
     }
     return t;
   };
+  report->counters.emplace_back("frames_misrouted", sum(&C::misrouted));
+  report->counters.emplace_back("frames_handoff_full", sum(&C::handoff_full));
+  if (lcs.size() > 1) {
+    // Per lcore: frames of other lcores' ranges that landed on its queue.
+    for (size_t k = 0; k < lcs.size(); ++k) {
+      report->counters.emplace_back(
+          "frames_misrouted_lcore" + std::to_string(k),
+          lcs[k]->counters.misrouted.load());
+    }
+  }
   std::vector<const ReceiverRound*> receivers;
   for (const auto& shard : links) {
     for (const auto& l : shard) receivers.push_back(&l->push.receiver());

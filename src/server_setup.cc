@@ -3,6 +3,7 @@
 #include <rte_ethdev.h>
 #include <rte_lcore.h>
 
+#include <cstdio>
 #include <string>
 
 #include "dblp/base/rng.h"
@@ -24,23 +25,39 @@ ServerPorts SetupServerPorts(const ServerOptions& o, uint16_t lcores) {
   }
   PortOptions popts = o.dp.port;
   popts.nb_queues = lcores;
+  if (uint32_t{o.udp_port} + lcores - 1 > UINT16_MAX) {
+    Die("--udp_port=" + std::to_string(o.udp_port) + " leaves no room for " +
+            std::to_string(lcores) + " lcores' ports (udp_port + k)",
+        "use --udp_port=" + std::to_string(UINT16_MAX - lcores + 1) +
+            " or less");
+  }
+  // With several lcores their handoff rings may hold frames too.
+  const uint32_t handoff = lcores > 1 ? lcores * kHandoffRingSize : 0;
   const uint32_t mbufs =
-      o.dp.mbufs ? o.dp.mbufs
-                 : sp.nb_ports * MbufsNeeded(popts, o.dp.burst, 1024) + 2048;
+      o.dp.mbufs
+          ? o.dp.mbufs
+          : sp.nb_ports * MbufsNeeded(popts, o.dp.burst, 1024) + 2048 + handoff;
   // The pool, the sums and the mean live on the ports' NUMA node.
   const int node = PortNumaNode(0);
   WarnLcoresOffNode(node, "dblp-server");
   sp.pool = CreatePoolOrDie("dblp_server_pool", mbufs, popts.mtu, node);
   sp.caps.resize(sp.nb_ports);
+  popts.flow_isolate = o.steering.isolate;
+  uint32_t local_ip = 0;
+  if (!ParseIpv4(o.local_ip, &local_ip)) {
+    Die("bad --local_ip " + o.local_ip, "use a dotted IPv4, e.g. 10.0.0.1");
+  }
   for (uint16_t p = 0; p < sp.nb_ports; ++p) {
     popts.port_id = p;
     sp.caps[p] = SetupPortOrDie(popts, sp.pool);
-    if (lcores > 1 && sp.caps[p].driver != "net_memif") {
-      Die("port " + std::to_string(p) + " (" + sp.caps[p].driver +
-              ") cannot steer a round's chunk ranges to " +
-              std::to_string(lcores) + " lcores",
-          "run with one datapath lcore (-l with one core) on this port; "
-          "several lcores need net_memif, whose queue k reaches queue k");
+    // Lcore k's chunks arrive on UDP port udp_port + k (steering.h).
+    const SteeringResult st =
+        SteerOrDie(p, sp.caps[p], lcores, local_ip, o.udp_port, o.steering);
+    if (lcores > 1 || o.steering.isolate) {
+      std::printf("dblp-server: port %u (%s): steering %s: %s\n", p,
+                  sp.caps[p].driver.c_str(), SteeringModeName(o.steering.mode),
+                  st.describe.c_str());
+      std::fflush(stdout);
     }
   }
   return sp;
@@ -140,6 +157,9 @@ ServerLcores BuildServerLcores(
       reinterpret_cast<const uint8_t*>(s.job->iteration().mean().data());
   ServerLcores l;
   l.link_rate.resize(S);
+  if (S > 1) {
+    l.handoff = std::make_unique<HandoffRings>(S, PortNumaNode(0));
+  }
   for (uint16_t k = 0; k < S; ++k) {
     // Emulated link rate, per port (a port is a link) and shared out
     // between the lcores that send on it.
@@ -159,10 +179,11 @@ ServerLcores BuildServerLcores(
     for (auto& link : links[k]) mine.push_back(link.get());
     l.lcores.push_back(std::make_unique<ServerLcore>(
         *confs[k], *s.control, *s.sync, workers, mine, *l.pacers[k],
-        ServerLcore::Setup{ports.nb_ports, o.udp_port, s.local_ip, &ports.caps,
-                           s.layout, s.shards, l.losses[k].get(), s.job, mean,
-                           ports.pool, &l.link_rate[k], dp.prefetch,
-                           o.push_only, s.decisions}));
+        ServerLcore::Setup{
+            ports.nb_ports, o.udp_port, s.local_ip, &ports.caps, s.layout,
+            s.shards, l.losses[k].get(), s.job, mean, ports.pool,
+            &l.link_rate[k], dp.prefetch, o.push_only, s.decisions,
+            S > 1 ? l.handoff->rings() : std::vector<rte_ring*>{}}));
   }
   return l;
 }

@@ -59,6 +59,7 @@ struct ServerLcores {
   std::vector<std::unique_ptr<RoundPacer>> pacers;
   // [0] is lcore 0's; each lcore draws its own losses (same schedule).
   std::vector<std::unique_ptr<RxLossInjector>> losses;
+  std::unique_ptr<HandoffRings> handoff;  // several lcores only
   std::vector<std::unique_ptr<ServerLcore>> lcores;
   std::vector<RemoteLcore> remote;  // lcores 1..S-1: their launch arguments
 };

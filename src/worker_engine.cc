@@ -113,9 +113,13 @@ void WorkerRun::BuildLink(ShardLink& l) {
       Direction::kBroadcast, 0});
   l.control.Attach(l.push_ptrs, &*l.bcast);
   for (uint16_t q = 0; q < queues; ++q) {
-    l.tx.push_back(
-        ChunkTransmitter{l.port, q, pool_, &lc_.counters, &link_rate_[l.port],
-                         8, WireBytesPerFrame(l.caps.mtu), o_.dp.prefetch});
+    // Lcore-shard q's chunks go to that server's UDP port base + q, which
+    // its NIC steers to its queue q (steering.h); harmless on memif.
+    const auto dst_port =
+        static_cast<uint16_t>(queues > 1 ? l.wel.udp_base_port + q : 0);
+    l.tx.push_back(ChunkTransmitter{
+        l.port, q, pool_, &lc_.counters, &link_rate_[l.port], 8,
+        WireBytesPerFrame(l.caps.mtu), o_.dp.prefetch, dst_port});
   }
   // The partition's bytes of the whole gradient and mean.
   const uint64_t at = layout_.Offset(l.first_chunk);

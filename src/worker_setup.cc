@@ -242,12 +242,6 @@ PortCaps SetupWorkerPort(const WorkerOptions& o, uint16_t port_id,
   popts.port_id = port_id;
   popts.nb_queues = queues;
   const PortCaps caps = SetupPortOrDie(popts, pool);
-  if (queues > 1 && caps.driver != "net_memif") {
-    Die("the server shards rounds over " + std::to_string(queues) +
-            " lcores, which port " + std::to_string(popts.port_id) + " (" +
-            caps.driver + ") cannot steer",
-        "run dblp-server with one datapath lcore, or connect over net_memif");
-  }
   if (!WaitForLink(popts.port_id, o.join_timeout_ms)) {
     Die("port " + std::to_string(popts.port_id) + " (" + caps.driver +
             ") link is down after " + std::to_string(o.join_timeout_ms) + " ms",

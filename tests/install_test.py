@@ -7,7 +7,8 @@ checks that:
 
 - every absolute path a unit names (ExecStart/ExecStartPre binaries and
   scripts, also commented out, EnvironmentFile, ConditionPathExists,
-  --flagfile=, Documentation=file://) exists under the destdir (%i = 0);
+  --flagfile=, Documentation=file://) exists under the destdir (%i = 0, or 1 for
+  dblp-shard@, whose example is shard 1);
 - those paths sit where the configured prefix puts them (bindir, sysconfdir,
   datadir of `meson introspect`), and the units are in the unit dir;
 - the installed flagfiles hold only flags the installed apps know (the apps
@@ -54,8 +55,9 @@ def install(meson, build, dest):
 PATH_RE = re.compile(r"(?:file://)?(/[^\s\"']+)")
 
 
-def unit_paths(text):
-    """(kind, path) for every path a unit names, %i expanded to 0."""
+def unit_paths(text, instance="0"):
+    """(kind, path) for every path a unit names, %i expanded to `instance`
+    (the instance whose example config is installed)."""
     out = []
     for raw in text.splitlines():
         line = raw.strip()
@@ -65,7 +67,7 @@ def unit_paths(text):
                      r"Documentation)=(.*)", body)
         if not m:
             continue
-        key, value = m.group(1), m.group(2).replace("%i", "0")
+        key, value = m.group(1), m.group(2).replace("%i", instance)
         if commented and not key.startswith("ExecStart"):
             continue
         if key.startswith("ExecStart"):
@@ -95,7 +97,8 @@ def main():
         def D(path):
             return os.path.join(dest, path.lstrip("/"))
 
-        units = ["dblp-server.service", "dblp-worker@.service"]
+        units = ["dblp-server.service", "dblp-worker@.service",
+                 "dblp-shard@.service"]
         for u in units:
             path = D(os.path.join(dirs["unitdir"], u))
             check("unit %s installed in %s" % (u, dirs["unitdir"]),
@@ -104,13 +107,16 @@ def main():
                 continue
             with open(path) as f:
                 text = f.read()
-            named = unit_paths(text)
+            # dblp-shard@1: shard 0 is the directory (dblp-server).
+            named = unit_paths(text, "1" if u.startswith("dblp-shard@")
+                               else "0")
             kinds = {k for k, _ in named}
             check("%s names a binary, an EnvironmentFile and a flagfile" % u,
                   {"ExecStart binary", "EnvironmentFile",
                    "--flagfile"} <= kinds, named)
             check("%s has no unsubstituted @VAR@" % u, "@" not in
-                  text.replace("dblp-worker@", ""), text)
+                  text.replace("dblp-worker@", "").replace("dblp-shard@", ""),
+                  text)
             for kind, p in named:
                 check("%s: %s %s exists under destdir" % (u, kind, p),
                       os.path.exists(D(p)), D(p))
@@ -127,27 +133,40 @@ def main():
                     check("%s: %s is executable" % (u, p),
                           os.access(D(p), os.X_OK), D(p))
 
-        # The flagfiles hold only known flags: each app reads its own up to
-        # the job secret (absent here) and says so.
+        # The flagfiles hold only known flags: every flag a line (or a
+        # commented-out line) names is in the app's --help. gflags ignores
+        # an unknown flag inside a --flagfile, so running the app with it
+        # proves nothing. Then each app reads its own file up to the job
+        # secret (absent here) and says so.
         for app, flags in (("dblp-server", "server.flags"),
+                           ("dblp-server", "shard-1.flags"),
                            ("dblp-worker", "worker-0.flags")):
             ff = D(os.path.join(dirs["sysconfdir"], "dblp", flags))
+            binary = D(os.path.join(dirs["bindir"], app))
+            h = subprocess.run([binary, "--", "--help"], capture_output=True,
+                               text=True, timeout=30)
+            known = set(re.findall(r"^\s+-(\w+) \(", h.stdout + h.stderr,
+                                   re.M))
+            with open(ff) as f:
+                named = set(re.findall(r"^#?--(\w+)", f.read(), re.M))
+            check("%s's --help lists flags" % app, len(known) > 20,
+                  h.stdout[-500:])
+            check("%s names only %s's flags" % (flags, app),
+                  named and named <= known, sorted(named - known))
             r = subprocess.run(
-                [D(os.path.join(dirs["bindir"], app)), "--",
-                 "--flagfile=" + ff,
+                [binary, "--", "--flagfile=" + ff,
                  "--secret_file=" + os.path.join(dest, "no-such.secret")],
                 capture_output=True, text=True, timeout=30)
             out = r.stdout + r.stderr
-            check("%s reads %s: only known flags" % (app, flags),
-                  r.returncode != 0 and "no-such.secret" in out and
-                  "unknown command line flag" not in out, out[-1500:])
+            check("%s reads %s up to the job secret" % (app, flags),
+                  r.returncode != 0 and "no-such.secret" in out, out[-1500:])
 
         for script in ("preflight.sh", "hugepages.sh", "bind-nic.sh"):
             path = D(os.path.join(dirs["datadir"], "dblp", "deploy", script))
             check("deploy script %s installed executable" % script,
                   os.access(path, os.X_OK), path)
         for conf in ("server.env", "server.flags", "worker-0.env",
-                     "worker-0.flags"):
+                     "worker-0.flags", "shard-1.env", "shard-1.flags"):
             path = D(os.path.join(dirs["datadir"], "dblp", "examples", conf))
             check("pristine example %s installed" % conf,
                   os.path.isfile(path), path)

@@ -490,6 +490,13 @@ def main():
                  % c["frames_unpinned_source"])
         if c.get("push_misrouted", 0) != 0:
             fail("%d frames reached the wrong shard lcore" % c["push_misrouted"])
+        # memif's queue k reaches queue k: only the hostile stale replays,
+        # all sent on queue 0, land on another lcore's queue (and are
+        # handed to it, which refuses them as stale).
+        if c.get("frames_misrouted", 0) > c["push_stale_round"]:
+            fail("%d frames landed on another lcore's queue over memif, "
+                 "more than the %d stale replays" %
+                 (c["frames_misrouted"], c["push_stale_round"]))
     if lcores > 1 and ("%d datapath lcore(s)" % lcores) not in outputs["server"]:
         fail("server did not run %d lcores:\n%s" % (lcores,
                                                      outputs["server"][-800:]))

@@ -21,10 +21,12 @@
 #include <string>
 #include <vector>
 
+#include "datapath.h"
 #include "dblp/wire/wire.h"
 #include "eal_app.h"
 #include "frame_builder.h"
 #include "port.h"
+#include "steering.h"
 
 namespace dblp {
 namespace {
@@ -605,6 +607,67 @@ TEST(ParseFrameTest, PortRange) {
             FrameStatus::kWrongPort);
   EXPECT_EQ(ParseFrame(m, 0, kDstPort - 1, &pf), FrameStatus::kWrongPort);
   rte_pktmbuf_free(m);
+}
+
+// Steering (steering.h): a worker's queue k sends to the server's base
+// port + k, patched into the template; the checksums still verify, and the
+// server's pre-validation peek finds the chunk only for its own ports.
+TEST(SteeringTest, DestinationPortPerQueueAndPeek) {
+  for (const bool fused : {true, false}) {
+    PortCaps caps = SwCaps();
+    caps.fused_checksum = fused;
+    FrameTemplate t(SrcEp(), DstEp(), caps);
+    for (uint16_t k = 0; k < 3; ++k) {
+      t.set_dst_port(static_cast<uint16_t>(kDstPort + k));
+      const auto payload = Pattern(kFullChunk, k);
+      rte_mbuf* m = Alloc();
+      ASSERT_TRUE(t.Build(m, Hdr(70 + k, kFullChunk), payload.data()));
+      ParsedFrame pf;
+      EXPECT_EQ(ParseFrame(m, kDstPort, kDstPort + 2, &pf), FrameStatus::kOk);
+      EXPECT_EQ(pf.dst_port, kDstPort + k);
+      EXPECT_EQ(ParseFrame(m, kDstPort + k + 1, kDstPort + 9, &pf),
+                FrameStatus::kWrongPort);
+      EXPECT_EQ(t.dst().udp_port, kDstPort) << "the template's own port";
+      EXPECT_EQ(PeekPushSeq(m, kDstPort, kDstPort + 2), 70u + k);
+      EXPECT_EQ(PeekPushSeq(m, kDstPort + 3, kDstPort + 5), UINT32_MAX);
+      rte_pktmbuf_mtod(m, rte_ether_hdr*)->ether_type =
+          rte_cpu_to_be_16(RTE_ETHER_TYPE_IPV6);
+      EXPECT_EQ(PeekPushSeq(m, kDstPort, kDstPort + 2), UINT32_MAX);
+      rte_pktmbuf_free(m);
+    }
+  }
+  rte_mbuf* tiny = Alloc();
+  ASSERT_NE(rte_pktmbuf_append(tiny, 20), nullptr);
+  EXPECT_EQ(PeekPushSeq(tiny, 0, UINT16_MAX), UINT32_MAX);
+  rte_pktmbuf_free(tiny);
+}
+
+TEST(SteeringTest, ModesParseAndName) {
+  SteeringMode m = SteeringMode::kRss;
+  for (const char* s : {"auto", "flow", "rss"}) {
+    ASSERT_TRUE(ParseSteeringMode(s, &m)) << s;
+    EXPECT_STREQ(SteeringModeName(m), s);
+  }
+  EXPECT_FALSE(ParseSteeringMode("RSS", &m));
+  EXPECT_FALSE(ParseSteeringMode("", &m));
+}
+
+// net_ring has no rte_flow: with several queues "auto" falls back to RSS
+// (saying so), and one queue needs no steering at all.
+TEST(SteeringTest, NetRingFallsBackToRssUnderAuto) {
+  const SteeringResult one = SteerOrDie(kPort, g_caps, 1, kDstIp, 47000, {});
+  EXPECT_EQ(one.kind, SteeringKind::kOneQueue);
+  const SteeringResult two = SteerOrDie(kPort, g_caps, 2, kDstIp, 47000, {});
+  EXPECT_EQ(two.kind, SteeringKind::kRss);
+  EXPECT_NE(two.describe.find("flow rules refused"), std::string::npos)
+      << two.describe;
+}
+
+TEST(SteeringDeathTest, FlowModeRefusedNamesRss) {
+  SteeringOptions o;
+  o.mode = SteeringMode::kFlow;
+  EXPECT_DEATH(SteerOrDie(kPort, g_caps, 2, kDstIp, 47000, o),
+               "--steering=rss");
 }
 
 TEST(ParseFrameTest, StatusNamesAreDistinct) {

@@ -71,6 +71,9 @@ struct Hostile {
       ChunkTransmitter q{
           0, static_cast<uint16_t>(shards.ShardOf(next[i])), pool, ctr, nullptr,
           64};
+      if (shards.num_shards() > 1) {  // and to its lcore's port, steering.h
+        q.udp_dst_port = static_cast<uint16_t>(wel.udp_base_port + q.queue);
+      }
       q.Send(forged, current, &next[i], 1, poison.data(), layout);
       // From an unpinned address with the job's key: other floats where
       // the tag does not cover them (header mode), so only the pin keeps

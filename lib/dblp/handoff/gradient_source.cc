@@ -36,15 +36,17 @@ class SyntheticSource final : public GradientSource {
 
 class IntegerSource final : public GradientSource {
  public:
-  explicit IntegerSource(uint64_t floats) : floats_(floats) {}
+  IntegerSource(uint64_t floats, NormTrace trace)
+      : floats_(floats), trace_(std::move(trace)) {}
   std::vector<LayerInfo> Layers() const override {
     return {LayerInfo{"integer", {static_cast<int64_t>(floats_)}}};
   }
   uint64_t floats() const override { return floats_; }
   void Bind(uint32_t rank, uint32_t) override { rank_ = rank; }
   void Compute(uint64_t it, std::span<float> grad) override {
+    const float scale = InJump(it) ? kIntegerJumpScale : 1.0f;
     for (uint64_t j = 0; j < grad.size(); ++j) {
-      grad[j] = IntegerGradientValue(j, it, rank_);
+      grad[j] = scale * IntegerGradientValue(j, it, rank_);
     }
   }
   void Apply(uint64_t, std::span<const float>) override {}
@@ -53,7 +55,14 @@ class IntegerSource final : public GradientSource {
   }
 
  private:
+  bool InJump(uint64_t it) const {
+    for (uint64_t j : trace_.jumps) {
+      if (it >= j && it - j < trace_.jump_length) return true;
+    }
+    return false;
+  }
   uint64_t floats_;
+  NormTrace trace_;
   uint32_t rank_ = 0;
 };
 
@@ -71,9 +80,10 @@ std::unique_ptr<GradientSource> MakeSyntheticSource(uint64_t floats,
   return std::make_unique<SyntheticSource>(floats, seed, std::move(trace));
 }
 
-std::unique_ptr<GradientSource> MakeIntegerSource(uint64_t floats) {
+std::unique_ptr<GradientSource> MakeIntegerSource(uint64_t floats,
+                                                  NormTrace trace) {
   if (floats == 0) throw std::invalid_argument("--floats must be >= 1");
-  return std::make_unique<IntegerSource>(floats);
+  return std::make_unique<IntegerSource>(floats, std::move(trace));
 }
 
 }  // namespace dblp

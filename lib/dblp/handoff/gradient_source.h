@@ -79,7 +79,12 @@ std::unique_ptr<GradientSource> MakeSyntheticSource(uint64_t floats,
 // Small integers, so sums over a few workers are exact in float32 and a
 // test can recompute the server's mean bit for bit:
 //   g[j] = ((j * 7 + it * 3 + rank * 5) % 17) - 8
-std::unique_ptr<GradientSource> MakeIntegerSource(uint64_t floats);
+// times kIntegerJumpScale in the iterations of `trace`'s jumps (its factor
+// is not used: a power of two keeps the sums exact), so a test can move the
+// mean's norm and exercise the CLR detector.
+inline constexpr float kIntegerJumpScale = 4.0f;
+std::unique_ptr<GradientSource> MakeIntegerSource(uint64_t floats,
+                                                  NormTrace trace = {});
 float IntegerGradientValue(uint64_t j, uint64_t it, uint32_t rank);
 
 }  // namespace dblp
