@@ -63,7 +63,8 @@ std::string JobSync::failure() {
 
 // ---- dblp-worker ------------------------------------------------------------
 
-WorkerLcore::WorkerLcore(LcoreConf& conf, WorkerShardLinks& links, const Setup& setup)
+WorkerLcore::WorkerLcore(LcoreConf& conf, WorkerShardLinks& links,
+                         const Setup& setup)
     : conf_(conf), links_(links), setup_(setup) {
   lanes_.reserve(links.size());  // rx_ points into it
   for (const auto& link : links) {
@@ -122,7 +123,7 @@ uint16_t WorkerLcore::PollBroadcast(uint64_t now_ns, const RxQueue& rxq) {
   for (uint16_t i = 0; i < n; ++i) {
     ParsedFrame pf;
     if (!AdmitFrameIn(conf_.rx_pkts[i], rxq.port_lo, rxq.port_hi, *setup_.loss,
-                    now_ns, conf_.counters, &pf)) {
+                      now_ns, conf_.counters, &pf)) {
       continue;
     }
     Lane* lane = LaneOf(rxq, pf);
