@@ -3,8 +3,10 @@
 // tolerance policy and broadcasts the mean back.
 #include <gflags/gflags.h>
 
+#include <charconv>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <memory>
 
@@ -43,7 +45,7 @@ DEFINE_uint32(shards, 1,
               "own a partition of the gradient's chunks (1..64)");
 DEFINE_uint32(shard_index, 0,
               "this server's shard, 0..shards-1; shard 0 is the job's "
-              "directory, which the workers' --server names");
+              "directory, the address every worker joins");
 DEFINE_string(directory, "",
               "shard 0's control address (its --listen), for a shard "
               "index > 0; it registers there");
@@ -60,13 +62,21 @@ constexpr const char* kShardJobFlags[] = {
     "clip_norm",    "on_worker_loss",   "zero_fraction", "zero_iters",
     "mtu",          "insecure"};
 
+// Doubles in their shortest exact form ("0.008", not gflags'
+// "0.0080000000000000002"): the same value gives the same text.
 std::string ShardJobFlags() {
   std::string out;
   for (const char* name : kShardJobFlags) {
-    std::string value;
-    if (gflags::GetCommandLineOption(name, &value)) {
-      out += std::string("--") + name + "=" + value + "\n";
+    gflags::CommandLineFlagInfo info;
+    if (!gflags::GetCommandLineFlagInfo(name, &info)) continue;
+    std::string value = info.current_value;
+    if (info.type == "double") {
+      char buf[64];
+      const double d = std::strtod(value.c_str(), nullptr);
+      const auto r = std::to_chars(buf, buf + sizeof buf, d);
+      value.assign(buf, r.ptr);
     }
+    out += std::string("--") + name + "=" + value + "\n";
   }
   return out;
 }

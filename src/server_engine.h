@@ -40,7 +40,7 @@ struct ServerOptions : ServerJobSettings {
   bool rank_by_name = false;  // --rank_order=name (JoinPolicy)
   // A server shard of a sharded job (--shards, --shard_index,
   // --directory; server_shards.h) and the job flags every shard must
-  // share ("--flag=value" lines).
+  // share ("--name=value" lines).
   ShardRole shard_role;
   std::string shard_job_flags;
 };

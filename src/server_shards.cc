@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <variant>
 
@@ -106,7 +107,9 @@ ShardLinks::Event ShardLinks::OnShardMessage(uint16_t k,
       sc_.Close(c, why);
       return Event::kNone;
     }
-    DBLP_LOG(Info, "dblp-server: %s registered", ShardName(k).c_str());
+    std::printf("dblp-server: %s registered with the directory\n",
+                ShardName(k).c_str());
+    std::fflush(stdout);
     return registry_.complete() ? Event::kRegistered : Event::kNone;
   }
   if (const auto* p = std::get_if<PhasePartialMsg>(&m)) {
@@ -161,12 +164,21 @@ ShardLinks::Event ShardLinks::OnDirectoryMessage(const ControlMessage& m) {
   }
   if (const auto* a = std::get_if<ShardAssignMsg>(&m)) {
     if (assigned_ || a->shard_index != cfg_.role.index ||
-        a->shard_count != cfg_.role.count) {
-      Fail(ShardName(0) + " sent a SHARD_ASSIGN for another shard");
+        a->shard_count != cfg_.role.count || a->num_chunks == 0 ||
+        a->chunk_payload == 0) {
+      Fail(ShardName(0) + " sent a SHARD_ASSIGN that is not this shard's");
       return Event::kNone;
     }
     own_ = *a;
     assigned_ = true;
+    std::printf(
+        "dblp-server: server shard %u of %u: chunks [%u, %llu) of %llu "
+        "bytes, from %s\n",
+        a->shard_index, a->shard_count, a->first_chunk,
+        static_cast<unsigned long long>(uint64_t{a->first_chunk} +
+                                        a->num_chunks),
+        static_cast<unsigned long long>(a->model_bytes), ShardName(0).c_str());
+    std::fflush(stdout);
     return Event::kAssigned;
   }
   if (const auto* d = std::get_if<PhaseDecisionMsg>(&m)) {

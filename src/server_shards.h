@@ -37,7 +37,7 @@ namespace dblp {
 struct ShardLinksConfig {
   ShardRole role;
   std::string listen;     // this server's --listen
-  std::string job_flags;  // "--flag=value" lines every shard must share
+  std::string job_flags;  // "--name=value" lines every shard must share
   uint32_t local_ip = 0;
   rte_ether_addr mac{};
   uint16_t udp_port = 0;

@@ -42,7 +42,7 @@ def eal(prefix, *vdevs, lcore="0"):
 ITERS = 300
 
 JOIN, WELCOME, ERROR, CHALLENGE, PROOF, BYE, TAG = 1, 2, 8, 10, 11, 7, 12
-VERSION = 5
+VERSION = 6
 
 
 def frame(mtype, body):
@@ -57,7 +57,9 @@ def string(s):
 def join_frame(name, total_bytes=20000 * 4, nonce=None):
     body = (struct.pack(">HI", VERSION, 0) + string(name) +
             struct.pack(">QI", total_bytes, 1500) + struct.pack(">I", 0) +
-            (nonce or os.urandom(32)) + bytes(6) + struct.pack(">IH", 0, 0))
+            (nonce or os.urandom(32)) + bytes(6) + struct.pack(">IH", 0, 0) +
+            # v6: shard 0 of 1, no claim, no directory nonce.
+            struct.pack(">HHIIH", 0, 1, 0, 0, 0) + bytes(32))
     return frame(JOIN, body)
 
 
@@ -111,11 +113,13 @@ def welcome_frame(key, nw, ns, layers, total, rank=0, workers=1,
                         chunk_payload, num_chunks, total, 47000, 1, 0, 0, 0,
                         0x0A000001) + bytes(6) + string("fixed") + layers +
             struct.pack(">IB", 0x0A000002, 1) + os.urandom(32))
-    unsigned = frame(WELCOME, head + bytes(32))
+    # v6: shard 0 of 1 at chunk 0, the whole gradient, no shard map.
+    tail = struct.pack(">HHIQI", 0, 1, 0, total, 0)
+    unsigned = frame(WELCOME, head + bytes(32) + tail)
     tag = mac(key, "dblp/4 welcome", nw, ns, unsigned)
     if tamper:
         tag = bytes([tag[0] ^ 1]) + tag[1:]
-    return frame(WELCOME, head + tag)
+    return frame(WELCOME, head + tag + tail)
 
 
 def fake_server(port, key, lie, ready):

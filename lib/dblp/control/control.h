@@ -276,7 +276,7 @@ struct ShardHelloMsg {
   uint16_t udp_base_port = 0;  // its --udp_port
   uint16_t queues = 1;         // its datapath lcores, >= 1
   uint32_t mtu = 0;            // its data port's
-  // "--flag=value" lines: the job's flags, which must match the
+  // "--name=value" lines: the job's flags, which must match the
   // directory's (the first difference is named in the refusal).
   std::string job_flags;
   bool operator==(const ShardHelloMsg&) const = default;

@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""dblp-server's server shards at the door, as processes over memif
+(--shards, --shard_index, --directory; lib/dblp/control/server_shards.h):
+
+- a shard whose job flags differ from the directory's is refused, and its
+  error names the flag on both sides;
+- a shard whose --shards differs is refused naming both counts;
+- the place a refused shard held is free again: the right shard registers;
+- a plain worker that JOINs server shard 1 is refused with the directory's
+  address (--server= of shard 0), and says so.
+
+The full sharded job (means, CLR decisions, a killed shard) needs sharded
+workers: tests/shard_cluster_test.py.
+
+Usage: server_shards_test.py BUILD_DIR
+"""
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from dblp_testlib import check, eal, finish, free_port  # noqa: E402
+
+TEST = "srvshards"
+
+
+def server(build, tmp, name, port, extra):
+    sock = os.path.join(tmp, name + ".sock")
+    cmd = ([os.path.join(build, "apps", "dblp-server")] +
+           eal(TEST, name, "net_memif0,role=server,socket=%s,id=0" % sock) +
+           ["--", "--listen=127.0.0.1:%d" % port, "--workers=1", "--insecure",
+            "--stats_period=0", "--join_timeout_ms=20000"] + extra)
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def ended(p, timeout=15):
+    try:
+        out, _ = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, _ = p.communicate()
+        return None, out
+    return p.returncode, out
+
+
+def main():
+    build = sys.argv[1]
+    for app in ("dblp-server", "dblp-worker"):
+        if not os.access(os.path.join(build, "apps", app), os.X_OK):
+            print("missing " + app)
+            sys.exit(1)
+    p0, p1 = free_port(), free_port()
+    directory = "127.0.0.1:%d" % p0
+    shard1 = ["--shards=2", "--shard_index=1", "--directory=" + directory,
+              "--udp_port=47100"]
+    with tempfile.TemporaryDirectory(prefix="dblp-srvshards-") as tmp:
+        d = server(build, tmp, "s0", p0, ["--shards=2", "--p_low=0.008"])
+        try:
+            time.sleep(1.0)
+            bad = server(build, tmp, "s1a", p1, shard1 + ["--p_low=0.02"])
+            rc, out = ended(bad)
+            check("a shard with another --p_low is refused", rc == 1, out[-1500:])
+            check("the refusal names the flag on both sides",
+                  "--p_low=0.008 at the directory, --p_low=0.02 at server "
+                  "shard 1" in out, out[-1500:])
+            three = server(build, tmp, "s1b", p1, [
+                "--shards=3", "--shard_index=1", "--directory=" + directory,
+                "--udp_port=47100"])
+            rc, out = ended(three)
+            check("a shard of another --shards is refused",
+                  rc == 1 and "--shards=3, the directory with --shards=2" in out,
+                  out[-1500:])
+            good = server(build, tmp, "s1", p1, shard1)
+            try:
+                time.sleep(1.5)
+                check("the right shard registers and waits for its workers",
+                      good.poll() is None)
+                wsock = os.path.join(tmp, "s1.sock")
+                worker = subprocess.run(
+                    [os.path.join(build, "apps", "dblp-worker")] +
+                    eal(TEST, "w", "net_memif0,role=client,socket=%s,id=0" %
+                        wsock, lcore="1" if (os.cpu_count() or 1) > 1 else "0")
+                    + ["--", "--server=127.0.0.1:%d" % p1, "--insecure",
+                       "--stats_period=0", "--floats=100000",
+                       "--iterations=1", "--join_timeout_ms=5000"],
+                    capture_output=True, text=True, timeout=30)
+                out = worker.stdout + worker.stderr
+                check("a plain worker at server shard 1 is refused",
+                      worker.returncode != 0, out[-1500:])
+                check("its error names the directory to use",
+                      "not the job's directory" in out and
+                      "--server=" + directory in out, out[-1500:])
+            finally:
+                good.kill()
+                ended(good, 5)
+        finally:
+            d.kill()
+            ended(d, 5)
+    finish()
+
+
+if __name__ == "__main__":
+    main()
