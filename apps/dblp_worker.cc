@@ -15,6 +15,7 @@
 #include "runtime_flags.h"
 #include "test_hooks/dumps.h"
 #include "test_hooks/hostile_frames.h"
+#include "test_hooks/shard_map_override.h"
 #include "worker_engine.h"
 #include "worker_flags.h"
 #ifdef DBLP_WITH_TRAINING
@@ -87,6 +88,11 @@ DEFINE_uint32(hostile_per_round, 0,
               "server each round (stale, foreign, future, badly tagged, from "
               "an unpinned address, malformed); none may be accepted");
 
+DEFINE_string(shard_map_override, "",
+              "test hook: join server shard SHARD claiming the partition "
+              "[FIRST, FIRST + N) instead of the directory's, "
+              "SHARD:FIRST:N; the shard must refuse it");
+
 int main(int argc, char** argv) {
   dblp::ParseAppFlagsOrDie(
       argc, argv,
@@ -108,6 +114,11 @@ int main(int argc, char** argv) {
   o.on_absorbed = dblp::WorkerDumps(FLAGS_dump_dir, FLAGS_dump_iterations);
   if (FLAGS_hostile_per_round > 0) {
     o.push_hook = dblp::HostileFrames(FLAGS_hostile_per_round);
+  }
+  try {
+    o.shard_map_hook = dblp::ShardMapOverride(FLAGS_shard_map_override);
+  } catch (const std::invalid_argument& e) {
+    dblp::FlagError(e.what());
   }
   o.secret = dblp::JobSecretFromFlags("dblp-worker");
 

@@ -177,7 +177,8 @@ struct RingOutbox {
 // every frame turned away is counted by reason in `ctr`.
 // Always inlined: it runs once per received frame.
 // `port_lo..port_hi`: the UDP destination ports we own (a server with S
-// lcores: its base port + 0..S-1).
+// lcores: its base port + 0..S-1; a worker: its server shards sharing a
+// port).
 [[gnu::always_inline]] inline bool AdmitFrameIn(
     const rte_mbuf* m, uint16_t port_lo, uint16_t port_hi, RxLossInjector& loss,
     uint64_t now_ns, DatapathCounters& ctr, ParsedFrame* pf) {

@@ -63,45 +63,79 @@ std::string JobSync::failure() {
 
 // ---- dblp-worker ------------------------------------------------------------
 
-WorkerLcore::WorkerLcore(LcoreConf& conf, WorkerControl& control,
-                         std::vector<std::unique_ptr<SendSide>>& push,
-                         ReceiveSide& bcast, const Setup& setup)
-    : conf_(conf),
-      control_(control),
-      push_(push),
-      bcast_(bcast),
-      setup_(setup),
-      shards_(setup.layout->num_chunks(), setup.queues),
-      outbox_(control.outbox()) {
-  for (uint16_t q = 0; q < setup.queues; ++q) {
-    frames_.push_back(MbufFrames{&(*setup.tx)[q], setup.to_server,
-                                 setup.gradient, setup.layout});
+WorkerLcore::WorkerLcore(LcoreConf& conf, WorkerShardLinks& links,
+                         const Setup& setup)
+    : conf_(conf), links_(links), setup_(setup) {
+  lanes_.reserve(links.size());  // rx_ points into it
+  for (const auto& link : links) {
+    ShardLink& l = *link;
+    Lane lane{
+        &l,
+        {},
+        ShardMap(l.layout.num_chunks(), static_cast<uint32_t>(l.push.size())),
+        l.control.outbox()};
+    for (ChunkTransmitter& tx : l.tx) {
+      lane.frames.push_back(
+          MbufFrames{&tx, &l.to_server, l.gradient, &l.layout});
+    }
+    lanes_.push_back(std::move(lane));
+  }
+  // Every RX queue of every port a link uses, with the links it brings.
+  for (Lane& lane : lanes_) {
+    const ShardLink& l = *lane.link;
+    for (uint16_t q = 0; q < l.tx.size(); ++q) {
+      auto it = std::find_if(rx_.begin(), rx_.end(), [&](const RxQueue& r) {
+        return r.port == l.port && r.queue == q;
+      });
+      if (it == rx_.end()) {
+        rx_.push_back(
+            RxQueue{l.port, q, {}, l.local.udp_port, l.local.udp_port});
+        it = rx_.end() - 1;
+      }
+      it->lanes.push_back(&lane);
+      it->port_lo = std::min(it->port_lo, l.local.udp_port);
+      it->port_hi = std::max(it->port_hi, l.local.udp_port);
+    }
   }
 }
 
-uint16_t WorkerLcore::PollBroadcast(uint64_t now_ns, uint16_t queue) {
-  const uint16_t n = PollRx(setup_.port, queue, conf_.rx_pkts, kRxBurst);
+// The link a broadcast frame belongs to: its server's IPv4 from the
+// WELCOME and our UDP port toward it (the server's MAC is the port's it
+// sends on, which the WELCOME cannot name when the server has several).
+WorkerLcore::Lane* WorkerLcore::LaneOf(const RxQueue& rxq,
+                                       const ParsedFrame& pf) {
+  for (Lane* lane : rxq.lanes) {
+    const ShardLink& l = *lane->link;
+    if (pf.src.ipv4 == l.wel.server_ipv4 &&
+        pf.src.udp_port == l.local.udp_port &&
+        pf.dst_port == l.local.udp_port) {
+      return lane;
+    }
+  }
+  return nullptr;
+}
+
+uint16_t WorkerLcore::PollBroadcast(uint64_t now_ns, const RxQueue& rxq) {
+  const uint16_t n = PollRx(rxq.port, rxq.queue, conf_.rx_pkts, kRxBurst);
   if (n == 0) return 0;
   DatapathCounters::Add(conf_.counters.rx_frames, n);
-  const ChunkLayout& layout = *setup_.layout;
+  for (Lane* lane : rxq.lanes) lane->arrivals = true;
   for (uint16_t i = 0; i < n; ++i) {
     ParsedFrame pf;
-    if (!AdmitFrame(conf_.rx_pkts[i], setup_.udp_port, *setup_.loss, now_ns,
-                    conf_.counters, &pf)) {
+    if (!AdmitFrameIn(conf_.rx_pkts[i], rxq.port_lo, rxq.port_hi, *setup_.loss,
+                      now_ns, conf_.counters, &pf)) {
       continue;
     }
-    // The server's IPv4 from the WELCOME; its MAC is the port's it sends
-    // on, which the WELCOME cannot name when the server has several.
-    if (pf.src.ipv4 != setup_.server_ipv4 ||
-        pf.src.udp_port != setup_.udp_port) {
+    Lane* lane = LaneOf(rxq, pf);
+    if (lane == nullptr) {
       DatapathCounters::Add(conf_.counters.unpinned_source);
       continue;
     }
-    bcast_.OnFrame(pf.dblp, pf.dblp_len,
-                   [&](const DataHeader& h, const uint8_t* payload) {
-                     std::memcpy(setup_.mean + layout.Offset(h.seq), payload,
-                                 h.payload_len);
-                   });
+    ShardLink& l = *lane->link;
+    l.bcast->OnFrame(
+        pf.dblp, pf.dblp_len, [&](const DataHeader& h, const uint8_t* payload) {
+          std::memcpy(l.mean + l.layout.Offset(h.seq), payload, h.payload_len);
+        });
   }
   rte_pktmbuf_free_bulk(conf_.rx_pkts, n);
   return n;
@@ -109,47 +143,69 @@ uint16_t WorkerLcore::PollBroadcast(uint64_t now_ns, uint16_t queue) {
 
 bool WorkerLcore::HandleEvents(uint64_t now_ns) {
   bool any = false;
-  DatapathEvent e;
-  while (control_.events().Pop(&e)) {
-    any = true;
-    if (const auto* rb = std::get_if<RoundBeginEvent>(&e)) {
-      ++announcements_;
-      if (rb->direction == Direction::kPush) {
-        have_go_ = true;
-        go_round_ = rb->round;
-        go_p_ = rb->p;
-        go_critical_ = rb->critical;
-      } else {
-        bcast_.Announce(*rb, now_ns);
+  for (Lane& lane : lanes_) {
+    DatapathEvent e;
+    while (lane.link->control.events().Pop(&e)) {
+      any = true;
+      if (const auto* rb = std::get_if<RoundBeginEvent>(&e)) {
+        ++announcements_;
+        if (rb->direction == Direction::kPush) {
+          lane.have_go = true;
+          lane.go_round = rb->round;
+          lane.go_p = rb->p;
+          lane.go_critical = rb->critical;
+        } else {
+          lane.link->bcast->Announce(*rb, now_ns);
+        }
       }
     }
   }
   return any;
 }
 
-bool WorkerLcore::PushDone() const {
-  for (const auto& s : push_) {
+bool WorkerLcore::PushDone(const Lane& lane) const {
+  for (const auto& s : lane.link->push) {
     if (!s->done()) return false;
   }
   return true;
 }
 
+bool WorkerLcore::PushDone() const {
+  for (const Lane& lane : lanes_) {
+    if (!PushDone(lane)) return false;
+  }
+  return true;
+}
+
+bool WorkerLcore::BroadcastOpen() const {
+  for (const Lane& lane : lanes_) {
+    if (lane.link->bcast->receiver().open()) return true;
+  }
+  return false;
+}
+
 bool WorkerLcore::Turn(uint64_t now_ns) {
   ++conf_.poll_gen;
+  for (Lane& lane : lanes_) lane.arrivals = false;
   uint32_t n = 0;
   bool drained = true;
-  for (uint16_t q = 0; q < setup_.queues; ++q) {
-    const uint16_t k = PollBroadcast(now_ns, q);
+  for (const RxQueue& rxq : rx_) {
+    const uint16_t k = PollBroadcast(now_ns, rxq);
     n += k;
     drained = drained && k < kRxBurst;
   }
   if (drained) drained_gen_ = conf_.poll_gen;
   bool work = n > 0;
   work |= HandleEvents(now_ns);
-  work |= bcast_.Step(now_ns, RxProgress{n > 0, conf_.poll_gen, drained_gen_},
-                      outbox_);
-  for (uint16_t q = 0; q < setup_.queues; ++q) {
-    work |= push_[q]->Step(now_ns, frames_[q], outbox_);
+  for (Lane& lane : lanes_) {
+    const RxProgress rx{lane.arrivals, conf_.poll_gen, drained_gen_};
+    work |= lane.link->bcast->Step(now_ns, rx, lane.outbox);
+  }
+  for (Lane& lane : lanes_) {
+    std::vector<std::unique_ptr<SendSide>>& push = lane.link->push;
+    for (size_t q = 0; q < push.size(); ++q) {
+      work |= push[q]->Step(now_ns, lane.frames[q], lane.outbox);
+    }
   }
   return work;
 }
@@ -160,8 +216,11 @@ bool WorkerLcore::Turn(uint64_t now_ns) {
 // frames that are not the server's (a shared L2 port's ARP, TCP ACKs,
 // strangers) do not, so 100% loss or a stopped server times out.
 uint64_t WorkerLcore::Progress() const {
-  uint64_t mark = bcast_.progress() + announcements_;
-  for (const auto& s : push_) mark += s->progress();
+  uint64_t mark = announcements_;
+  for (const Lane& lane : lanes_) {
+    mark += lane.link->bcast->progress();
+    for (const auto& s : lane.link->push) mark += s->progress();
+  }
   return mark;
 }
 
@@ -174,13 +233,16 @@ bool WorkerLcore::RunUntil(Done done, const char* waiting_for, uint64_t it,
   for (;;) {
     const uint64_t now = NowNs();
     const bool work = Turn(now);
-    if (bcast_.stopped() && bcast_.receiver().open()) {
-      times_.bcast_done_ns = bcast_.stop_ns();
-      bcast_.Close();
+    for (Lane& lane : lanes_) {
+      ReceiveSide& bcast = *lane.link->bcast;
+      if (bcast.stopped() && bcast.receiver().open()) {
+        times_.bcast_done_ns = std::max(times_.bcast_done_ns, bcast.stop_ns());
+        bcast.Close();
+      }
     }
     if (done()) return true;
-    if (control_.server_gone()) {
-      *failure = control_.failure();
+    if (links_.server_gone()) {
+      *failure = links_.failure();
       return false;
     }
     const uint64_t next = Progress();
@@ -199,27 +261,41 @@ bool WorkerLcore::RunUntil(Done done, const char* waiting_for, uint64_t it,
   }
 }
 
-// Names the server and the phase that stalled (`waiting_for`, or in the
-// exchange the push until it is done, then the broadcast), with what each
-// direction delivered.
+// Names the server shard and the phase that stalled (`waiting_for`: the
+// push round's opening; else the push until it is done, then the
+// broadcast), with what each direction delivered on that link.
 std::string WorkerLcore::Stalled(const char* waiting_for, uint64_t it) const {
+  const uint32_t round = PushRound(it);
+  const Lane* stuck = &lanes_[0];
+  for (const Lane& lane : lanes_) {
+    const bool waiting =
+        waiting_for != nullptr
+            ? !(lane.have_go && lane.go_round == round)
+            : !PushDone(lane) || lane.link->bcast->receiver().open();
+    if (waiting) {
+      stuck = &lane;
+      break;
+    }
+  }
+  const ShardLink& l = *stuck->link;
+  const bool push_done = PushDone(*stuck);
   if (waiting_for == nullptr) {
-    waiting_for = PushDone() ? "the broadcast stalled" : "the push stalled";
+    waiting_for = push_done ? "the broadcast stalled" : "the push stalled";
   }
   std::string s = "iteration " + std::to_string(it) + ": " + waiting_for +
-                  ": no progress from server " + setup_.server + " for " +
+                  ": no progress from " + l.Label() + " for " +
                   std::to_string(setup_.pacer->timeout_ms()) + " ms (push ";
-  if (PushDone()) {
+  if (push_done) {
     s += "done";
   } else {
     uint32_t passes = 0;
-    for (const auto& side : push_) {
+    for (const auto& side : l.push) {
       passes = std::max(passes, side->sender().passes());
     }
     s += "pending after " + std::to_string(passes) + " passes";
   }
-  s += ", broadcast " + std::to_string(bcast_.receiver().received()) + "/" +
-       std::to_string(setup_.layout->num_chunks()) +
+  s += ", broadcast " + std::to_string(l.bcast->receiver().received()) + "/" +
+       std::to_string(l.layout.num_chunks()) +
        " chunks); check that the server runs and that frames pass both "
        "ways (--loss, the link), or raise --round_timeout_ms";
   return s;
@@ -228,29 +304,42 @@ std::string WorkerLcore::Stalled(const char* waiting_for, uint64_t it) const {
 bool WorkerLcore::AwaitPushRound(uint64_t it, std::string* failure) {
   // Until its ROUND_BEGIN announces the broadcast's p, the receiver may
   // only STOP on a complete buffer (p = 0), which satisfies any p.
-  bcast_.Begin(BroadcastRound(it), 0.0, 0, 0, NowNs());
+  const uint64_t now = NowNs();
+  for (Lane& lane : lanes_) {
+    lane.link->bcast->Begin(BroadcastRound(it), 0.0, 0, 0, now);
+  }
   times_ = WorkerIterationTimes{};
   const uint32_t round = PushRound(it);
-  return RunUntil([&] { return have_go_ && go_round_ == round; },
-                  "the server never opened the push round", it, failure);
+  return RunUntil(
+      [&] {
+        for (const Lane& lane : lanes_) {
+          if (!lane.have_go || lane.go_round != round) return false;
+        }
+        return true;
+      },
+      "the server never opened the push round", it, failure);
 }
 
-bool WorkerLcore::Exchange(uint64_t it, std::span<const uint32_t> order,
-                           std::string* failure) {
-  times_.announced_p = go_p_;
-  times_.critical = go_critical_;
+bool WorkerLcore::Exchange(uint64_t it, std::string* failure) {
+  // One phase for the whole job: every server shard announces the same p.
+  times_.announced_p = lanes_[0].go_p;
+  times_.critical = lanes_[0].go_critical;
   times_.push_begin_ns = NowNs();
-  for (uint16_t q = 0; q < setup_.queues; ++q) {
-    shards_.Filter(order, q, shard_order_);
-    push_[q]->Begin(PushRound(it), shard_order_, times_.push_begin_ns,
-                    setup_.layout->num_chunks());
+  for (Lane& lane : lanes_) {
+    ShardLink& l = *lane.link;
+    for (uint16_t q = 0; q < l.push.size(); ++q) {
+      lane.shards.Filter(l.order, q, shard_order_);
+      l.push[q]->Begin(PushRound(it), shard_order_, times_.push_begin_ns,
+                       l.layout.num_chunks());
+    }
   }
-  const bool ok =
-      RunUntil([&] { return PushDone() && !bcast_.receiver().open(); }, nullptr,
-               it, failure);
+  const bool ok = RunUntil([&] { return PushDone() && !BroadcastOpen(); },
+                           nullptr, it, failure);
   times_.push_done_ns = 0;
-  for (const auto& s : push_) {
-    times_.push_done_ns = std::max(times_.push_done_ns, s->done_ns());
+  for (const Lane& lane : lanes_) {
+    for (const auto& s : lane.link->push) {
+      times_.push_done_ns = std::max(times_.push_done_ns, s->done_ns());
+    }
   }
   return ok;
 }

@@ -40,6 +40,7 @@
 #include "frame_builder.h"
 #include "port.h"
 #include "server_control.h"
+#include "shard_link.h"
 #include "worker_control.h"
 
 namespace dblp {
@@ -91,43 +92,57 @@ struct WorkerIterationTimes {
   bool critical = false;       // ...and the policy's phase
 };
 
-// dblp-worker's lcore: pushes its gradient (one SendSide per server shard,
-// each on its TX queue) and receives the mean (one ReceiveSide over every
-// RX queue).
+// dblp-worker's lcore: for every link (shard_link.h: one per server
+// shard) pushes the link's partition of the gradient (one SendSide per
+// lcore shard of that server, each on its TX queue) and receives the mean's
+// partition (one ReceiveSide over every RX queue of the link's port). Links
+// that share one port are told apart by the broadcast's source IPv4 and UDP
+// port.
 class WorkerLcore {
  public:
   struct Setup {
-    uint16_t port = 0;
-    uint16_t queues = 1;       // = the server's shards
-    uint16_t udp_port = 0;     // ours: the broadcast arrives here
-    uint32_t server_ipv4 = 0;  // and comes only from here
-    const ChunkLayout* layout = nullptr;
-    RxLossInjector* loss = nullptr;               // on the broadcast we receive
-    std::vector<ChunkTransmitter>* tx = nullptr;  // one per queue
-    FrameTemplate* to_server = nullptr;
-    const uint8_t* gradient = nullptr;  // what the push sends
-    uint8_t* mean = nullptr;            // where the broadcast lands
+    RxLossInjector* loss = nullptr;  // on the broadcast we receive
     RoundPacer* pacer = nullptr;
-    std::string server;  // its --server, to name it when it falls silent
   };
-  WorkerLcore(LcoreConf& conf, WorkerControl& control,
-              std::vector<std::unique_ptr<SendSide>>& push, ReceiveSide& bcast,
-              const Setup& setup);
+  WorkerLcore(LcoreConf& conf, WorkerShardLinks& links, const Setup& setup);
 
-  // Opens iteration `it`'s broadcast receiver and waits for the server to
-  // open its push round. False (with *failure) on a timeout, a lost server
-  // or a quit signal.
+  // Opens iteration `it`'s broadcast receivers and waits for every server
+  // shard to open its push round. False (with *failure) on a timeout, a
+  // lost server or a quit signal.
   bool AwaitPushRound(uint64_t it, std::string* failure);
-  // Pushes in `order` until STOP and receives the mean until our STOP.
-  bool Exchange(uint64_t it, std::span<const uint32_t> order,
-                std::string* failure);
+  // Pushes each link's `order` until its STOP and receives the mean until
+  // our STOP on every link.
+  bool Exchange(uint64_t it, std::string* failure);
   const WorkerIterationTimes& times() const { return times_; }
 
  private:
+  // One link as this lcore runs it.
+  struct Lane {
+    ShardLink* link = nullptr;
+    std::vector<MbufFrames> frames;  // per TX queue
+    ShardMap shards;                 // the partition over that server's lcores
+    RingOutbox outbox;
+    bool have_go = false;
+    uint32_t go_round = 0;  // the latest push ROUND_BEGIN
+    double go_p = 0;
+    bool go_critical = false;
+    bool arrivals = false;  // frames polled on its port this turn
+  };
+  // One RX queue this lcore polls, and the lanes whose broadcast it brings.
+  struct RxQueue {
+    uint16_t port = 0;
+    uint16_t queue = 0;
+    std::vector<Lane*> lanes;
+    uint16_t port_lo = 0, port_hi = 0;  // the lanes' UDP ports
+  };
+
   bool Turn(uint64_t now_ns);
-  uint16_t PollBroadcast(uint64_t now_ns, uint16_t queue);
+  uint16_t PollBroadcast(uint64_t now_ns, const RxQueue& rxq);
+  Lane* LaneOf(const RxQueue& rxq, const ParsedFrame& pf);
   bool HandleEvents(uint64_t now_ns);
   bool PushDone() const;
+  bool PushDone(const Lane& lane) const;
+  bool BroadcastOpen() const;
   uint64_t Progress() const;
   template <class Done>
   bool RunUntil(Done done, const char* waiting_for, uint64_t it,
@@ -135,19 +150,12 @@ class WorkerLcore {
   std::string Stalled(const char* waiting_for, uint64_t it) const;
 
   LcoreConf& conf_;
-  WorkerControl& control_;
-  std::vector<std::unique_ptr<SendSide>>& push_;
-  ReceiveSide& bcast_;
+  WorkerShardLinks& links_;
   Setup setup_;
-  std::vector<MbufFrames> frames_;  // per queue
-  ShardMap shards_;
+  std::vector<Lane> lanes_;
+  std::vector<RxQueue> rx_;
   std::vector<uint32_t> shard_order_;
-  RingOutbox outbox_;
   uint64_t drained_gen_ = 0;
-  bool have_go_ = false;
-  uint32_t go_round_ = 0;  // the latest push ROUND_BEGIN
-  double go_p_ = 0;
-  bool go_critical_ = false;
   uint64_t announcements_ = 0;  // ROUND_BEGINs taken: they move the job
   WorkerIterationTimes times_;
 };

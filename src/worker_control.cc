@@ -10,9 +10,20 @@
 
 namespace dblp {
 
+namespace {
+// rte_ring names are global to the process: one pair per link.
+std::string RingName(const char* base, uint16_t link) {
+  return link == 0 ? base : base + std::to_string(link);
+}
+}  // namespace
+
 WorkerControl::WorkerControl(const JobSecret& secret,
-                             const DatapathCounters* ctr, double stats_period_s)
-    : sidecar_(MakeCallbacks(ctr, stats_period_s)), handshake_(secret) {}
+                             const DatapathCounters* ctr, double stats_period_s,
+                             uint16_t link)
+    : events_(RingName("dblp_w_ev", link), 1024),
+      requests_(RingName("dblp_w_req", link), 1024),
+      sidecar_(MakeCallbacks(ctr, stats_period_s)),
+      handshake_(secret) {}
 
 WorkerControl::~WorkerControl() { StopThread(); }
 

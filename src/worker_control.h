@@ -23,9 +23,10 @@ namespace dblp {
 class WorkerControl {
  public:
   // `ctr` feeds the stats line every `stats_period_s` (0 = none); `secret`
-  // (which must outlive this) authenticates the server.
+  // (which must outlive this) authenticates the server. `link`: the server
+  // shard this connection is to (shard_link.h), which names its rings.
   WorkerControl(const JobSecret& secret, const DatapathCounters* ctr,
-                double stats_period_s);
+                double stats_period_s, uint16_t link = 0);
   ~WorkerControl();
   WorkerControl(const WorkerControl&) = delete;
   WorkerControl& operator=(const WorkerControl&) = delete;
@@ -83,8 +84,8 @@ class WorkerControl {
   void SendRequests();
   void StopThread() { thread_.reset(); }
 
-  TypedRing<DatapathEvent> events_{"dblp_w_ev", 1024};      // sidecar -> dp
-  TypedRing<ControlRequest> requests_{"dblp_w_req", 1024};  // dp -> sidecar
+  TypedRing<DatapathEvent> events_;     // sidecar -> dp
+  TypedRing<ControlRequest> requests_;  // dp -> sidecar
   ControlSidecar sidecar_;
   std::unique_ptr<SidecarThread> thread_;
   ConnId conn_ = 0;

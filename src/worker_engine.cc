@@ -2,6 +2,7 @@
 
 #include <rte_ethdev.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <optional>
 #include <vector>
@@ -15,14 +16,15 @@
 #include "engine_runtime.h"
 #include "lcore_loop.h"
 #include "numa_placement.h"
+#include "shard_link.h"
 #include "worker_control.h"
 #include "worker_setup.h"
 
 namespace dblp {
 namespace {
 
-// One dblp-worker run: the DPDK transport (its lcore, one push side per
-// server shard, the broadcast's receive side) under the WorkerJob.
+// One dblp-worker run: the DPDK transport (its lcore, one link per server
+// shard: shard_link.h) under the WorkerJob.
 class WorkerRun {
  public:
   WorkerRun(const WorkerOptions& o, std::unique_ptr<GradientSource> source)
@@ -35,8 +37,11 @@ class WorkerRun {
   const Bitmap& arrived() const { return arrived_; }
 
  private:
+  void BuildPorts();
+  void BuildLink(ShardLink& l);
   void BuildDatapath();
   std::string RunIterations();
+  PortDrops Drops() const;
   int Report(const std::string& failure);
 
   const WorkerOptions& o_;
@@ -44,100 +49,128 @@ class WorkerRun {
   const std::atomic<bool>& quit_;
   RowStream rows_;
   LcoreConf lc_;
-  std::optional<WorkerControl> control_;
+  WorkerShardLinks links_;  // links_[0]: the directory (or the only server)
   EngineRuntime runtime_{"dblp-worker", false};
-  WelcomeMsg wel_;
-  ChunkLayout layout_;
-  FrameKey frame_key_;
+  WelcomeMsg wel_;      // the directory's
+  ChunkLayout layout_;  // the whole gradient's
   std::optional<WorkerJob> job_;
   rte_mempool* pool_ = nullptr;
-  PortCaps caps_;
-  Endpoint local_;
-  FrameTemplate to_server_;
-  std::vector<std::unique_ptr<SendSide>> push_;  // one per server shard
-  std::vector<SendSide*> push_ptrs_;
-  std::optional<ReceiveSide> bcast_;
+  std::vector<uint16_t> ports_;         // the links' ports, each once
+  std::vector<PortCaps> caps_;          // by port
+  std::vector<TokenBucket> link_rate_;  // by port
   std::optional<RxLossInjector> loss_;  // on the broadcast we receive
-  std::optional<TokenBucket> link_;
-  std::vector<ChunkTransmitter> tx_;  // one per queue
   std::optional<RoundPacer> pacer_;
   std::optional<WorkerLcore> lcore_;
   // A test seam (--hostile_per_round installs one): called before each
-  // push with the round and its send order; none in a production job.
+  // push with the round and its send order (link 0's); none in a
+  // production job.
   std::unique_ptr<PushHook> push_hook_;
   Bitmap arrived_;
   std::optional<ResourceTrack> resources_;  // mbufs and RSS over the run
 };
 
-// The port, the sides, the lcore that runs them, the push hook.
-void WorkerRun::BuildDatapath() {
-  const uint16_t queues = wel_.num_shards;
-  caps_ = SetupWorkerPort(o_, queues, &pool_);
-  to_server_ = ServerTemplate(o_, wel_, caps_, &local_);
-  to_server_.set_auth(frame_key_);
+// Every link's port, set up once with as many queues as the most any
+// server shard on it asked for.
+void WorkerRun::BuildPorts() {
+  uint16_t nb_ports = 0, queues = 1;
+  for (const auto& l : links_) {
+    nb_ports = std::max<uint16_t>(nb_ports, l->port + 1);
+    queues = std::max(queues, l->wel.num_shards);
+  }
+  pool_ = CreateWorkerPool(o_, nb_ports, queues);
+  caps_.resize(nb_ports);
+  for (uint16_t p = 0; p < nb_ports; ++p) {
+    uint16_t q = 1;
+    for (const auto& l : links_) {
+      if (l->port == p) q = std::max(q, l->wel.num_shards);
+    }
+    caps_[p] = SetupWorkerPort(o_, p, q, pool_);
+    ports_.push_back(p);
+    link_rate_.emplace_back(
+        o_.dp.link_gbps,
+        uint64_t{o_.dp.burst} * WireBytesPerFrame(caps_[p].mtu));
+  }
+}
+
+// Link `l`'s frame template, push sides (one per lcore shard of its
+// server), broadcast receiver over its partition, and transmitters.
+void WorkerRun::BuildLink(ShardLink& l) {
+  const uint16_t queues = l.wel.num_shards;
+  l.caps = caps_[l.port];
+  l.to_server = ServerTemplate(o_, l.wel, l.caps, &l.local);
+  l.to_server.set_auth(l.key);
   for (uint16_t q = 0; q < queues; ++q) {
     SendSideConfig sc{
-        FrameType::kPush, wel_.session, static_cast<uint16_t>(wel_.rank), 0,
+        FrameType::kPush, l.wel.session, static_cast<uint16_t>(l.wel.rank), 0,
         Direction::kPush, o_.dp.burst};
     sc.shard = q;
-    push_.push_back(std::make_unique<SendSide>(sc));
-    push_ptrs_.push_back(push_.back().get());
+    l.push.push_back(std::make_unique<SendSide>(sc));
+    l.push_ptrs.push_back(l.push.back().get());
   }
-  bcast_.emplace(ReceiveSideConfig{
-      ReceiverConfig{wel_.session, FrameType::kBroadcast, kServerRank, layout_,
-                     0, UINT32_MAX, frame_key_},
+  l.bcast.emplace(ReceiveSideConfig{
+      ReceiverConfig{l.wel.session, FrameType::kBroadcast, kServerRank,
+                     l.layout, 0, UINT32_MAX, l.key},
       Direction::kBroadcast, 0});
-  control_->Attach(push_ptrs_, &*bcast_);
+  l.control.Attach(l.push_ptrs, &*l.bcast);
+  for (uint16_t q = 0; q < queues; ++q) {
+    // Lcore-shard q's chunks go to that server's UDP port base + q, which
+    // its NIC steers to its queue q (steering.h); harmless on memif.
+    const auto dst_port =
+        static_cast<uint16_t>(queues > 1 ? l.wel.udp_base_port + q : 0);
+    l.tx.push_back(ChunkTransmitter{
+        l.port, q, pool_, &lc_.counters, &link_rate_[l.port], 8,
+        WireBytesPerFrame(l.caps.mtu), o_.dp.prefetch, dst_port});
+  }
+  // The partition's bytes of the whole gradient and mean.
+  const uint64_t at = layout_.Offset(l.first_chunk);
+  l.gradient =
+      reinterpret_cast<const uint8_t*>(job_->model().grad().data()) + at;
+  l.mean = reinterpret_cast<uint8_t*>(job_->model().avg().data()) + at;
+}
+
+// The ports, the links, the lcore that runs them, the push hook.
+void WorkerRun::BuildDatapath() {
+  BuildPorts();
+  for (const auto& l : links_) BuildLink(*l);
+  if (std::string bad = links_.Seal(layout_.num_chunks()); !bad.empty()) {
+    Die("the server shards' partitions do not fit this gradient: " + bad,
+        "run every server shard and worker from the same DBLP build");
+  }
   loss_.emplace(o_.dp.loss, o_.dp.bursts, HashMix(o_.dp.seed, wel_.rank + 1));
   loss_->set_injected(&GlobalAppState().burst);  // the prompt's inject burst
   GlobalAppState().worker_policy.Add("describe", wel_.policy);
-  link_.emplace(o_.dp.link_gbps,
-                uint64_t{o_.dp.burst} * WireBytesPerFrame(caps_.mtu));
-  for (uint16_t q = 0; q < queues; ++q) {
-    // Lcore-shard q's chunks go to the server's UDP port base + q, which
-    // its NIC steers to its queue q (steering.h); harmless on memif.
-    const auto dst_port =
-        static_cast<uint16_t>(queues > 1 ? wel_.udp_base_port + q : 0);
-    tx_.push_back(ChunkTransmitter{0, q, pool_, &lc_.counters, &*link_, 8,
-                                   WireBytesPerFrame(caps_.mtu), o_.dp.prefetch,
-                                   dst_port});
-  }
   resources_.emplace(pool_);
   pacer_.emplace(o_.dp.idle_spin, o_.dp.idle_sleep_us, o_.dp.round_timeout_ms,
                  &quit_, nullptr, o_.dp.deep_idle);
   const std::span<float> grad = job_->model().grad(), avg = job_->model().avg();
-  const auto* grad_bytes = reinterpret_cast<const uint8_t*>(grad.data());
   // The buffers the lcore streams through, next to the port.
   PlaceOnNodeOrWarn(std::span<const float>(grad), PortNumaNode(0),
                     "gradient buffer");
   PlaceOnNodeOrWarn(std::span<const float>(avg), PortNumaNode(0),
                     "mean buffer");
-  lcore_.emplace(
-      lc_, *control_, push_, *bcast_,
-      WorkerLcore::Setup{0, queues, local_.udp_port, wel_.server_ipv4, &layout_,
-                         &*loss_, &tx_, &to_server_, grad_bytes,
-                         reinterpret_cast<uint8_t*>(avg.data()), &*pacer_,
-                         o_.server});
+  lcore_.emplace(lc_, links_, WorkerLcore::Setup{&*loss_, &*pacer_});
   if (o_.push_hook) {
-    push_hook_ = o_.push_hook(
-        PushHookContext{&wel_, pool_, &lc_.counters, &to_server_, &caps_,
-                        local_, grad_bytes, &layout_, queues, frame_key_});
+    ShardLink& l = links_[0];
+    push_hook_ = o_.push_hook(PushHookContext{
+        &l.wel, pool_, &lc_.counters, &l.to_server, &l.caps, l.local,
+        l.gradient, &l.layout, static_cast<uint16_t>(l.push.size()), l.key});
   }
 }
 
 std::string WorkerRun::Exchange(uint64_t it, std::span<const uint32_t> order) {
   std::string failure;
   if (!lcore_->AwaitPushRound(it, &failure)) return failure;
-  if (push_hook_) push_hook_->BeforePush(it, PushRound(it), order);
-  lcore_->Exchange(it, order, &failure);
-  bcast_->receiver().SnapshotBitmap(arrived_);
+  links_.Split(order);
+  if (push_hook_) push_hook_->BeforePush(it, PushRound(it), links_[0].order);
+  lcore_->Exchange(it, &failure);
+  links_.SnapshotArrived(&arrived_);
   return failure;
 }
 
 WorkerExchange WorkerRun::Exchanged(uint64_t it) const {
   const WorkerIterationTimes& t = lcore_->times();
-  WorkerExchange x{it, wel_.rank, push_ptrs_, t.bcast_done_ns};
-  x.delivered_fraction = bcast_->receiver().delivered_fraction();
+  WorkerExchange x{it, wel_.rank, links_.push_sides(), t.bcast_done_ns};
+  x.delivered_fraction = links_.delivered_fraction();
   x.p = t.announced_p;
   x.critical = t.critical;
   x.burst = loss_->InBurst(it);
@@ -151,16 +184,28 @@ std::string WorkerRun::RunIterations() {
   bool more = true;
   for (uint64_t it = 0; it < iterations && more && failure.empty(); ++it) {
     resources_->Sample(it);
-    control_->set_iteration(it);
+    for (const auto& l : links_) l->control.set_iteration(it);
     runtime_.ApplyWorkerCommand(it);  // the prompt's, before the round opens
     runtime_.WorkerStarted(it);
-    failure = job_->Iterate(it, *this, *control_, &more);
+    failure = job_->Iterate(it, *this, links_, &more);
     if (!failure.empty() || !more) break;
     const IterationRecord& r = job_->last_row();
     runtime_.WorkerDone(it, r.p, r.critical, r.delivered_fraction);
     runtime_.PublishStats();
   }
   return failure;
+}
+
+PortDrops WorkerRun::Drops() const {
+  PortDrops sum;
+  for (const uint16_t p : ports_) {
+    const PortDrops d = ReadPortDrops(p);
+    sum.imissed += d.imissed;
+    sum.ierrors += d.ierrors;
+    sum.rx_nombuf += d.rx_nombuf;
+    sum.oerrors += d.oerrors;
+  }
+  return sum;
 }
 
 int WorkerRun::Run() {
@@ -173,29 +218,31 @@ int WorkerRun::Run() {
     return 1;
   }
   lc_.lcore_id = rte_lcore_id();
-  control_.emplace(o_.secret, &lc_.counters, o_.dp.stats_period_s);
-  // Join checks the WELCOME (authenticity, layout, rank, ports); a wrong
-  // one ends the worker naming the fix.
-  const AppFailure joined =
-      control_->Join(o_.server, MakeJoin(o_, *source_), o_.join_timeout_ms,
-                     quit_, o_.dp.realtime);
-  if (joined.failed()) Die(joined);
-  wel_ = control_->welcome();
-  layout_ = ChunkLayout(wel_.total_bytes, wel_.chunk_payload);
-  frame_key_ = control_->MemberFrameKey();
+  // The directory (or the only server), then every other server shard;
+  // each WELCOME is checked (authenticity, layout, rank, ports, the
+  // shard's claim), and a wrong one ends the worker naming the fix.
+  JoinServerShards(o_, *source_, &lc_.counters, quit_, &links_);
+  wel_ = links_[0].wel;
+  layout_ = ChunkLayout(links_.size() > 1 ? wel_.model_bytes : wel_.total_bytes,
+                        wel_.chunk_payload);
+  for (const auto& l : links_) {
+    l->layout = ChunkLayout(l->wel.total_bytes, l->wel.chunk_payload);
+    l->first_chunk = l->wel.first_chunk;
+    l->key = l->control.MemberFrameKey();
+  }
   const WorkerJobSettings js{
       o_.bcast_fill, o_.dp.send_order,       o_.dp.seed,
       false,         o_.dp.round_timeout_ms, o_.on_absorbed};
-  StartWorkerSource(*source_, wel_, js, *control_);
+  StartWorkerSource(*source_, wel_, js, links_[0].control);
   job_.emplace(*source_, wel_, layout_, js);
   job_->set_row_stream(&rows_);
   BuildDatapath();
-  PrintJoined(wel_, *source_, layout_, caps_);
+  PrintJoined(wel_, *source_, layout_, caps_[0], links_.size());
   loss_->StartClock(NowNs());
   runtime_.SetLcores({&lc_}, wel_.num_shards);
   runtime_.SetCounters([&](CounterList* out) {
     RunReport live;
-    AddWorkerCounters(lc_, *control_, push_, *bcast_, ReadPortDrops(0), &live);
+    AddWorkerCounters(lc_, links_, Drops(), &live);
     *out = std::move(live.counters);
   });
   runtime_.SetRunning(true);
@@ -204,7 +251,7 @@ int WorkerRun::Run() {
   return Report(failure);
 }
 
-// The summary and the exit code; the port closes after the server's. A
+// The summary and the exit code; the ports close after the servers'. A
 // failure is said at once.
 int WorkerRun::Report(const std::string& failure) {
   if (!failure.empty()) {
@@ -218,17 +265,30 @@ int WorkerRun::Report(const std::string& failure) {
   report.rows = job_->rows();
   std::vector<std::pair<std::string, uint64_t>> resources;
   resources_->AddTo(report.rows.size(), &resources);
-  // Before the server closes its side: memif's counters end with the link.
-  report.xstats.emplace_back("port0", ReadXstats(0));
-  // The server closes its side first (memif's server-side handler must not
+  // Before the servers close their sides: memif's counters end with the
+  // link.
+  for (const uint16_t p : ports_) {
+    report.xstats.emplace_back("port" + std::to_string(p), ReadXstats(p));
+  }
+  // A server closes its side first (memif's server-side handler must not
   // meet our close while its app winds down), unless it is the peer that
   // fell silent (it neither finished nor sent an ERROR): then nobody would
   // close it, and we must not wait. Asked before Finish, which closes the
   // control connection itself.
-  const bool server_ends = failure.empty() || control_->server_gone();
-  control_->Finish(failure.empty(), failure);
-  if (server_ends) AwaitPeerClose(0, caps_);
-  AddWorkerCounters(lc_, *control_, push_, *bcast_, ReadPortDrops(0), &report);
+  std::vector<bool> server_ends;
+  for (const auto& l : links_) {
+    server_ends.push_back(failure.empty() || l->control.server_gone());
+  }
+  for (const auto& l : links_) l->control.Finish(failure.empty(), failure);
+  for (const uint16_t p : ports_) {
+    // A port shared by several links: when every one of its servers ends.
+    bool ends = true;
+    for (size_t k = 0; k < links_.size(); ++k) {
+      if (links_[k].port == p) ends = ends && server_ends[k];
+    }
+    if (ends) AwaitPeerClose(p, caps_[p]);
+  }
+  AddWorkerCounters(lc_, links_, Drops(), &report);
   report.counters.insert(report.counters.end(), resources.begin(),
                          resources.end());
   runtime_.PublishFinal(report.counters, !failure.empty());
@@ -239,7 +299,10 @@ int WorkerRun::Report(const std::string& failure) {
       {"chunks", std::to_string(layout_.num_chunks())},
       {"chunk_bytes", std::to_string(layout_.chunk_payload())},
       {"loss", FormatLossSpec(o_.dp.loss)},
-      {"driver", caps_.driver}};
+      {"driver", caps_[0].driver}};
+  if (links_.size() > 1) {
+    report.info.emplace_back("server_shards", std::to_string(links_.size()));
+  }
   std::fputs(FormatRunSummary(report).c_str(), stdout);
   int exit_code = failure.empty() ? 0 : 1;
   if (const std::string err = CloseRunReport(rows_, report); !err.empty()) {
@@ -247,8 +310,10 @@ int WorkerRun::Report(const std::string& failure) {
     exit_code = 1;
   }
   if (!failure.empty()) source_->Fail(failure);
-  rte_eth_dev_stop(0);
-  rte_eth_dev_close(0);
+  for (const uint16_t p : ports_) {
+    rte_eth_dev_stop(p);
+    rte_eth_dev_close(p);
+  }
   return exit_code;
 }
 

@@ -8,6 +8,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "app_options.h"
 #include "datapath.h"
@@ -64,6 +65,10 @@ struct WorkerOptions {
   // absorbed iteration (src/test_hooks/dumps.h).
   PushHookFactory push_hook;
   AbsorbedObserver on_absorbed;
+  // Rewrites the directory's shard map before the worker joins the other
+  // server shards (src/test_hooks/shard_map_override.h: a wrong map, which
+  // the shards must refuse).
+  std::function<void(std::vector<ShardEntry>*)> shard_map_hook;
 };
 
 // Runs the whole job; returns the process exit code. Errors that a user can

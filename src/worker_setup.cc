@@ -6,13 +6,15 @@
 #include <cstring>
 #include <string>
 
+#include "dblp/control/shard_claim.h"
 #include "dblp/job/counters.h"
 #include "eal_app.h"
 #include "numa_placement.h"
 
 namespace dblp {
 
-JoinMsg MakeJoin(const WorkerOptions& o, const GradientSource& source) {
+JoinMsg MakeJoin(const WorkerOptions& o, const GradientSource& source,
+                 uint16_t port) {
   if (rte_eth_dev_count_avail() == 0) {
     Die("no Ethernet port",
         "give the worker a port: -a <PCI address> for a "
@@ -34,8 +36,9 @@ JoinMsg MakeJoin(const WorkerOptions& o, const GradientSource& source) {
   // the EAL probed it; none behind a router, --eth_peer, where frames
   // reach the server from the router's) and --local_ip if given.
   rte_ether_addr mac{};
-  if (rte_eth_macaddr_get(0, &mac) != 0) {
-    Die("cannot read port 0's MAC address", "check the port (-a / --vdev)");
+  if (rte_eth_macaddr_get(port, &mac) != 0) {
+    Die("cannot read port " + std::to_string(port) + "'s MAC address",
+        "check the port (-a / --vdev)");
   }
   if (o.eth_peer.empty()) std::memcpy(join.data_mac.data(), mac.addr_bytes, 6);
   if (!o.local_ip.empty() && !ParseIpv4(o.local_ip, &join.data_ipv4)) {
@@ -43,6 +46,86 @@ JoinMsg MakeJoin(const WorkerOptions& o, const GradientSource& source) {
         "use a dotted IPv4 address, e.g. 10.0.0.2");
   }
   return join;
+}
+
+namespace {
+
+// Joins `l` (its control connection to l.address) with `join`; a refusal
+// ends the process. In a sharded job the failure names the shard.
+WelcomeMsg JoinLink(const WorkerOptions& o, ShardLink& l, const JoinMsg& join,
+                    const std::atomic<bool>& quit) {
+  AppFailure joined =
+      l.control.Join(l.address, join, o.join_timeout_ms, quit, o.dp.realtime);
+  if (joined.failed()) {
+    if (l.count > 1) joined.what = l.Label() + ": " + joined.what;
+    Die(joined);
+  }
+  return l.control.welcome();
+}
+
+}  // namespace
+
+void JoinServerShards(const WorkerOptions& o, const GradientSource& source,
+                      const DatapathCounters* ctr,
+                      const std::atomic<bool>& quit, WorkerShardLinks* links) {
+  const JoinMsg base = MakeJoin(o, source, 0);
+  auto directory = std::make_unique<ShardLink>(0, 1, o.server, o.secret, ctr,
+                                               o.dp.stats_period_s);
+  WelcomeMsg dir = JoinLink(o, *directory, base, quit);
+  if (!IsShardedWelcome(dir)) {
+    directory->wel = dir;
+    links->Add(std::move(directory));
+    return;
+  }
+  if (std::string bad = CheckShardMap(dir); !bad.empty()) {
+    const std::string why = "the directory's shard map is inconsistent: " + bad;
+    directory->control.Finish(false, why);
+    Die(why + " (dblp-server at " + o.server + ")",
+        "run every server shard and worker from the same DBLP build");
+  }
+  const uint16_t S = dir.shard_count;
+  // Link k uses port k when there is one per shard, else they share one.
+  const uint16_t ports = rte_eth_dev_count_avail();
+  if (ports != 1 && ports != S) {
+    const std::string why = "this worker has " + std::to_string(ports) +
+                            " DPDK ports for a job of " + std::to_string(S) +
+                            " server shards";
+    directory->control.Finish(false, why);
+    Die(why,
+        "give it one port that reaches every shard, or one per shard in "
+        "shard order (port k to shard k): e.g. --vdev=net_memif0,role=client,"
+        "socket=<shard 0's> ... --vdev=net_memif" +
+            std::to_string(S - 1) + ",role=client,socket=<shard " +
+            std::to_string(S - 1) + "'s>");
+  }
+  // A test seam (--shard_map_override): a wrong map, which shard k must
+  // refuse. None in a production job.
+  std::vector<ShardEntry> map = dir.shards;
+  if (o.shard_map_hook) o.shard_map_hook(&map);
+  directory->count = S;
+  directory->wel = dir;
+  links->Add(std::move(directory));
+  for (uint16_t k = 1; k < S; ++k) {
+    const uint16_t port = ports == S ? k : 0;
+    auto link = std::make_unique<ShardLink>(k, S, ShardControlAddress(map[k]),
+                                            o.secret, ctr, 0);
+    const JoinMsg claim = ShardJoin(MakeJoin(o, source, port), dir, k, map[k]);
+    const WelcomeMsg got = JoinLink(o, *link, claim, quit);
+    if (std::string bad = CheckShardWelcome(dir, claim, map[k], got);
+        !bad.empty()) {
+      const std::string why = link->Label() +
+                              "'s WELCOME does not confirm the shard map's "
+                              "claim: " +
+                              bad;
+      link->control.Finish(false, why);
+      Die(why,
+          "give every worker the directory's shard map (--server= the "
+          "directory, shard 0)");
+    }
+    link->wel = got;
+    link->port = port;
+    links->Add(std::move(link));
+  }
 }
 
 // Binds the source to our rank; the job refuses what cannot serve it.
@@ -71,14 +154,19 @@ void StartWorkerSource(GradientSource& source, const WelcomeMsg& wel,
 }
 
 void PrintJoined(const WelcomeMsg& wel, const GradientSource& source,
-                 const ChunkLayout& layout, const PortCaps& caps) {
+                 const ChunkLayout& layout, const PortCaps& caps,
+                 size_t shards) {
+  const std::string sharded =
+      shards > 1
+          ? " (directory of " + std::to_string(shards) + " server shards)"
+          : "";
   std::printf(
       "dblp-worker: rank %u of %u, session %08x, %s, %u chunks of %u "
-      "B, port %s (%s), server %s:%u\n",
+      "B, port %s (%s), server %s:%u%s\n",
       wel.rank, wel.num_workers, wel.session, source.Describe().c_str(),
       layout.num_chunks(), layout.chunk_payload(), caps.driver.c_str(),
       FormatMac(caps.mac.addr_bytes).c_str(),
-      FormatIpv4(wel.server_ipv4).c_str(), wel.udp_base_port);
+      FormatIpv4(wel.server_ipv4).c_str(), wel.udp_base_port, sharded.c_str());
   std::fflush(stdout);
 }
 
@@ -98,14 +186,19 @@ FrameTemplate ServerTemplate(const WorkerOptions& o, const WelcomeMsg& wel,
   return FrameTemplate(*local, server, caps);
 }
 
-void AddWorkerCounters(const LcoreConf& lc, const WorkerControl& control,
-                       const std::vector<std::unique_ptr<SendSide>>& push,
-                       const ReceiveSide& bcast, const PortDrops& drops,
-                       RunReport* report) {
-  uint64_t bitmaps_dropped = bcast.answer().dropped();
-  for (const auto& side : push) bitmaps_dropped += side->bitmaps_dropped();
+void AddWorkerCounters(const LcoreConf& lc, const WorkerShardLinks& links,
+                       const PortDrops& drops, RunReport* report) {
+  uint64_t bitmaps_dropped = 0, stops = 0, msgs_in = 0, msgs_out = 0;
+  std::vector<const ReceiverRound*> receivers;
+  for (const auto& l : links) {
+    bitmaps_dropped += l->bcast->answer().dropped();
+    for (const auto& side : l->push) bitmaps_dropped += side->bitmaps_dropped();
+    stops += l->control.stops_sent();
+    msgs_in += l->control.messages_in();
+    msgs_out += l->control.messages_out();
+    receivers.push_back(&l->bcast->receiver());
+  }
   const DatapathCounters& ctr = lc.counters;
-  const ReceiverRound& rx = bcast.receiver();
   report->counters = {
       {"tx_frames", ctr.tx_frames.load()},
       {"rx_frames", ctr.rx_frames.load()},
@@ -113,15 +206,14 @@ void AddWorkerCounters(const LcoreConf& lc, const WorkerControl& control,
       {"tx_ring_full", ctr.tx_ring_full.load()},
       {"mbuf_alloc_failures", ctr.mbuf_alloc_failures.load()},
       {"bitmaps_dropped", bitmaps_dropped},
-      {"stops_sent", control.stops_sent()},
-      {"control_messages_in", control.messages_in()},
-      {"control_messages_out", control.messages_out()},
+      {"stops_sent", stops},
+      {"control_messages_in", msgs_in},
+      {"control_messages_out", msgs_out},
       {"device_imissed", drops.imissed},
       {"device_rx_nombuf", drops.rx_nombuf},
       {"device_oerrors", drops.oerrors},
       {"frames_unpinned_source", ctr.unpinned_source.load()},
   };
-  const ReceiverRound* receivers[] = {&rx};
   AddReceiverCounters("bcast_", receivers, false, &report->counters);
   for (int s = 1; s < kNumFrameStatus; ++s) {
     report->counters.emplace_back(
@@ -130,19 +222,26 @@ void AddWorkerCounters(const LcoreConf& lc, const WorkerControl& control,
   }
 }
 
-// The data port, set up once the WELCOME said how many queues the server's
-// shards need; the push starts once the link is up (frames sent before are
-// lost and would make the first round look like a burst).
-PortCaps SetupWorkerPort(const WorkerOptions& o, uint16_t queues,
-                         rte_mempool** pool) {
+rte_mempool* CreateWorkerPool(const WorkerOptions& o, uint16_t ports,
+                              uint16_t queues) {
   PortOptions popts = o.dp.port;
   popts.nb_queues = queues;
   const uint32_t mbufs =
-      o.dp.mbufs ? o.dp.mbufs : MbufsNeeded(popts, o.dp.burst, 2048);
+      o.dp.mbufs ? o.dp.mbufs : ports * MbufsNeeded(popts, o.dp.burst, 2048);
   const int node = PortNumaNode(popts.port_id);
   WarnLcoresOffNode(node, "dblp-worker");
-  *pool = CreatePoolOrDie("dblp_worker_pool", mbufs, popts.mtu, node);
-  const PortCaps caps = SetupPortOrDie(popts, *pool);
+  return CreatePoolOrDie("dblp_worker_pool", mbufs, popts.mtu, node);
+}
+
+// The data port, set up once the WELCOME said how many queues the server's
+// shards need; the push starts once the link is up (frames sent before are
+// lost and would make the first round look like a burst).
+PortCaps SetupWorkerPort(const WorkerOptions& o, uint16_t port_id,
+                         uint16_t queues, rte_mempool* pool) {
+  PortOptions popts = o.dp.port;
+  popts.port_id = port_id;
+  popts.nb_queues = queues;
+  const PortCaps caps = SetupPortOrDie(popts, pool);
   if (!WaitForLink(popts.port_id, o.join_timeout_ms)) {
     Die("port " + std::to_string(popts.port_id) + " (" + caps.driver +
             ") link is down after " + std::to_string(o.join_timeout_ms) + " ms",

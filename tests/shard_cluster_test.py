@@ -26,7 +26,9 @@ Modes (one per meson test):
           worker and shard 0 must end with an error naming shard 1 within
           the round timeout (+ slack), none by a signal.
   --wrong_map  a worker that JOINs shard 1 as if it were the directory is
-          refused with an error that names the directory.
+          refused with an error that names the directory; a worker given a
+          wrong shard map (--shard_map_override) is refused by the shard it
+          claims, naming the claim and the directory.
 
 Usage: shard_cluster_test.py BUILD_DIR [--policy=fixed|dblp] [--resync=K]
            [--loss | --kill | --wrong_map]
@@ -458,6 +460,39 @@ def wrong_map(a):
               "directory" in out and str(job.ports[0]) in out, out[-800:])
     finally:
         job.kill()
+    shutil.rmtree(tmp, ignore_errors=True)
+    wrong_claim(a)
+
+
+def wrong_claim(a):
+    """A worker given a wrong shard map (dblp-worker's test hook
+    --shard_map_override: it claims chunks [0, 64) of shard 1, which owns
+    [128, 251)) is refused by shard 1 with an error naming the claim and
+    the directory; no process ends by a signal or hangs."""
+    tmp = tempfile.mkdtemp(prefix="dblp-shards-claim-")
+    secret = make_secret(os.path.join(tmp, "job.secret"))
+    server, worker = job_flags(a, secret, False)
+    server = [f for f in server if not f.startswith("--round_timeout_ms")]
+    server.append("--round_timeout_ms=%d" % KILL_ROUND_TIMEOUT_MS)
+    job = Job(a, tmp, 2, WORKERS, server, worker)
+    plain = job.worker_cmd
+    liar = WORKERS - 1
+    job.worker_cmd = lambda w, server=None: plain(w, server) + (
+        ["--shard_map_override=1:0:64"] if w == liar else [])
+    try:
+        job.start()
+        results = job.wait(60)
+    finally:
+        job.kill()
+    rc, out, _ = results["worker%d" % liar]
+    check("a worker given a wrong shard map is refused (exit 1)", rc == 1,
+          "exit %s\n%s" % (rc, out[-800:]))
+    check("...naming server shard 1, the claim and the directory",
+          "server shard 1" in out and "claims chunks [0, 64)" in out and
+          "directory" in out and str(job.ports[0]) in out, out[-800:])
+    check("no process ended by a signal or hung",
+          all(r[0] is not None and r[0] >= 0 for r in results.values()),
+          {n: r[0] for n, r in results.items()})
     shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -113,6 +113,28 @@ TEST(BitmapTest, ForEachMissingNeverReportsBitsPastTheEnd) {
   }
 }
 
+TEST(BitmapTest, PlaceAtCopiesAWordAlignedPartition) {
+  Bitmap whole(200);
+  whole.Set(0);
+  whole.Set(199);
+  Bitmap part(70);  // ends inside word 3 of the whole (bits 128..197)
+  part.Set(0);
+  part.Set(69);
+  EXPECT_TRUE(whole.PlaceAt(128, part));
+  EXPECT_EQ(SetOf(whole), (std::vector<uint32_t>{0, 128, 197, 199}));
+  // Replaces, not ORs: a cleared bit of the partition clears the whole's.
+  Bitmap empty(64);
+  Bitmap ones(200);
+  for (uint32_t i = 0; i < 200; ++i) ones.Set(i);
+  EXPECT_TRUE(ones.PlaceAt(64, empty));
+  EXPECT_EQ(ones.Count(), 136u);
+  // Unaligned or past the end: refused, unchanged.
+  const Bitmap before = whole;
+  EXPECT_FALSE(whole.PlaceAt(1, part));
+  EXPECT_FALSE(whole.PlaceAt(192, part));
+  EXPECT_EQ(whole, before);
+}
+
 TEST(BitmapTest, AssignWordsValidates) {
   Bitmap b(65);
   b.Set(5);

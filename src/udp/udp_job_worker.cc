@@ -17,6 +17,7 @@
 #include "dblp/control/control.h"
 #include "dblp/control/control_sidecar.h"
 #include "dblp/control/job_auth.h"
+#include "dblp/control/shard_claim.h"
 #include "dblp/emul/rx_loss.h"
 #include "dblp/job/counters.h"
 #include "dblp/job/rows.h"
@@ -271,6 +272,11 @@ void JobWorker::OnMessage(const ControlMessage& m) {
     // Authenticated, then checked against what we can hold.
     std::string why = handshake_.CheckWelcome(*w);
     if (why.empty()) why = ValidateWelcome(*w, join_);
+    if (why.empty() && IsShardedWelcome(*w)) {
+      why = "the job has " + std::to_string(w->shard_count) +
+            " server shards, which only dblp-worker (DPDK) joins; run "
+            "dblp-worker, or one dblp-server without --shards";
+    }
     if (!why.empty() || welcomed_.load()) {
       if (why.empty()) why = "the server sent WELCOME twice";
       why = "the server's WELCOME is refused: " + why;

@@ -252,8 +252,11 @@ std::string ValidateWelcome(const WelcomeMsg& wm, const JoinMsg& join) {
     return "rank " + std::to_string(wm.rank) + " is not below the worker " +
            "count " + std::to_string(wm.num_workers);
   }
-  if (wm.total_bytes != join.total_bytes) {
-    return "gradient of " + std::to_string(wm.total_bytes) +
+  // A server shard's WELCOME describes its partition; the whole gradient
+  // is model_bytes (v6).
+  const uint64_t whole = wm.shard_count > 1 ? wm.model_bytes : wm.total_bytes;
+  if (whole != join.total_bytes) {
+    return "gradient of " + std::to_string(whole) +
            " bytes, but this worker's is " + std::to_string(join.total_bytes);
   }
   if (wm.layers != join.layers) {

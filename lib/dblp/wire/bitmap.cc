@@ -19,6 +19,19 @@ bool Bitmap::AssignWords(std::span<const uint64_t> words) {
   return true;
 }
 
+bool Bitmap::PlaceAt(uint32_t first, const Bitmap& part) {
+  if (first % 64 != 0 || uint64_t{first} + part.size() > num_bits_) {
+    return false;
+  }
+  const uint32_t base = first / 64;
+  for (uint32_t w = 0; w < part.words_.size(); ++w) {
+    // A partition that ends inside a word owns only its own bits of it.
+    const uint64_t mask = BitmapWordMask(part.num_bits_, w);
+    words_[base + w] = (words_[base + w] & ~mask) | (part.words_[w] & mask);
+  }
+  return true;
+}
+
 void AtomicBitmap::Reset(uint32_t num_bits) {
   const uint32_t need = BitmapWords(num_bits);
   if (need > capacity_words_) {

@@ -59,6 +59,11 @@ class Bitmap {
   // false, leaving the bitmap unchanged, if the word count does not match or
   // a bit beyond size() is set.
   bool AssignWords(std::span<const uint64_t> words);
+  // Replaces bits [first, first + part.size()) with `part`: a partition's
+  // bitmap put into the whole gradient's (server shards). `first` must be
+  // a multiple of 64, so whole words copy; false (unchanged) if it is not
+  // or `part` does not fit.
+  bool PlaceAt(uint32_t first, const Bitmap& part);
 
   // Calls f(seq) for each clear bit, in increasing order. Skips full words
   // with one compare, so a nearly complete map is walked in N/64 steps.
