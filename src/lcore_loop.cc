@@ -81,9 +81,19 @@ WorkerLcore::WorkerLcore(LcoreConf& conf, WorkerShardLinks& links,
     lanes_.push_back(std::move(lane));
   }
   // Every RX queue of every port a link uses, with the links it brings.
+  // A port that several links share has as many queues as the link with
+  // the most, and the NIC's hash may put any link's broadcast on any of
+  // them: each of its queues must know every link on the port.
+  std::vector<uint16_t> port_queues;
+  for (const Lane& lane : lanes_) {
+    const ShardLink& l = *lane.link;
+    if (port_queues.size() <= l.port) port_queues.resize(l.port + 1, 0);
+    port_queues[l.port] = std::max<uint16_t>(
+        port_queues[l.port], static_cast<uint16_t>(l.tx.size()));
+  }
   for (Lane& lane : lanes_) {
     const ShardLink& l = *lane.link;
-    for (uint16_t q = 0; q < l.tx.size(); ++q) {
+    for (uint16_t q = 0; q < port_queues[l.port]; ++q) {
       auto it = std::find_if(rx_.begin(), rx_.end(), [&](const RxQueue& r) {
         return r.port == l.port && r.queue == q;
       });

@@ -25,13 +25,20 @@ Modes (one per meson test):
   --kill  2 shards, 2 workers; shard 1 is killed (SIGKILL) mid-job: every
           worker and shard 0 must end with an error naming shard 1 within
           the round timeout (+ slack), none by a signal.
+  --netns  parity with 2 workers on deploy/netns-testbed.sh's namespaces,
+          one per process: shard 0 with two lcores on net_af_packet
+          (steered by rte_flow where the port takes rules, else by the
+          kernel's fanout hash with frames on another lcore's queue handed
+          to it), shard 1, and the workers with one port each that reaches
+          both shards; plus no chunk summed by an lcore that does not own
+          it. Exit 77 (skipped) without root.
   --wrong_map  a worker that JOINs shard 1 as if it were the directory is
           refused with an error that names the directory; a worker given a
           wrong shard map (--shard_map_override) is refused by the shard it
           claims, naming the claim and the directory.
 
 Usage: shard_cluster_test.py BUILD_DIR [--policy=fixed|dblp] [--resync=K]
-           [--loss | --kill | --wrong_map]
+           [--loss | --kill | --wrong_map | --netns]
 """
 
 import json
@@ -44,8 +51,8 @@ import sys
 import tempfile
 import time
 
-from dblp_testlib import (check, f32, finish, free_port, integer_value,
-                          make_secret, read_bits, read_f32)
+from dblp_testlib import (NetnsTestbed, check, f32, finish, free_port,
+                          integer_value, make_secret, read_bits, read_f32)
 
 WORKERS = 3
 ITERATIONS = 12
@@ -64,11 +71,13 @@ def fail(msg):
 
 def parse_args():
     a = {"build": sys.argv[1], "policy": "fixed", "resync": 0,
-         "mode": "parity"}
+         "mode": "parity", "netns": False}
     for arg in sys.argv[2:]:
         key, _, value = arg.lstrip("-").partition("=")
         if key in ("loss", "kill", "wrong_map"):
             a["mode"] = key
+        elif key == "netns":
+            a["netns"] = True
         elif key == "resync":
             a["resync"] = int(value)
         elif key == "policy":
@@ -168,6 +177,50 @@ class Job:
                 p.wait()
 
 
+class NetnsJob(Job):
+    """The same job on deploy/netns-testbed.sh's namespaces, one per host:
+    h0 shard 0 with two datapath lcores (net_af_packet qpairs=2; steered
+    by rte_flow where the port takes rules, else by the kernel's fanout
+    hash with frames on the wrong queue handed to their lcore), h1 shard 1,
+    h2.. the workers, each with one port that reaches both shards (qpairs=2:
+    TX queue k carries shard 0's lcore k's chunks)."""
+
+    def __init__(self, bed, *args):
+        super().__init__(*args)
+        self.bed = bed
+
+    def server_cmd(self, k):
+        lcores = "0@0,1@1" if k == 0 else "0@0"
+        q = ",qpairs=2" if k == 0 else ""
+        own = ["--listen=%s:9100" % self.bed.ip(k), "--local_ip=" +
+               self.bed.ip(k), "--stats_period=0",
+               "--out_dir=%s/server%d" % (self.tmp, k),
+               "--dump_dir=%s/dump/s%d" % (self.tmp, k),
+               "--shards=%d" % self.shards, "--shard_index=%d" % k]
+        if k > 0:
+            own.append("--directory=%s:9100" % self.bed.ip(0))
+        eal = ["--lcores", lcores, "--no-huge", "-m", "256", "--no-pci",
+               "--file-prefix=dblp-%s-s%d" % (self.uniq, k),
+               "--log-level=*:warning", "--vdev=net_af_packet0,iface=eth0" + q]
+        return (["ip", "netns", "exec", self.bed.ns(k),
+                 self.app("dblp-server")] + eal + ["--"] + own + self.flags)
+
+    def worker_cmd(self, w, server=None):
+        h = self.shards + w
+        cpu = "1" if (os.cpu_count() or 1) > 1 else "0"
+        eal = ["-l", cpu, "--no-huge", "-m", "256", "--no-pci",
+               "--file-prefix=dblp-%s-w%d" % (self.uniq, w),
+               "--log-level=*:warning",
+               "--vdev=net_af_packet0,iface=eth0,qpairs=2"]
+        own = ["--server=%s:9100" % self.bed.ip(0), "--local_ip=" +
+               self.bed.ip(h), "--stats_period=0", "--name=w%d" % w,
+               "--out_dir=%s/worker%d" % (self.tmp, w),
+               "--dump_dir=%s/dump/w" % self.tmp]
+        return (["ip", "netns", "exec", self.bed.ns(h),
+                 self.app("dblp-worker")] + eal + ["--"] + own +
+                self.worker_flags)
+
+
 def job_flags(a, secret, lossy):
     common = ["--secret_file=" + secret, "--seed=11", "--idle_sleep_us=50",
               "--round_timeout_ms=20000", "--dump_iterations=%d" % DUMP_ITERS]
@@ -189,10 +242,14 @@ def job_flags(a, secret, lossy):
     return server, worker
 
 
-def run_job(a, tmp, shards, lossy=False):
+def run_job(a, tmp, shards, lossy=False, bed=None):
+    workers = WORKERS
     secret = make_secret(os.path.join(tmp, "job.secret"))
     server, worker = job_flags(a, secret, lossy)
-    job = Job(a, tmp, shards, WORKERS, server, worker)
+    server = [f for f in server if not f.startswith("--workers=")] + [
+        "--workers=%d" % workers]
+    job = (NetnsJob(bed, a, tmp, shards, workers, server, worker) if bed
+           else Job(a, tmp, shards, workers, server, worker))
     try:
         job.start()
         results = job.wait(TIMEOUT_S)
@@ -268,7 +325,7 @@ def sent_value(a, j, step, rank):
     return integer_value(j, step, rank) * (4.0 if jump else 1.0)
 
 
-def parity(a):
+def parity(a, bed=None):
     """The same job on one server and on two shards. Which chunks a round
     sums is timing (STOP at ceil((1-p)N) while frames are in flight), so
     the runs are compared where their arrivals agree, and each is checked
@@ -276,7 +333,9 @@ def parity(a):
     ref = tempfile.mkdtemp(prefix="dblp-shards-ref-")
     sh = tempfile.mkdtemp(prefix="dblp-shards-2-")
     run_job(a, ref, 1)
-    out = run_job(a, sh, 2)
+    out = run_job(a, sh, 2, bed=bed)
+    if bed:
+        steered(sh)
     check("shard 1 registered with the directory and ran its partition",
           "shard 1" in out["shard1"][1] or "shard 1" in out["shard0"][1],
           out["shard1"][1][-600:])
@@ -362,6 +421,23 @@ def parity(a):
           "arrived", not bad["avg"], bad["avg"])
     shutil.rmtree(ref, ignore_errors=True)
     shutil.rmtree(sh, ignore_errors=True)
+
+
+def steered(tmp):
+    """Shard 0's two lcores: every chunk summed by the lcore that owns its
+    range (push_misrouted = 0: frames on the other lcore's queue were
+    handed to it, frames_misrouted, or steered there by flow rules)."""
+    with open(os.path.join(tmp, "server0", "summary.json")) as f:
+        c = json.load(f)["counters"]
+    check("shard 0: no chunk summed by an lcore that does not own it "
+          "(push_misrouted = %d; %d frames handed to their lcore)" % (
+              c.get("push_misrouted", 0), c.get("frames_misrouted", 0)),
+          ("push_misrouted" in c or "frames_misrouted" in c) and
+          c.get("push_misrouted", 0) == 0, c)
+    per_lcore = sum(v for k, v in c.items()
+                    if k.startswith("frames_misrouted_lcore"))
+    check("shard 0: its lcores' hand-overs add up (%d)" % per_lcore,
+          per_lcore == c.get("frames_misrouted", 0), c)
 
 
 def lossy(a):
@@ -499,7 +575,16 @@ def wrong_claim(a):
 
 
 def main():
+    global WORKERS
     a = parse_args()
+    if a["netns"]:
+        WORKERS = 2
+        with NetnsTestbed(2 + WORKERS, "10.77.8") as bed:
+            if not bed.ok:
+                print("SKIP: " + bed.why)
+                sys.exit(77)
+            parity(a, bed)
+        finish()
     {"parity": parity, "loss": lossy, "kill": kill_shard,
      "wrong_map": wrong_map}[a["mode"]](a)
     finish()
