@@ -60,7 +60,7 @@ constexpr const char* kShardJobFlags[] = {
     "ltp_window",   "ltp_min_fraction", "frame_auth",    "push_fill",
     "resync_every", "bcast_tolerance",  "push_feedback", "on_bad_gradient",
     "clip_norm",    "on_worker_loss",   "zero_fraction", "zero_iters",
-    "mtu",          "insecure"};
+    "mtu",          "insecure",         "paper_mode",    "max_gradient_mb"};
 
 // Doubles in their shortest exact form ("0.008", not gflags'
 // "0.0080000000000000002"): the same value gives the same text.
@@ -79,6 +79,46 @@ std::string ShardJobFlags() {
     out += std::string("--") + name + "=" + value + "\n";
   }
   return out;
+}
+
+bool IsLoopback(const std::string& endpoint) {
+  return endpoint.rfind("127.", 0) == 0 || endpoint.rfind("localhost", 0) == 0;
+}
+
+// What a sharded job cannot take: a fixed --session (every shard derives
+// its own, so frames of one shard never pass for another's), losing a
+// worker mid-job (each shard would drop it at its own iteration), a
+// loopback --listen advertised to workers on other hosts, and a control
+// budget without room for the other shards' connections.
+void ShardedJobFlagChecks() {
+  if (FLAGS_session != 0) {
+    dblp::FlagError("--session=" + std::to_string(FLAGS_session) +
+                    " with --shards > 1: drop --session (each shard derives "
+                    "its own from its job nonce)");
+  }
+  if (FLAGS_on_worker_loss != "abort") {
+    dblp::FlagError("--on_worker_loss=" + FLAGS_on_worker_loss +
+                    " is not supported with --shards > 1 (each shard would "
+                    "drop a lost worker at its own iteration): use "
+                    "--on_worker_loss=abort");
+  }
+  if (FLAGS_shard_index > 0 && IsLoopback(FLAGS_listen) &&
+      !IsLoopback(FLAGS_directory)) {
+    dblp::FlagError("--listen=" + FLAGS_listen +
+                    " is a loopback address, but the directory (" +
+                    FLAGS_directory +
+                    ") is on another host and advertises it to the workers: "
+                    "give --listen an address they can reach");
+  }
+  if (FLAGS_shard_index == 0 &&
+      FLAGS_control_max_connections < FLAGS_workers + FLAGS_shards - 1) {
+    dblp::FlagError(
+        "--control_max_connections=" +
+        std::to_string(FLAGS_control_max_connections) +
+        " leaves no room for the job: the directory holds --workers + "
+        "--shards - 1 = " +
+        std::to_string(FLAGS_workers + FLAGS_shards - 1) + " connections");
+  }
 }
 
 // Checked before the EAL starts: exits 2 naming the flag.
@@ -102,6 +142,7 @@ dblp::ShardRole ShardRoleFromFlags() {
         "--directory is for shards 1..shards-1; shard 0 is the "
         "directory (drop --directory or set --shard_index)");
   }
+  if (FLAGS_shards > 1) ShardedJobFlagChecks();
   dblp::ShardRole role;
   role.index = static_cast<uint16_t>(FLAGS_shard_index);
   role.count = static_cast<uint16_t>(FLAGS_shards);
@@ -129,7 +170,6 @@ int main(int argc, char** argv) {
 
   dblp::ServerOptions o;
   o.shard_role = ShardRoleFromFlags();
-  o.shard_job_flags = ShardJobFlags();
   o.listen = FLAGS_listen;
   o.workers = FLAGS_workers;
   o.local_ip = FLAGS_local_ip;
@@ -154,6 +194,9 @@ int main(int argc, char** argv) {
   o.steering.isolate = FLAGS_flow_isolate;
   o.dp = dblp::DatapathOptionsFromFlags();
   static_cast<dblp::ServerJobSettings&>(o) = dblp::JobSettingsFromFlags();
+  // After --paper_mode rewrote the flags it implies: the values the job
+  // runs with are the ones every shard must share.
+  o.shard_job_flags = ShardJobFlags();
   o.session = FLAGS_session;
   o.max_gradient_bytes = dblp::MaxGradientBytesFromFlags();
   o.rank_by_name = dblp::RankByNameFromFlags();

@@ -39,8 +39,7 @@ std::string LoadSimCosts(const std::string& path, SimCosts* costs) {
   std::ifstream in(path);
   if (!in)
     return path +
-           ": cannot read (write one with tools/dblp-bench "
-           "--calibrate " +
+           ": cannot read (write one with tools/dblp-bench --calibrate " +
            path + ")";
   std::stringstream ss;
   ss << in.rdbuf();

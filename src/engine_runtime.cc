@@ -159,7 +159,10 @@ bool EngineRuntime::ApplyServerCommand(
   RuntimeResult r;
   r.from_iteration = next_it;
   bool changed = false;
-  if (c.kind == RuntimeCommand::Kind::kSetPolicy) {
+  if (c.kind == RuntimeCommand::Kind::kSetPolicy && !policy_refusal_.empty()) {
+    r.ok = false;
+    std::snprintf(r.text, sizeof(r.text), "%s", policy_refusal_.c_str());
+  } else if (c.kind == RuntimeCommand::Kind::kSetPolicy) {
     try {
       *policy = TolerancePolicy::Create(c.policy);
       SetPolicy(c.policy, next_it, true);

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "dblp/obs/app_state.h"
@@ -61,6 +62,11 @@ class EngineRuntime {
   // `next_it`; clear stats) and logs it. True if the policy changed.
   bool ApplyServerCommand(uint64_t next_it,
                           std::unique_ptr<TolerancePolicy>* policy);
+  // Set p / set policy are refused with `why` (a sharded job: p is the
+  // directory's one phase for every shard).
+  void RefusePolicyChanges(std::string why) {
+    policy_refusal_ = std::move(why);
+  }
   // Worker, before iteration `it` starts.
   void ApplyWorkerCommand(uint64_t it);
 
@@ -74,6 +80,7 @@ class EngineRuntime {
   uint64_t last_stats_ns_ = 0;
   CounterList scratch_;
   PolicySnapshot policy_;
+  std::string policy_refusal_;
 };
 
 }  // namespace dblp

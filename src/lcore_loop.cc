@@ -332,8 +332,22 @@ bool WorkerLcore::AwaitPushRound(uint64_t it, std::string* failure) {
 
 bool WorkerLcore::Exchange(uint64_t it, std::string* failure) {
   // One phase for the whole job: every server shard announces the same p.
+  // Shards that disagree (a shard run with other job flags) are named
+  // rather than pushed to under two policies.
   times_.announced_p = lanes_[0].go_p;
   times_.critical = lanes_[0].go_critical;
+  for (size_t k = 1; k < lanes_.size(); ++k) {
+    if (lanes_[k].go_p != lanes_[0].go_p ||
+        lanes_[k].go_critical != lanes_[0].go_critical) {
+      *failure = "iteration " + std::to_string(it) + ": server shard " +
+                 std::to_string(k) +
+                 " opened the push under p=" + std::to_string(lanes_[k].go_p) +
+                 ", server shard 0 under p=" + std::to_string(lanes_[0].go_p) +
+                 ": the shards' phase is not one (restart the job with the "
+                 "same job flags on every shard)";
+      return false;
+    }
+  }
   times_.push_begin_ns = NowNs();
   for (Lane& lane : lanes_) {
     ShardLink& l = *lane.link;

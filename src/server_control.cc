@@ -225,8 +225,8 @@ void ServerControl::Announce(const RoundBeginRequest& r) {
   std::string why;
   if (ValidateControl(rb, &why) != ControlError::kNone) {
     // A policy value the wire cannot carry: a bug, not a hang.
-    failure_ = "cannot announce round " + std::to_string(r.round) + ": " + why;
-    failed_.store(true, std::memory_order_release);
+    FailFromSidecar("cannot announce round " + std::to_string(r.round) + ": " +
+                    why);
     return;
   }
   for (uint32_t w = 0; w < admission_.desk().members().size(); ++w) {

@@ -30,7 +30,14 @@ namespace {
 class ServerRun {
  public:
   explicit ServerRun(const ServerOptions& o)
-      : o_(o), quit_(InstallQuitHandlers()) {}
+      : o_(o), quit_(InstallQuitHandlers()) {
+    if (o.shard_role.count > 1) {
+      runtime_.RefusePolicyChanges(
+          "set p / set policy: not with --shards > 1 (every shard's p comes "
+          "from the directory's one phase); restart the job with the new "
+          "policy on every shard");
+    }
+  }
   int Run();
 
  private:

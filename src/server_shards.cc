@@ -140,7 +140,20 @@ ShardLinks::Event ShardLinks::OnShardMessage(uint16_t k,
 
 // Shard k > 0's side of its connection to the directory.
 ShardLinks::Event ShardLinks::OnDirectoryMessage(const ControlMessage& m) {
+  // Whatever answers at --directory must prove the job secret before it
+  // can assign a partition, decide a p or say BYE.
+  if (!directory_trusted_ && !std::holds_alternative<ChallengeMsg>(m) &&
+      !std::holds_alternative<ErrorMsg>(m)) {
+    Fail(ShardName(0) + " sent " + ControlTypeName(m) +
+         " before proving the job secret (is --directory the job's shard "
+         "0?)");
+    return Event::kNone;
+  }
   if (const auto* ch = std::get_if<ChallengeMsg>(&m)) {
+    if (directory_trusted_) {
+      Fail(ShardName(0) + " sent a second CHALLENGE");
+      return Event::kNone;
+    }
     ProofMsg proof;
     if (std::string why = handshake_.OnChallenge(*ch, &proof); !why.empty()) {
       Fail(ShardName(0) + " is not trusted: " + why);
@@ -149,6 +162,7 @@ ShardLinks::Event ShardLinks::OnDirectoryMessage(const ControlMessage& m) {
     }
     sc_.Send(directory_, proof);
     sc_.Authenticate(directory_, handshake_.Keys());
+    directory_trusted_ = true;
     ShardHelloMsg h;
     h.shard_index = cfg_.role.index;
     h.shard_count = cfg_.role.count;
@@ -182,6 +196,10 @@ ShardLinks::Event ShardLinks::OnDirectoryMessage(const ControlMessage& m) {
     return Event::kAssigned;
   }
   if (const auto* d = std::get_if<PhaseDecisionMsg>(&m)) {
+    if (!assigned_) {
+      Fail(ShardName(0) + " sent PHASE_DECISION before SHARD_ASSIGN");
+      return Event::kNone;
+    }
     std::lock_guard lock(mu_);
     decision_.norm = d->norm;
     decision_.next =

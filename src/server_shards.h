@@ -114,6 +114,9 @@ class ShardLinks : public PhaseLink {
   ConnId directory_ = 0;    // shard k > 0
   WorkerHandshake handshake_;
   bool assigned_ = false;
+  // Shard k > 0: the directory proved the job secret (its CHALLENGE);
+  // until then only CHALLENGE and ERROR are taken from it. Sidecar only.
+  bool directory_trusted_ = false;
   std::vector<ShardEntry> entries_;
   ShardAssignMsg own_;
 

@@ -72,6 +72,23 @@ class WorkerRun {
 // Every link's port, set up once with as many queues as the most any
 // server shard on it asked for.
 void WorkerRun::BuildPorts() {
+  // Broadcasts on a shared port are told apart by their server's data
+  // IPv4 (WorkerLcore::LaneOf): two shards with one address on one port
+  // would hand each other's frames to the wrong link.
+  for (size_t a = 0; a < links_.size(); ++a) {
+    for (size_t b = a + 1; b < links_.size(); ++b) {
+      if (links_[a].port == links_[b].port &&
+          links_[a].wel.server_ipv4 == links_[b].wel.server_ipv4) {
+        Die("server shards " + std::to_string(a) + " and " + std::to_string(b) +
+                " both send from data IPv4 " +
+                FormatIpv4(links_[a].wel.server_ipv4) + " to port " +
+                std::to_string(links_[a].port) +
+                ", where this worker tells their broadcasts apart by it",
+            "give every server shard its own --local_ip, or this worker one "
+            "port per shard (a --vdev per shard, port k for shard k)");
+      }
+    }
+  }
   uint16_t nb_ports = 0, queues = 1;
   for (const auto& l : links_) {
     nb_ports = std::max<uint16_t>(nb_ports, l->port + 1);
