@@ -481,12 +481,52 @@ class Launcher(unittest.TestCase):
              "--out", out, *extra],
             env=env, capture_output=True, text=True, timeout=timeout), out
 
+    def test_sharded_command_lines(self):
+        """--shards 2: shard 0 is the directory ("server"), shard 1 names
+        it; each worker has one memif port per shard (port k <-> shard k)
+        and JOINs the directory only."""
+        L = load_launcher()
+        args = L.parse_args(["--workers", "2", "--shards", "2"])
+        cmds = L.build_commands(args, "dblp", "9-dblp", "/s", [9100, 9101],
+                                "/r", "/a", "/b", L.Testbed(args, "9-dblp"))
+        self.assertEqual([c[0] for c in cmds],
+                         ["server", "shard1", "worker0", "worker1"])
+        s0, s1, w1 = cmds[0][1], cmds[1][1], cmds[3][1]
+        self.assertIn("--shard_index=0", s0)
+        self.assertFalse(any(a.startswith("--directory") for a in s0))
+        self.assertIn("--shard_index=1", s1)
+        self.assertIn("--directory=127.0.0.1:9100", s1)
+        self.assertIn("--listen=127.0.0.1:9101", s1)
+        self.assertIn("--vdev=net_memif1,role=server,socket=/s/s1w1.sock,id=0",
+                      s1)
+        self.assertIn("--vdev=net_memif0,role=client,socket=/s/s0w1.sock,id=0",
+                      w1)
+        self.assertIn("--vdev=net_memif1,role=client,socket=/s/s1w1.sock,id=0",
+                      w1)
+        self.assertIn("--server=127.0.0.1:9100", w1)
+        # The netns testbed: every process in its own namespace, one
+        # af_packet port, control on the namespaces' addresses.
+        if os.geteuid() == 0:
+            args = L.parse_args(["--workers", "2", "--shards", "2",
+                                 "--transport", "netns",
+                                 "--server_lcores", "2"])
+            bed = L.Testbed(args, "9-dblp")
+            cmds = L.build_commands(args, "dblp", "9-dblp", "/s",
+                                    [9100, 9101], "/r", "/a", "/b", bed)
+            for i, (_, argv, _) in enumerate(cmds):
+                self.assertEqual(argv[:4], ["ip", "netns", "exec", bed.host(i)])
+                self.assertIn("--vdev=net_af_packet0,iface=eth0,qpairs=2", argv)
+            self.assertIn("--directory=%s:9100" % bed.ip(0), cmds[1][1])
+            self.assertIn("--server=%s:9100" % bed.ip(0), cmds[3][1])
+            self.assertIn("--local_ip=%s" % bed.ip(3), cmds[3][1])
+
     def test_command_lines(self):
         L = load_launcher()
         args = L.parse_args(["--workers", "3", "--norm_jumps", "30",
                              "--", "--send_order=rotating"])
-        cmds = L.build_commands(args, "dblp", "42-dblp", "/tmp/s", 9100,
-                                "/r/dblp", "/b/srv", "/b/wrk")
+        cmds = L.build_commands(args, "dblp", "42-dblp", "/tmp/s", [9100],
+                                "/r/dblp", "/b/srv", "/b/wrk",
+                                L.Testbed(args, "42-dblp"))
         self.assertEqual([c[0] for c in cmds],
                          ["server", "worker0", "worker1", "worker2"])
         prefixes = [c[2] for c in cmds]
@@ -502,13 +542,14 @@ class Launcher(unittest.TestCase):
         srv = cmds[0][1]
         for i in range(3):
             self.assertIn(f"--vdev=net_memif{i},role=server,"
-                          f"socket=/tmp/s/w{i}.sock,id=0", srv)
+                          f"socket=/tmp/s/s0w{i}.sock,id=0", srv)
         self.assertIn("--listen=127.0.0.1:9100", srv)
         self.assertIn("--out_dir=/r/dblp/server", srv)
         self.assertNotIn("--norm_jumps=30", srv)  # not a server flag
         w2 = cmds[3][1]
-        self.assertIn("--vdev=net_memif0,role=client,socket=/tmp/s/w2.sock,"
+        self.assertIn("--vdev=net_memif0,role=client,socket=/tmp/s/s0w2.sock,"
                       "id=0", w2)
+        self.assertFalse(any(a.startswith("--shard") for a in srv + w2))
         self.assertIn("--server=127.0.0.1:9100", w2)
         self.assertIn("--norm_jumps=30", w2)
         self.assertIn("--out_dir=/r/dblp/worker2", w2)
@@ -519,8 +560,9 @@ class Launcher(unittest.TestCase):
         args = L.parse_args(["--workers", "2", "--worker_flags="
                              "--log_dir={worker_dir} --tag=a{worker_dir}b",
                              "--server_flags=--zero_fraction=0.4"])
-        cmds = L.build_commands(args, "reliable", "7-rel", "/s", 1,
-                                "/r x/reliable", "/a", "/b")
+        cmds = L.build_commands(args, "reliable", "7-rel", "/s", [1],
+                                "/r x/reliable", "/a", "/b",
+                                L.Testbed(args, "7-rel"))
         self.assertIn("--zero_fraction=0.4", cmds[0][1])
         self.assertFalse(any("log_dir" in a or "{worker_dir}" in a
                              for a in cmds[0][1]))
@@ -536,8 +578,8 @@ class Launcher(unittest.TestCase):
         self.assertEqual(L.worker_flags_for("", "/o"), [])
 
         args = L.parse_args(["--iterations", "100", "--burst_random", "4"])
-        cmds = L.build_commands(args, "fixed", "1-fixed", "/s", 1, "/r",
-                                "/a", "/b")
+        cmds = L.build_commands(args, "fixed", "1-fixed", "/s", [1], "/r",
+                                "/a", "/b", L.Testbed(args, "1-fixed"))
         for _, argv, _ in cmds:
             self.assertIn("--burst_random=4", argv)
             self.assertIn("--burst_range=10,99", argv)
