@@ -63,6 +63,13 @@ WelcomeMsg JoinLink(const WorkerOptions& o, ShardLink& l, const JoinMsg& join,
   return l.control.welcome();
 }
 
+// Before a failed join ends the worker: every link that joined closes
+// its control connection (and stops its sidecar) first, so that no
+// sidecar thread runs while the process exits.
+void FinishJoined(WorkerShardLinks& links, const std::string& why) {
+  for (size_t k = 0; k < links.size(); ++k) links[k].control.Finish(false, why);
+}
+
 }  // namespace
 
 void JoinServerShards(const WorkerOptions& o, const GradientSource& source,
@@ -110,7 +117,14 @@ void JoinServerShards(const WorkerOptions& o, const GradientSource& source,
     auto link = std::make_unique<ShardLink>(k, S, ShardControlAddress(map[k]),
                                             o.secret, ctr, 0);
     const JoinMsg claim = ShardJoin(MakeJoin(o, source, port), dir, k, map[k]);
-    const WelcomeMsg got = JoinLink(o, *link, claim, quit);
+    AppFailure joined = link->control.Join(
+        link->address, claim, o.join_timeout_ms, quit, o.dp.realtime);
+    if (joined.failed()) {
+      joined.what = link->Label() + ": " + joined.what;
+      FinishJoined(*links, joined.what);
+      Die(joined);
+    }
+    const WelcomeMsg got = link->control.welcome();
     if (std::string bad = CheckShardWelcome(dir, claim, map[k], got);
         !bad.empty()) {
       const std::string why = link->Label() +
@@ -118,6 +132,7 @@ void JoinServerShards(const WorkerOptions& o, const GradientSource& source,
                               "claim: " +
                               bad;
       link->control.Finish(false, why);
+      FinishJoined(*links, why);
       Die(why,
           "give every worker the directory's shard map (--server= the "
           "directory, shard 0)");
