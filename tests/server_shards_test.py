@@ -6,6 +6,9 @@
   error names the flag on both sides;
 - a shard whose --shards differs is refused naming both counts;
 - the place a refused shard held is free again: the right shard registers;
+- a fixed --session, --on_worker_loss=continue, a control budget without
+  room for the shards and a loopback --listen for a remote directory are
+  refused with --shards > 1 before the EAL, naming the flag;
 - a plain worker that JOINs server shard 1 is refused with the directory's
   address (--server= of shard 0), and says so.
 
@@ -54,6 +57,26 @@ def main():
             sys.exit(1)
     p0, p1 = free_port(), free_port()
     directory = "127.0.0.1:%d" % p0
+    # What a sharded job cannot take, refused before the EAL (exit 2).
+    srv = os.path.join(build, "apps", "dblp-server")
+    for flags, named in (
+            (["--shards=2", "--session=7"], "--session"),
+            (["--shards=2", "--on_worker_loss=continue"], "--on_worker_loss"),
+            (["--shards=2", "--workers=4", "--control_max_connections=4"],
+             "--control_max_connections"),
+            (["--shards=2", "--shard_index=1", "--directory=10.1.2.3:9100",
+              "--listen=127.0.0.1:9100"], "--listen"),
+            (["--shards=2", "--paper_mode"], None)):
+        r = subprocess.run([srv, "--", "--insecure"] + flags,
+                           capture_output=True, text=True, timeout=30)
+        out = r.stdout + r.stderr
+        if named is None:  # accepted by the flag checks: the EAL comes next
+            check("%s passes the flag checks" % " ".join(flags),
+                  r.returncode != 2, out[-600:])
+            continue
+        check("%s is refused before the EAL, naming %s" % (" ".join(flags),
+                                                            named),
+              r.returncode == 2 and named in out, out[-600:])
     shard1 = ["--shards=2", "--shard_index=1", "--directory=" + directory,
               "--udp_port=47100"]
     with tempfile.TemporaryDirectory(prefix="dblp-srvshards-") as tmp:
@@ -66,6 +89,11 @@ def main():
             check("the refusal names the flag on both sides",
                   "--p_low=0.008 at the directory, --p_low=0.02 at server "
                   "shard 1" in out, out[-1500:])
+            paper = server(build, tmp, "s1p", p1, shard1 + ["--paper_mode"])
+            rc, out = ended(paper)
+            check("a shard run with --paper_mode (fills, resync, feedback "
+                  "rewritten) under a directory without is refused",
+                  rc == 1 and "at the directory" in out, out[-1500:])
             three = server(build, tmp, "s1b", p1, [
                 "--shards=3", "--shard_index=1", "--directory=" + directory,
                 "--udp_port=47100"])
