@@ -122,10 +122,12 @@ void WorkerRun::BuildPorts() {
     }
     caps_[p] = SetupWorkerPort(o_, p, q, pool_);
     ports_.push_back(p);
-    // A port is a link: its lcores share its rate out.
+    // A port is a link: the lcores that send on it (one per TX queue,
+    // OwnerOf) share its rate out.
+    const double senders = static_cast<double>(std::min<size_t>(lcores, q));
     for (auto& rates : link_rate_) {
       rates.emplace_back(
-          o_.dp.link_gbps / static_cast<double>(lcores),
+          o_.dp.link_gbps / senders,
           uint64_t{o_.dp.burst} * WireBytesPerFrame(caps_[p].mtu));
     }
   }
