@@ -61,8 +61,7 @@ std::string JobSync::failure() {
   return failure_;
 }
 
-// ---- dblp-worker's helper lcores
-// ---------------------------------------------
+// ---- dblp-worker's helper lcores --------------------------------------------
 
 PushCrew::PushCrew(unsigned helpers) {
   for (unsigned h = 0; h < helpers; ++h) {
