@@ -127,7 +127,8 @@ class TypedRing {
                 "rte_ring elements are copied as 4-byte words");
 
  public:
-  // `multi_producer`: several lcores push (the server's requests).
+  // `multi_producer`: several lcores push (the server's requests, a
+  // worker's requests with helper lcores).
   TypedRing(const std::string& name, unsigned size, bool multi_producer = false)
       : name_(name) {
     ring_ = rte_ring_create_elem(

@@ -61,6 +61,82 @@ std::string JobSync::failure() {
   return failure_;
 }
 
+// ---- dblp-worker's helper lcores --------------------------------------------
+
+PushCrew::PushCrew(unsigned helpers) {
+  for (unsigned h = 0; h < helpers; ++h) {
+    helpers_.push_back(std::make_unique<Helper>());
+  }
+}
+
+uint64_t PushCrew::Go() {
+  const uint64_t gen = go_.load(std::memory_order_relaxed) + 1;
+  go_.store(gen, std::memory_order_release);
+  return gen;
+}
+
+bool PushCrew::Done(uint64_t gen) const {
+  for (const auto& h : helpers_) {
+    if (h->done.load(std::memory_order_acquire) < gen) return false;
+  }
+  return true;
+}
+
+void PushCrew::Abort(uint64_t gen) {
+  abort_.store(gen, std::memory_order_release);
+  IdleBackoff backoff(256, 50);
+  while (!Done(gen)) backoff.Idle();
+}
+
+void PushCrew::End() { end_.store(true, std::memory_order_release); }
+
+uint64_t PushCrew::Progress() const {
+  uint64_t mark = 0;
+  for (const auto& h : helpers_) {
+    mark += h->progress.load(std::memory_order_relaxed);
+  }
+  return mark;
+}
+
+uint64_t PushCrew::Wait(uint64_t seen) const {
+  IdleBackoff backoff(256, 50);
+  for (;;) {
+    const uint64_t gen = go_.load(std::memory_order_acquire);
+    if (gen > seen) return gen;
+    if (end_.load(std::memory_order_acquire)) return 0;
+    backoff.Idle();
+  }
+}
+
+void WorkerPushLcore::Run() {
+  uint64_t gen = 0;
+  while ((gen = crew_.Wait(gen)) != 0) Push(gen);
+}
+
+// Push `gen` on this lcore's sides (lcore 0 opened them) until every one
+// is done or lcore 0 gave the push up; then they are lcore 0's to read.
+void WorkerPushLcore::Push(uint64_t gen) {
+  backoff_.Work();
+  for (;;) {
+    const uint64_t now = NowNs();
+    bool work = false, done = true;
+    uint64_t progress = 0;
+    for (Queue& q : queues_) {
+      work |= q.side->Step(now, q.frames, q.outbox);
+      done = done && q.side->done();
+      progress += q.side->progress();
+    }
+    crew_.Publish(helper_, progress);
+    if (done || crew_.Aborted(gen)) break;
+    if (work) {
+      backoff_.Work();
+    } else {
+      backoff_.Idle();
+    }
+  }
+  crew_.Acknowledge(helper_, gen);
+}
+
 // ---- dblp-worker ------------------------------------------------------------
 
 WorkerLcore::WorkerLcore(LcoreConf& conf, WorkerShardLinks& links,
@@ -74,9 +150,11 @@ WorkerLcore::WorkerLcore(LcoreConf& conf, WorkerShardLinks& links,
         {},
         ShardMap(l.layout.num_chunks(), static_cast<uint32_t>(l.push.size())),
         l.control.outbox()};
+    const unsigned lcores = setup.crew ? setup.crew->helpers() + 1 : 1;
     for (ChunkTransmitter& tx : l.tx) {
       lane.frames.push_back(
           MbufFrames{&tx, &l.to_server, l.gradient, &l.layout});
+      if (tx.queue % lcores == 0) lane.queues.push_back(tx.queue);
     }
     lanes_.push_back(std::move(lane));
   }
@@ -180,11 +258,20 @@ bool WorkerLcore::PushDone(const Lane& lane) const {
   return true;
 }
 
+// This lcore's sides, then the helpers' (PushCrew).
 bool WorkerLcore::PushDone() const {
   for (const Lane& lane : lanes_) {
-    if (!PushDone(lane)) return false;
+    for (const uint16_t q : lane.queues) {
+      if (!lane.link->push[q]->done()) return false;
+    }
   }
-  return true;
+  return crew_gen_ == 0 || setup_.crew->Done(crew_gen_);
+}
+
+// A push given up (a failure): the helpers stop stepping their sides, which
+// are then this lcore's to read.
+void WorkerLcore::StopHelpers() {
+  if (crew_gen_ != 0) setup_.crew->Abort(crew_gen_);
 }
 
 bool WorkerLcore::BroadcastOpen() const {
@@ -213,7 +300,7 @@ bool WorkerLcore::Turn(uint64_t now_ns) {
   }
   for (Lane& lane : lanes_) {
     std::vector<std::unique_ptr<SendSide>>& push = lane.link->push;
-    for (size_t q = 0; q < push.size(); ++q) {
+    for (const uint16_t q : lane.queues) {
       work |= push[q]->Step(now_ns, lane.frames[q], lane.outbox);
     }
   }
@@ -229,9 +316,11 @@ uint64_t WorkerLcore::Progress() const {
   uint64_t mark = announcements_;
   for (const Lane& lane : lanes_) {
     mark += lane.link->bcast->progress();
-    for (const auto& s : lane.link->push) mark += s->progress();
+    for (const uint16_t q : lane.queues) {
+      mark += lane.link->push[q]->progress();
+    }
   }
-  return mark;
+  return setup_.crew ? mark + setup_.crew->Progress() : mark;
 }
 
 template <class Done>
@@ -252,6 +341,7 @@ bool WorkerLcore::RunUntil(Done done, const char* waiting_for, uint64_t it,
     }
     if (done()) return true;
     if (links_.server_gone()) {
+      StopHelpers();
       *failure = links_.failure();
       return false;
     }
@@ -262,9 +352,11 @@ bool WorkerLcore::RunUntil(Done done, const char* waiting_for, uint64_t it,
       case RoundPacer::Step::kContinue:
         continue;
       case RoundPacer::Step::kQuit:
+        StopHelpers();
         *failure = "interrupted";
         return false;
       case RoundPacer::Step::kTimedOut:
+        StopHelpers();
         *failure = Stalled(waiting_for, it) + PoolHint(conf_.counters);
         return false;
     }
@@ -357,6 +449,8 @@ bool WorkerLcore::Exchange(uint64_t it, std::string* failure) {
                        l.layout.num_chunks());
     }
   }
+  // Every side is open: the helpers step theirs from here on.
+  crew_gen_ = setup_.crew ? setup_.crew->Go() : 0;
   const bool ok = RunUntil([&] { return PushDone() && !BroadcastOpen(); },
                            nullptr, it, failure);
   times_.push_done_ns = 0;

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "datapath.h"
+#include "dblp/base/idle_backoff.h"
 #include "dblp/emul/token_bucket.h"
 #include "dblp/job/server_job.h"
 #include "dblp/policy/tolerance.h"
@@ -92,6 +93,95 @@ struct WorkerIterationTimes {
   bool critical = false;       // ...and the policy's phase
 };
 
+// A worker with several lcores (-l): lcore 0 runs RX, the control events,
+// the broadcast receivers and the push sides of its own TX queues; helper
+// lcore j steps the push sides of the TX queues q with q % lcores == j on
+// every link (one lcore per TX queue). Lcore 0 opens every side of a push
+// (SendSide::Begin) while the helpers wait, then hands them the push with a
+// go generation; a helper steps its sides until they are done (or lcore 0
+// aborts the push) and acknowledges. Between a helper's acknowledgement and
+// the next go, lcore 0 alone touches the helpers' sides. No locks: atomics
+// with release/acquire, the helpers spin/sleep (IdleBackoff) while idle.
+class PushCrew {
+ public:
+  explicit PushCrew(unsigned helpers);
+  unsigned helpers() const { return static_cast<unsigned>(helpers_.size()); }
+
+  // Lcore 0. Go: the sides it opened go to the helpers; returns the push's
+  // generation. Done: every helper acknowledged `gen`. Abort: ends `gen`
+  // early and waits until every helper acknowledged it. End: the helpers
+  // return (after the last push).
+  uint64_t Go();
+  bool Done(uint64_t gen) const;
+  void Abort(uint64_t gen);
+  void End();
+  // The helpers' progress marks summed (RoundPacer's watchdog on lcore 0).
+  uint64_t Progress() const;
+
+  // Helper `h` (0-based: lcore h + 1). Wait: the next generation after
+  // `seen`, or 0 once End was called. Ended: lcore 0 aborted `gen`.
+  uint64_t Wait(uint64_t seen) const;
+  bool Aborted(uint64_t gen) const {
+    return abort_.load(std::memory_order_acquire) >= gen;
+  }
+  void Publish(unsigned h, uint64_t progress) {
+    helpers_[h]->progress.store(progress, std::memory_order_relaxed);
+  }
+  void Acknowledge(unsigned h, uint64_t gen) {
+    helpers_[h]->done.store(gen, std::memory_order_release);
+  }
+
+ private:
+  struct alignas(RTE_CACHE_LINE_SIZE) Helper {
+    // Writer: helper h (release); reader: lcore 0 (acquire): the last push
+    // generation whose sides h finished or gave up.
+    std::atomic<uint64_t> done{0};
+    // Writer: helper h; reader: lcore 0's watchdog. Its sides' progress.
+    std::atomic<uint64_t> progress{0};
+  };
+  // Writer: lcore 0 (release, after Begin on every side); readers: helpers.
+  alignas(RTE_CACHE_LINE_SIZE) std::atomic<uint64_t> go_{0};
+  // Writer: lcore 0; readers: helpers. The latest generation cut short.
+  std::atomic<uint64_t> abort_{0};
+  // Writer: lcore 0 (once, at the end); readers: helpers waiting for go.
+  std::atomic<bool> end_{false};
+  std::vector<std::unique_ptr<Helper>> helpers_;
+};
+
+// A worker's helper lcore (PushCrew): the push sides of its TX queues.
+class WorkerPushLcore {
+ public:
+  // One push side with its own frames (a transmitter on its TX queue that
+  // counts into this lcore's LcoreConf, this lcore's template copy) and
+  // its link's request ring (multi-producer: WorkerControl).
+  struct Queue {
+    SendSide* side;
+    MbufFrames frames;
+    RingOutbox outbox;
+  };
+  WorkerPushLcore(LcoreConf& conf, PushCrew& crew, unsigned helper,
+                  std::vector<Queue> queues, uint32_t idle_spin,
+                  uint32_t idle_sleep_us)
+      : conf_(conf),
+        crew_(crew),
+        helper_(helper),
+        queues_(std::move(queues)),
+        backoff_(idle_spin, idle_sleep_us) {}
+  // Pushes until PushCrew::End.
+  void Run();
+  const LcoreConf& conf() const { return conf_; }
+  size_t queues() const { return queues_.size(); }
+
+ private:
+  void Push(uint64_t gen);
+
+  LcoreConf& conf_;
+  PushCrew& crew_;
+  const unsigned helper_;
+  std::vector<Queue> queues_;
+  IdleBackoff backoff_;
+};
+
 // dblp-worker's lcore: for every link (shard_link.h: one per server
 // shard) pushes the link's partition of the gradient (one SendSide per
 // lcore shard of that server, each on its TX queue) and receives the mean's
@@ -103,6 +193,9 @@ class WorkerLcore {
   struct Setup {
     RxLossInjector* loss = nullptr;  // on the broadcast we receive
     RoundPacer* pacer = nullptr;
+    // Several lcores: the helpers that step the other TX queues' sides
+    // (lcore 0 steps queue q when q % lcores == 0). Null with one lcore.
+    PushCrew* crew = nullptr;
   };
   WorkerLcore(LcoreConf& conf, WorkerShardLinks& links, const Setup& setup);
 
@@ -127,6 +220,7 @@ class WorkerLcore {
     double go_p = 0;
     bool go_critical = false;
     bool arrivals = false;  // frames polled on its port this turn
+    std::vector<uint16_t> queues{};  // the TX queues this lcore steps
   };
   // One RX queue this lcore polls, and the lanes whose broadcast it brings.
   struct RxQueue {
@@ -142,6 +236,7 @@ class WorkerLcore {
   bool HandleEvents(uint64_t now_ns);
   bool PushDone() const;
   bool PushDone(const Lane& lane) const;
+  void StopHelpers();
   bool BroadcastOpen() const;
   uint64_t Progress() const;
   template <class Done>
@@ -157,6 +252,7 @@ class WorkerLcore {
   std::vector<uint32_t> shard_order_;
   uint64_t drained_gen_ = 0;
   uint64_t announcements_ = 0;  // ROUND_BEGINs taken: they move the job
+  uint64_t crew_gen_ = 0;       // the push the helpers have (0: none)
   WorkerIterationTimes times_;
 };
 

@@ -59,7 +59,9 @@ struct ShardLink {
   uint16_t port = 0;         // the DPDK port toward it
   PortCaps caps;
   Endpoint local;  // our data address toward it, as it pinned it
-  FrameTemplate to_server;
+  FrameTemplate to_server;  // lcore 0's (and the push hook's)
+  // Helper lcore j's copy ([j - 1]); writer: that lcore only (PushCrew).
+  std::vector<FrameTemplate> helper_tmpl;
   std::vector<std::unique_ptr<SendSide>> push;  // one per lcore shard
   std::vector<SendSide*> push_ptrs;
   std::optional<ReceiveSide> bcast;   // over the partition

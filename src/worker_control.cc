@@ -21,7 +21,9 @@ WorkerControl::WorkerControl(const JobSecret& secret,
                              const DatapathCounters* ctr, double stats_period_s,
                              uint16_t link)
     : events_(RingName("dblp_w_ev", link), 1024),
-      requests_(RingName("dblp_w_req", link), 1024),
+      // Multi-producer: a worker's helper lcores post their push sides'
+      // requests too (PushCrew, lcore_loop.h).
+      requests_(RingName("dblp_w_req", link), 1024, true),
       sidecar_(MakeCallbacks(ctr, stats_period_s)),
       handshake_(secret) {}
 

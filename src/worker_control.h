@@ -85,7 +85,9 @@ class WorkerControl {
   void StopThread() { thread_.reset(); }
 
   TypedRing<DatapathEvent> events_;     // sidecar -> dp
-  TypedRing<ControlRequest> requests_;  // dp -> sidecar
+  // dp -> sidecar; writers: every worker lcore with a push side of this
+  // link (multi-producer); reader: the sidecar.
+  TypedRing<ControlRequest> requests_;
   ControlSidecar sidecar_;
   std::unique_ptr<SidecarThread> thread_;
   ConnId conn_ = 0;

@@ -1,6 +1,8 @@
 #include "worker_engine.h"
 
 #include <rte_ethdev.h>
+#include <rte_launch.h>
+#include <rte_lcore.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -39,7 +41,16 @@ class WorkerRun {
  private:
   void BuildPorts();
   void BuildLink(ShardLink& l);
+  void BuildHelpers();
   void BuildDatapath();
+  void LaunchHelpers();
+  void EndHelpers();
+  std::vector<const LcoreConf*> Lcores() const;
+  // The lcore that steps TX queue `q` of every link (q % lcores).
+  unsigned OwnerOf(uint16_t q) const { return q % (helper_confs_.size() + 1); }
+  LcoreConf& Conf(unsigned lcore) {
+    return lcore == 0 ? lc_ : *helper_confs_[lcore - 1];
+  }
   std::string RunIterations();
   PortDrops Drops() const;
   int Report(const std::string& failure);
@@ -48,7 +59,12 @@ class WorkerRun {
   std::unique_ptr<GradientSource> source_;
   const std::atomic<bool>& quit_;
   RowStream rows_;
-  LcoreConf lc_;
+  LcoreConf lc_;  // lcore 0 (the main lcore): RX, control, broadcast
+  // Lcores 1.. (EAL -l): helpers stepping the other TX queues' push sides
+  // (PushCrew, lcore_loop.h); none with one lcore.
+  std::vector<std::unique_ptr<LcoreConf>> helper_confs_;
+  std::optional<PushCrew> crew_;
+  std::vector<std::unique_ptr<WorkerPushLcore>> helpers_;
   WorkerShardLinks links_;  // links_[0]: the directory (or the only server)
   EngineRuntime runtime_{"dblp-worker", false};
   WelcomeMsg wel_;      // the directory's
@@ -57,7 +73,8 @@ class WorkerRun {
   rte_mempool* pool_ = nullptr;
   std::vector<uint16_t> ports_;         // the links' ports, each once
   std::vector<PortCaps> caps_;          // by port
-  std::vector<TokenBucket> link_rate_;  // by port
+  // By lcore, then port: each lcore paces its own share of --link_gbps.
+  std::vector<std::vector<TokenBucket>> link_rate_;
   std::optional<RxLossInjector> loss_;  // on the broadcast we receive
   std::optional<RoundPacer> pacer_;
   std::optional<WorkerLcore> lcore_;
@@ -96,6 +113,8 @@ void WorkerRun::BuildPorts() {
   }
   pool_ = CreateWorkerPool(o_, nb_ports, queues);
   caps_.resize(nb_ports);
+  const size_t lcores = helper_confs_.size() + 1;
+  link_rate_.resize(lcores);
   for (uint16_t p = 0; p < nb_ports; ++p) {
     uint16_t q = 1;
     for (const auto& l : links_) {
@@ -103,9 +122,14 @@ void WorkerRun::BuildPorts() {
     }
     caps_[p] = SetupWorkerPort(o_, p, q, pool_);
     ports_.push_back(p);
-    link_rate_.emplace_back(
-        o_.dp.link_gbps,
-        uint64_t{o_.dp.burst} * WireBytesPerFrame(caps_[p].mtu));
+    // A port is a link: the lcores that send on it (one per TX queue,
+    // OwnerOf) share its rate out.
+    const double senders = static_cast<double>(std::min<size_t>(lcores, q));
+    for (auto& rates : link_rate_) {
+      rates.emplace_back(
+          o_.dp.link_gbps / senders,
+          uint64_t{o_.dp.burst} * WireBytesPerFrame(caps_[p].mtu));
+    }
   }
 }
 
@@ -134,10 +158,15 @@ void WorkerRun::BuildLink(ShardLink& l) {
     // its NIC steers to its queue q (steering.h); harmless on memif.
     const auto dst_port =
         static_cast<uint16_t>(queues > 1 ? l.wel.udp_base_port + q : 0);
+    // Counted and paced by the lcore that steps queue q.
+    const unsigned owner = OwnerOf(q);
     l.tx.push_back(ChunkTransmitter{
-        l.port, q, pool_, &lc_.counters, &link_rate_[l.port], 8,
+        l.port, q, pool_, &Conf(owner).counters, &link_rate_[owner][l.port], 8,
         WireBytesPerFrame(l.caps.mtu), o_.dp.prefetch, dst_port});
   }
+  // Each helper lcore builds frames from its own copy (IP id, steering
+  // port and authenticator are per template).
+  l.helper_tmpl.assign(helper_confs_.size(), l.to_server);
   // The partition's bytes of the whole gradient and mean.
   const uint64_t at = layout_.Offset(l.first_chunk);
   l.gradient =
@@ -145,7 +174,61 @@ void WorkerRun::BuildLink(ShardLink& l) {
   l.mean = reinterpret_cast<uint8_t*>(job_->model().avg().data()) + at;
 }
 
-// The ports, the links, the lcore that runs them, the push hook.
+// Helper lcore j's push sides: TX queue q of every link with q % lcores
+// == j.
+void WorkerRun::BuildHelpers() {
+  if (helper_confs_.empty()) return;
+  crew_.emplace(static_cast<unsigned>(helper_confs_.size()));
+  for (unsigned j = 1; j <= helper_confs_.size(); ++j) {
+    std::vector<WorkerPushLcore::Queue> queues;
+    for (const auto& link : links_) {
+      ShardLink& l = *link;
+      for (uint16_t q = 0; q < l.push.size(); ++q) {
+        if (OwnerOf(q) != j) continue;
+        queues.push_back(WorkerPushLcore::Queue{
+            l.push[q].get(),
+            MbufFrames{&l.tx[q], &l.helper_tmpl[j - 1], l.gradient, &l.layout},
+            l.control.outbox()});
+      }
+    }
+    if (queues.empty()) {
+      DBLP_LOG(Warning,
+               "dblp-worker: lcore %u has no push side to step (the server "
+               "shards have fewer lcores than this worker): give the worker "
+               "at most as many lcores (-l) as the server has",
+               Conf(j).lcore_id);
+    }
+    helpers_.push_back(std::make_unique<WorkerPushLcore>(
+        Conf(j), *crew_, j - 1, std::move(queues), o_.dp.idle_spin,
+        o_.dp.idle_sleep_us));
+  }
+}
+
+int RunHelper(void* arg) {
+  static_cast<WorkerPushLcore*>(arg)->Run();
+  return 0;
+}
+
+void WorkerRun::LaunchHelpers() {
+  for (auto& h : helpers_) {
+    rte_eal_remote_launch(RunHelper, h.get(), h->conf().lcore_id);
+  }
+}
+
+// After the last push (or a failure, which stopped the helpers' push).
+void WorkerRun::EndHelpers() {
+  if (!crew_) return;
+  crew_->End();
+  rte_eal_mp_wait_lcore();
+}
+
+std::vector<const LcoreConf*> WorkerRun::Lcores() const {
+  std::vector<const LcoreConf*> all{&lc_};
+  for (const auto& c : helper_confs_) all.push_back(c.get());
+  return all;
+}
+
+// The ports, the links, the lcores that run them, the push hook.
 void WorkerRun::BuildDatapath() {
   BuildPorts();
   for (const auto& l : links_) BuildLink(*l);
@@ -165,7 +248,10 @@ void WorkerRun::BuildDatapath() {
                     "gradient buffer");
   PlaceOnNodeOrWarn(std::span<const float>(avg), PortNumaNode(0),
                     "mean buffer");
-  lcore_.emplace(lc_, links_, WorkerLcore::Setup{&*loss_, &*pacer_});
+  BuildHelpers();
+  lcore_.emplace(
+      lc_, links_,
+      WorkerLcore::Setup{&*loss_, &*pacer_, crew_ ? &*crew_ : nullptr});
   if (o_.push_hook) {
     ShardLink& l = links_[0];
     push_hook_ = o_.push_hook(PushHookContext{
@@ -235,6 +321,12 @@ int WorkerRun::Run() {
     return 1;
   }
   lc_.lcore_id = rte_lcore_id();
+  unsigned lcore_id;
+  RTE_LCORE_FOREACH_WORKER(lcore_id) {
+    helper_confs_.push_back(std::make_unique<LcoreConf>());
+    helper_confs_.back()->lcore_id = lcore_id;
+    helper_confs_.back()->shard = static_cast<uint16_t>(helper_confs_.size());
+  }
   // The directory (or the only server), then every other server shard;
   // each WELCOME is checked (authenticity, layout, rank, ports, the
   // shard's claim), and a wrong one ends the worker naming the fix.
@@ -256,14 +348,16 @@ int WorkerRun::Run() {
   BuildDatapath();
   PrintJoined(wel_, *source_, layout_, caps_[0], links_.size());
   loss_->StartClock(NowNs());
-  runtime_.SetLcores({&lc_}, wel_.num_shards);
+  runtime_.SetLcores(Lcores(), wel_.num_shards);
   runtime_.SetCounters([&](CounterList* out) {
     RunReport live;
-    AddWorkerCounters(lc_, links_, Drops(), &live);
+    AddWorkerCounters(Lcores(), links_, Drops(), &live);
     *out = std::move(live.counters);
   });
   runtime_.SetRunning(true);
+  LaunchHelpers();
   const std::string failure = RunIterations();
+  EndHelpers();
   runtime_.SetRunning(false);
   return Report(failure);
 }
@@ -305,7 +399,7 @@ int WorkerRun::Report(const std::string& failure) {
     }
     if (ends) AwaitPeerClose(p, caps_[p]);
   }
-  AddWorkerCounters(lc_, links_, Drops(), &report);
+  AddWorkerCounters(Lcores(), links_, Drops(), &report);
   report.counters.insert(report.counters.end(), resources.begin(),
                          resources.end());
   runtime_.PublishFinal(report.counters, !failure.empty());
@@ -319,6 +413,9 @@ int WorkerRun::Report(const std::string& failure) {
       {"driver", caps_[0].driver}};
   if (links_.size() > 1) {
     report.info.emplace_back("server_shards", std::to_string(links_.size()));
+  }
+  if (!helpers_.empty()) {
+    report.info.emplace_back("lcores", std::to_string(helpers_.size() + 1));
   }
   std::fputs(FormatRunSummary(report).c_str(), stdout);
   int exit_code = failure.empty() ? 0 : 1;

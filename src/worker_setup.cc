@@ -201,8 +201,9 @@ FrameTemplate ServerTemplate(const WorkerOptions& o, const WelcomeMsg& wel,
   return FrameTemplate(*local, server, caps);
 }
 
-void AddWorkerCounters(const LcoreConf& lc, const WorkerShardLinks& links,
-                       const PortDrops& drops, RunReport* report) {
+void AddWorkerCounters(const std::vector<const LcoreConf*>& lcores,
+                       const WorkerShardLinks& links, const PortDrops& drops,
+                       RunReport* report) {
   uint64_t bitmaps_dropped = 0, stops = 0, msgs_in = 0, msgs_out = 0;
   std::vector<const ReceiverRound*> receivers;
   for (const auto& l : links) {
@@ -213,13 +214,20 @@ void AddWorkerCounters(const LcoreConf& lc, const WorkerShardLinks& links,
     msgs_out += l->control.messages_out();
     receivers.push_back(&l->bcast->receiver());
   }
-  const DatapathCounters& ctr = lc.counters;
+  // RX and frame checks are lcore 0's alone; TX is every lcore's.
+  const DatapathCounters& ctr = lcores[0]->counters;
+  auto sum = [&](auto field) {
+    uint64_t t = 0;
+    for (const LcoreConf* lc : lcores) t += (lc->counters.*field).load();
+    return t;
+  };
+  using C = DatapathCounters;
   report->counters = {
-      {"tx_frames", ctr.tx_frames.load()},
+      {"tx_frames", sum(&C::tx_frames)},
       {"rx_frames", ctr.rx_frames.load()},
       {"injected_drops", ctr.injected_drops.load()},
-      {"tx_ring_full", ctr.tx_ring_full.load()},
-      {"mbuf_alloc_failures", ctr.mbuf_alloc_failures.load()},
+      {"tx_ring_full", sum(&C::tx_ring_full)},
+      {"mbuf_alloc_failures", sum(&C::mbuf_alloc_failures)},
       {"bitmaps_dropped", bitmaps_dropped},
       {"stops_sent", stops},
       {"control_messages_in", msgs_in},
@@ -229,6 +237,12 @@ void AddWorkerCounters(const LcoreConf& lc, const WorkerShardLinks& links,
       {"device_oerrors", drops.oerrors},
       {"frames_unpinned_source", ctr.unpinned_source.load()},
   };
+  if (lcores.size() > 1) {
+    for (size_t k = 0; k < lcores.size(); ++k) {
+      report->counters.emplace_back("tx_frames_lcore" + std::to_string(k),
+                                    lcores[k]->counters.tx_frames.load());
+    }
+  }
   AddReceiverCounters("bcast_", receivers, false, &report->counters);
   for (int s = 1; s < kNumFrameStatus; ++s) {
     report->counters.emplace_back(

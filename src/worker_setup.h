@@ -64,8 +64,10 @@ PortCaps SetupWorkerPort(const WorkerOptions& o, uint16_t port_id,
 FrameTemplate ServerTemplate(const WorkerOptions& o, const WelcomeMsg& wel,
                              const PortCaps& caps, Endpoint* local);
 
-// Summed over every link (and port).
-void AddWorkerCounters(const LcoreConf& lc, const WorkerShardLinks& links,
-                       const PortDrops& drops, RunReport* report);
+// Summed over every link (and port) and lcore (lcores[0]: lcore 0); with
+// several lcores also each lcore's frames sent (tx_frames_lcoreK).
+void AddWorkerCounters(const std::vector<const LcoreConf*>& lcores,
+                       const WorkerShardLinks& links, const PortDrops& drops,
+                       RunReport* report);
 
 }  // namespace dblp

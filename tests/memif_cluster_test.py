@@ -23,7 +23,9 @@ With --server_lcores=2 the server runs two datapath lcores: each round's
 chunks are sharded over them (the workers get two memif queues), and the
 same checks hold (bit-exact means, every round at or above the threshold
 although its STOP is decided from two lcores' counts), plus: no frame
-reached the wrong lcore.
+reached the wrong lcore. With --worker_lcores=2 as well, each worker's
+push sides are split over its two lcores (lcore k steps TX queue k), and
+each lcore must have sent frames (tx_frames_lcoreK in its summary).
 
 With --consistent the server runs --bcast_tolerance=consistent: every
 worker's broadcast bitmap is then the same subset of exactly the threshold's
@@ -58,7 +60,7 @@ tag (full) must refuse every one and leave the means bit for bit; under
 simulator has no frame tags (a modelled link has no observer).
 
 Usage: memif_cluster_test.py BUILD_DIR [--transport=memif|udp|sim]
-           [--server_lcores=N] [--consistent] [--feedback]
+           [--server_lcores=N] [--worker_lcores=N] [--consistent] [--feedback]
            [--policy=fixed|dblp] [--resync=K] [--push_fill=zero|rescale]
            [--frame_auth=header|full|none (default: the apps')]
            [--lose_worker]
@@ -97,6 +99,7 @@ def fail(msg):
 
 def parse_args():
     a = {"build": sys.argv[1], "transport": "memif", "lcores": 1,
+         "worker_lcores": 1,
          "consistent": False, "feedback": False, "frame_auth": "",
          "policy": "fixed", "resync": 0, "push_fill": "zero",
          "lose_worker": False}
@@ -106,6 +109,8 @@ def parse_args():
             a[key] = True
         elif key == "server_lcores":
             a["lcores"] = int(value)
+        elif key == "worker_lcores":
+            a["worker_lcores"] = int(value)
         elif key == "resync":
             a["resync"] = int(value)
         elif key in ("transport", "frame_auth", "policy", "push_fill"):
@@ -114,6 +119,11 @@ def parse_args():
             fail("unknown argument " + arg)
     if a["transport"] not in ("memif", "udp", "sim"):
         fail("--transport=memif, udp or sim")
+    if a["worker_lcores"] > 1 and a["transport"] != "memif":
+        fail("--worker_lcores: memif only")
+    if a["worker_lcores"] > a["lcores"]:
+        fail("--worker_lcores=N needs --server_lcores >= N (a push side "
+             "per server lcore to split)")
     if a["lose_worker"] and a["transport"] == "sim":
         fail("--lose_worker: the simulator loses no worker")
     return a
@@ -205,7 +215,14 @@ def launch(a, tmp, server_flags, worker_flags):
                 cmd = [worker_bin, "--server=127.0.0.1:%d" % port,
                        "--name=w%d" % w] + own
             else:
-                weal = ["-l", cpu, "--no-huge", "-m", "256", "--no-pci",
+                ncpu = os.cpu_count() or 1
+                wl = a["worker_lcores"]
+                # Distinct EAL lcores (lcore 0 on `cpu`) even on fewer cores.
+                lflag = (["-l", cpu] if wl == 1 else
+                         ["--lcores", ",".join(
+                             "%d@%d" % (i, (int(cpu) + i) % ncpu)
+                             for i in range(wl))])
+                weal = lflag + ["--no-huge", "-m", "256", "--no-pci",
                         "--file-prefix=dblp-%s-w%d" % (uniq, w),
                         "--log-level=*:warning",
                         "--vdev=net_memif0,role=client,socket=%s/w%d.sock,id=0"
@@ -239,6 +256,22 @@ def launch(a, tmp, server_flags, worker_flags):
             if p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+def check_worker_lcores(a, w, summary):
+    """--worker_lcores=N: every lcore of the worker sent push frames (lcore
+    k steps TX queue k's push side), not lcore 0 alone."""
+    n = a["worker_lcores"]
+    if n == 1:
+        return None
+    c = summary["counters"]
+    per = [c.get("tx_frames_lcore%d" % k, 0) for k in range(n)]
+    if any(x == 0 for x in per):
+        fail("worker%d: not every lcore sent frames: %s" % (w, per))
+    if sum(per) != c["tx_frames"]:
+        fail("worker%d: per-lcore tx_frames %s do not add up to %d"
+             % (w, per, c["tx_frames"]))
+    return per
 
 
 def stop_threshold(n, p):
@@ -306,7 +339,9 @@ def main():
     ranks = {}
     for w in range(WORKERS):
         with open(os.path.join(tmp, "worker%d" % w, "summary.json")) as f:
-            ranks[w] = json.load(f)["rank"]
+            summary = json.load(f)
+        ranks[w] = summary["rank"]
+        lcore_tx = check_worker_lcores(a, w, summary)
     if sorted(ranks.values()) != list(range(WORKERS)):
         fail("ranks %s" % ranks)
     # --lose_worker: the rank that stops after LOST_AFTER iterations.
@@ -506,10 +541,10 @@ def main():
                  % (lost, outputs["server"][-800:]))
     if feedback and not ever_carried:
         fail("--feedback: nothing was ever carried, the test shows nothing")
-    print("%s cluster (%d server lcores, policy %s%s%s%s%s): %d iterations, %d "
+    print("%s cluster (%d server lcores, %d worker lcores, policy %s%s%s%s%s): %d iterations, %d "
           "dumped iterations checked bit for bit (%d broadcast chunks, %d "
           "resyncs), stale=%d bad_tag=%d unpinned=%d (frame_auth=%s)"
-          % (a["transport"], lcores, a["policy"],
+          % (a["transport"], lcores, a["worker_lcores"], a["policy"],
              ", consistent broadcast" if consistent else "",
              ", push feedback" if feedback else "",
              ", %s fill" % a["push_fill"],
@@ -518,6 +553,8 @@ def main():
              checked_chunks, resyncs_checked, c["push_stale_round"],
              c["push_bad_tag"], c["frames_unpinned_source"],
              "none" if a["transport"] == "sim" else frame_auth or "default"))
+    if lcore_tx is not None:
+        print("last worker's frames sent per lcore: %s" % lcore_tx)
     shutil.rmtree(tmp, ignore_errors=True)
     print("1 passed, 0 failed")
 

@@ -37,8 +37,12 @@ Modes (one per meson test):
           wrong shard map (--shard_map_override) is refused by the shard it
           claims, naming the claim and the directory.
 
+  --worker_lcores=N  (parity, --loss) every server and worker runs N
+          lcores: each worker's push sides (N per shard) split over its N
+          lcores, every one of which must send.
+
 Usage: shard_cluster_test.py BUILD_DIR [--policy=fixed|dblp] [--resync=K]
-           [--loss | --kill | --wrong_map | --netns]
+           [--loss | --kill | --wrong_map | --netns] [--worker_lcores=N]
 """
 
 import json
@@ -71,7 +75,7 @@ def fail(msg):
 
 def parse_args():
     a = {"build": sys.argv[1], "policy": "fixed", "resync": 0,
-         "mode": "parity", "netns": False}
+         "mode": "parity", "netns": False, "worker_lcores": 1}
     for arg in sys.argv[2:]:
         key, _, value = arg.lstrip("-").partition("=")
         if key in ("loss", "kill", "wrong_map"):
@@ -80,6 +84,8 @@ def parse_args():
             a["netns"] = True
         elif key == "resync":
             a["resync"] = int(value)
+        elif key == "worker_lcores":
+            a["worker_lcores"] = int(value)
         elif key == "policy":
             a["policy"] = value
         else:
@@ -105,7 +111,15 @@ class Job:
         return path
 
     def eal(self, who, vdevs, lcore):
-        return (["-l", lcore, "--no-huge", "-m", "256", "--no-pci",
+        # --worker_lcores=N: every process runs N distinct EAL lcores (the
+        # servers N lcore shards, so each worker has N push sides per
+        # shard to split over its N lcores), even on fewer cores.
+        n = self.a["worker_lcores"]
+        ncpu = os.cpu_count() or 1
+        lflag = (["-l", lcore] if n == 1 else
+                 ["--lcores", ",".join("%d@%d" % (i, (int(lcore) + i) % ncpu)
+                                       for i in range(n))])
+        return (lflag + ["--no-huge", "-m", "256", "--no-pci",
                  "--file-prefix=dblp-%s-%s" % (self.uniq, who),
                  "--log-level=*:warning"] + ["--vdev=" + v for v in vdevs])
 
@@ -275,11 +289,20 @@ def per_iteration(rows, key):
     return out
 
 
-def ranks_of(tmp):
+def ranks_of(tmp, worker_lcores=1):
+    """Worker name -> rank; with several worker lcores, also checks that
+    every lcore of every worker sent frames."""
     ranks = {}
     for w in range(WORKERS):
         with open(os.path.join(tmp, "worker%d" % w, "summary.json")) as f:
-            ranks[w] = json.load(f)["rank"]
+            summary = json.load(f)
+        ranks[w] = summary["rank"]
+        if worker_lcores > 1:
+            c = summary["counters"]
+            per = [c.get("tx_frames_lcore%d" % k, 0)
+                   for k in range(worker_lcores)]
+            check("worker%d: every lcore sent frames %s" % (w, per),
+                  all(per) and sum(per) == c["tx_frames"])
     return ranks
 
 
@@ -359,7 +382,7 @@ def parity(a, bed=None):
               P_HIGH in ps and any(x == P_HIGH and y == P_LOW
                                    for x, y in zip(ps, ps[1:])), ps)
     ref_norms = per_iteration(ref_rows, "grad_norm")
-    rank_of = ranks_of(sh)
+    rank_of = ranks_of(sh, a["worker_lcores"])
     bad = {"recompute": "", "ref": "", "norm": "", "same_norm": "",
            "avg": ""}
     compared = same_sets = 0
@@ -453,7 +476,7 @@ def lossy(a):
                 low.append(r)
         check("shard %d: every push round delivered >= ceil((1-p) N_k)" % k,
               not low, low[:3])
-    ranks = ranks_of(sh)
+    ranks = ranks_of(sh, a["worker_lcores"])
     bad = ""
     for it in range(DUMP_ITERS):
         mean = sharded_mean(sh, 2, it)
