@@ -56,10 +56,12 @@ export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1:print_s
 # in the plain build (tools/run-tests.sh). Of issue #22's jobs the ones
 # that add no code path of their own to the sanitized run stay out too
 # (shard_cluster_dblp_resync, shard_cluster_loss: the same shards' code as
-# shard_cluster; shard_cluster_netns, steering_netns: the same control and
-# hand-over code on af_packet/tap, ~40 s); shard_cluster, _kill and
-# _wrong_map, server_shards_door and the unit tests run here.
-SKIP_TESTS=${ASAN_SKIP_TESTS:-soak bench watchdog watchdog_netns netns_replay shard_cluster_dblp_resync shard_cluster_loss shard_cluster_netns steering_netns}
+# shard_cluster; shard_cluster_2worker_lcores: the worker lcores' code of
+# memif_cluster_2worker_lcores; shard_cluster_netns, steering_netns: the
+# same control and hand-over code on af_packet/tap, ~40 s); shard_cluster,
+# _kill and _wrong_map, server_shards_door, memif_cluster_2worker_lcores
+# and the unit tests run here.
+SKIP_TESTS=${ASAN_SKIP_TESTS:-soak bench watchdog watchdog_netns netns_replay shard_cluster_dblp_resync shard_cluster_loss shard_cluster_2worker_lcores shard_cluster_netns steering_netns}
 selection=("$@")
 if [ $# -eq 0 ]; then
   mapfile -t selection < <(
