@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <variant>
@@ -15,6 +16,10 @@
 
 namespace dblp {
 namespace {
+
+// The wire refuses NaN (control.h): a NaN norm or block (a mean holding a
+// NaN) travels as +inf, still non-finite for the policy and the rows.
+double NoNaN(double x) { return std::isnan(x) ? INFINITY : x; }
 
 // A listen address's IPv4 and port (0.0.0.0 for "*": the peer's address
 // stands in for it).
@@ -261,7 +266,7 @@ void ShardLinks::SendDecisions() {
     if (!send_decision_) return;
     send_decision_ = false;
     d = PhaseDecisionMsg{decided_,
-                         decision_.norm,
+                         NoNaN(decision_.norm),
                          decision_.next.p,
                          decision_.next.deadline_ns,
                          decision_.next.min_fraction,
@@ -397,6 +402,7 @@ PhaseDecision ShardLinks::Decide(uint64_t it, bool resync,
     } else {
       partial_ = PhasePartialMsg{
           it, resync, push_ns, {block_squares.begin(), block_squares.end()}};
+      for (double& x : partial_->squares) x = NoNaN(x);
     }
   }
   lock.unlock();

@@ -952,6 +952,12 @@ TEST(ControlCodec, ShardMessagesRejectedWhenInconsistent) {
       {PhaseDecisionMsg{.p = 1.0}, ControlError::kBadValue, "PHASE_DECISION.p"},
       {PhaseDecisionMsg{.min_fraction = -1}, ControlError::kBadValue,
        "PHASE_DECISION.min_fraction"},
+      // NaN would not equal itself after a decode (the fuzzer found it);
+      // a non-finite norm travels as +inf.
+      {PhaseDecisionMsg{.norm = std::nan("")}, ControlError::kBadValue,
+       "PHASE_DECISION.norm"},
+      {PhasePartialMsg{.squares = {1.0, std::nan(""), 2.0}},
+       ControlError::kBadValue, "PHASE_PARTIAL.squares"},
   };
   for (const Bad& b : bad) {
     SCOPED_TRACE(b.field);
@@ -973,6 +979,13 @@ TEST(ControlCodec, ShardMessagesRejectedWhenInconsistent) {
   dec[5 + 16] = 0x3F;
   dec[5 + 17] = 0xF0;
   ExpectRejected(dec, ControlError::kBadValue, "PHASE_DECISION.p");
+  // A NaN norm on the wire (bytes 13..20), and +inf, which is fine.
+  std::vector<uint8_t> nan = EncodeControl(PhaseDecisionMsg{.p = 0.5});
+  nan[5 + 8] = 0x7F;
+  nan[5 + 9] = 0xF8;
+  ExpectRejected(nan, ControlError::kBadValue, "PHASE_DECISION.norm");
+  EXPECT_EQ(ValidateControl(PhaseDecisionMsg{.norm = INFINITY}),
+            ControlError::kNone);
 }
 
 // The fuzzers' seeds (tests/fuzz/gen_corpus.cc) encode one

@@ -238,7 +238,13 @@ class Checker : public FieldErrors {
     return true;
   }
   bool Flag(bool, std::string_view) { return true; }
-  bool F64(double, std::string_view) { return true; }
+  // A NaN is refused: it means nothing a peer could act on (a non-finite
+  // norm travels as +inf), and it is the one value that would not equal
+  // itself after a decode.
+  bool F64(double v, std::string_view field) {
+    if (std::isnan(v)) return Fail(ControlError::kBadValue, field, "NaN");
+    return true;
+  }
   template <size_t N>
   bool Bytes(const std::array<uint8_t, N>&, std::string_view) {
     return true;
@@ -248,6 +254,9 @@ class Checker : public FieldErrors {
       return Fail(ControlError::kTooManyItems, field,
                   std::to_string(v.size()) + " > limit " +
                       std::to_string(kMaxPhaseBlocks));
+    }
+    for (double x : v) {
+      if (!F64(x, field)) return false;
     }
     return true;
   }
