@@ -223,9 +223,9 @@ def main():
             check("server killed: the worker's summary counts its streamed "
                   "rows", its == line_count(
                       os.path.join(wdir, "iterations.jsonl")) and
-                  its >= n - 1, "summary %s, rows %d, server rows %d" %
+                  its >= n - 1, "summary %s, rows %d, server rows %d, exit %s\n%s" %
                   (its, line_count(os.path.join(wdir, "iterations.jsonl")),
-                   n))
+                   n, rc, output(wrk)[-1500:]))
 
         # ---- the kernel-UDP bench killed mid-job ----
         d = os.path.join(tmp, "udp")
