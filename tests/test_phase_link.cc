@@ -3,6 +3,7 @@
 // in-process link's wait for a shard that never reports.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <chrono>
 #include <cmath>
@@ -59,6 +60,35 @@ TEST(PhaseNorm, PartitionsGiveTheWholeNormBits) {
   // Not a tautology: index-order summation of the same floats differs in
   // the last bits, which is why every server uses the blocks.
   EXPECT_NEAR(L2Norm(g), one, 1e-12 * one);
+}
+
+// The documented order (float_ops.h), written out plainly: float i of a
+// block into lane i % 8, lanes added pairwise. Every CPU must give these
+// bits, whatever it vectorises.
+TEST(PhaseNorm, BlockSquaresAddInTheDocumentedLaneOrder) {
+  const auto g = Gradient(1000 + 5, 11);  // blocks of 96, the last 45
+  const size_t per = 96;
+  std::vector<double> got(NormBlocks(g.size(), per));
+  BlockSquares(g, per, got);
+  ASSERT_EQ(got.size(), 11u);
+  long double exact_all = 0;
+  for (size_t b = 0; b < got.size(); ++b) {
+    double lane[8] = {};
+    long double exact = 0;
+    for (size_t i = b * per; i < std::min(g.size(), (b + 1) * per); ++i) {
+      const double sq = static_cast<double>(g[i]) * g[i];
+      lane[(i - b * per) % 8] += sq;
+      exact += static_cast<long double>(g[i]) * g[i];
+    }
+    const double want = ((lane[0] + lane[4]) + (lane[2] + lane[6])) +
+                        ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+    EXPECT_EQ(std::bit_cast<uint64_t>(got[b]), std::bit_cast<uint64_t>(want))
+        << "block " << b;
+    EXPECT_NEAR(static_cast<double>(exact), got[b], 1e-13 * got[b]);
+    exact_all += exact;
+  }
+  EXPECT_NEAR(std::sqrt(static_cast<double>(exact_all)),
+              NormOfBlockSquares(got), 1e-13);
 }
 
 PolicyConfig Dblp() {

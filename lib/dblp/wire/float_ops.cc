@@ -140,9 +140,24 @@ void BlockSquares(std::span<const float> v, size_t block_floats,
   for (size_t b = 0; b < out.size(); ++b) {
     const size_t lo = std::min(v.size(), b * block_floats);
     const size_t hi = std::min(v.size(), lo + block_floats);
-    double sum = 0;
-    for (size_t i = lo; i < hi; ++i) sum += static_cast<double>(v[i]) * v[i];
-    out[b] = sum;
+    // Independent lanes: one chain in index order waited on the add's
+    // latency for every float (a sixth of the server's time per iteration
+    // at 25 MiB, docs/BENCHMARKS.md). Built without FMA (no clones), so
+    // every CPU rounds alike.
+    double lanes[kSquareLanes] = {};
+    size_t i = lo;
+    for (; i + kSquareLanes <= hi; i += kSquareLanes) {
+      for (size_t j = 0; j < kSquareLanes; ++j) {
+        lanes[j] += static_cast<double>(v[i + j]) * v[i + j];
+      }
+    }
+    for (size_t j = 0; i < hi; ++i, ++j) {
+      lanes[j] += static_cast<double>(v[i]) * v[i];
+    }
+    for (size_t width = kSquareLanes / 2; width > 0; width /= 2) {
+      for (size_t j = 0; j < width; ++j) lanes[j] += lanes[j + width];
+    }
+    out[b] = lanes[0];
   }
 }
 

@@ -50,10 +50,14 @@ double L2Norm(std::span<const float> v);
 // The mean's norm the CLR detector is fed, in two steps so that server
 // shards (each holding a partition of whole blocks) get the bits one
 // server gets: per block of kNormBlockChunks chunks, the sum of squares in
-// double in index order; then the blocks' sum in block order, and sqrt.
+// double over kSquareLanes lanes (float i of the block goes to lane
+// i % kSquareLanes, each lane in index order, the lanes then added
+// pairwise in a fixed tree), so no CPU reassociates it differently; then
+// the blocks' sum in block order, and sqrt.
 // 64 chunks: a server shard's partition starts at a multiple of 64
 // (ShardMap), so its blocks are the whole gradient's.
 inline constexpr uint32_t kNormBlockChunks = 64;
+inline constexpr size_t kSquareLanes = 8;
 // Blocks of `block_floats` floats (the last may be shorter) in `floats`.
 size_t NormBlocks(size_t floats, size_t block_floats);
 // out[b] = the sum of squares of block b (out.size() == NormBlocks(...)).
