@@ -37,6 +37,7 @@ struct PortCaps {
   bool tx_ipv4_cksum_offload = false;
   bool tx_udp_cksum_offload = false;
   bool udp_cksum_zero = false;    // checksum=none
+  bool tx_multi_seg = false;      // chained mbufs go out whole
   bool fused_checksum = true;     // PortOptions::fused_checksum
   bool rx_cksum_offload = false;  // device validates and flags RX checksums
   uint32_t mtu = 1500;

@@ -155,11 +155,21 @@ BcastFrameMode ChooseBcastFrames(const ServerOptions& o,
                                  const ServerPorts& ports, const uint8_t* mean,
                                  size_t mean_bytes) {
   BcastFrameMode mode = o.bcast_frames;
+  for (uint16_t p = 0; p < ports.nb_ports; ++p) {
+    if (mode == BcastFrameMode::kShared && !ports.caps[p].tx_multi_seg) {
+      DBLP_LOG(Warning,
+               "dblp-server: port %u (%s) offers no multi-segment TX: the "
+               "broadcast copies the mean (--bcast_frames=copy)",
+               p, ports.caps[p].driver.c_str());
+      mode = BcastFrameMode::kCopy;
+    }
+  }
   if (o.bcast_frames_auto) {
     mode = BcastFrameMode::kShared;
     for (uint16_t p = 0; p < ports.nb_ports; ++p) {
-      if (AutoBcastFrameMode(ports.caps[p].driver, true) ==
-          BcastFrameMode::kCopy) {
+      if (!ports.caps[p].tx_multi_seg ||
+          AutoBcastFrameMode(ports.caps[p].driver, true) ==
+              BcastFrameMode::kCopy) {
         mode = BcastFrameMode::kCopy;
       }
     }
@@ -171,10 +181,11 @@ BcastFrameMode ChooseBcastFrames(const ServerOptions& o,
       }
     }
   }
-  DBLP_LOG(Info,
-           "dblp-server: broadcast frames %s the mean (--bcast_frames=%s)",
-           mode == BcastFrameMode::kShared ? "share" : "copy",
-           o.bcast_frames_auto ? "auto" : BcastFrameModeName(mode));
+  std::printf(
+      "dblp-server: broadcast frames %s the mean (--bcast_frames=%s)\n",
+      mode == BcastFrameMode::kShared ? "share" : "copy",
+      o.bcast_frames_auto ? "auto" : BcastFrameModeName(o.bcast_frames));
+  std::fflush(stdout);
   return mode;
 }
 
