@@ -98,6 +98,7 @@ bool BuildSharedFrame(FrameTemplate& tmpl, const DataHeader& h,
   uint16_t room = body->buf_len;
   rte_mbuf_ext_shared_info* shinfo = rte_pktmbuf_ext_shinfo_init_helper(
       body->buf_addr, &room, KeepMean, nullptr);
+  if (shinfo == nullptr) return false;  // a pool without data room
   rte_pktmbuf_attach_extbuf(body, const_cast<uint8_t*>(payload), payload_iova,
                             h.payload_len, shinfo);
   body->data_len = h.payload_len;
