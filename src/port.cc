@@ -209,10 +209,11 @@ PortCaps SetupPortOrDie(const PortOptions& opts, rte_mempool* pool) {
     conf.txmode.offloads |= want_tx_udp;
     caps.tx_udp_cksum_offload = true;
   }
-  // Chained frames (the broadcast's shared payload, bcast_frames.h): a
-  // device that does not offer it may pick a TX path that sends only the
+  // Chained frames (the broadcast's shared payload, bcast_frames.h), when
+  // asked for: a device not told may pick a TX path that sends only the
   // first segment.
-  if ((info.tx_offload_capa & RTE_ETH_TX_OFFLOAD_MULTI_SEGS) != 0) {
+  if (opts.multi_seg_tx &&
+      (info.tx_offload_capa & RTE_ETH_TX_OFFLOAD_MULTI_SEGS) != 0) {
     conf.txmode.offloads |= RTE_ETH_TX_OFFLOAD_MULTI_SEGS;
     caps.tx_multi_seg = true;
   }

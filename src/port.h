@@ -30,6 +30,10 @@ struct PortOptions {
   // rte_flow isolated mode before the port is configured (steering.h,
   // --flow_isolate): only frames the flow rules match reach DPDK.
   bool flow_isolate = false;
+  // Chained frames may go out (the server's shared broadcast payload,
+  // bcast_frames.h): asks for multi-segment TX where offered. Off for the
+  // rest, since on some NICs it rules out the fastest TX path.
+  bool multi_seg_tx = false;
 };
 
 // What the port ended up with after negotiation.

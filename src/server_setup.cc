@@ -26,6 +26,8 @@ ServerPorts SetupServerPorts(const ServerOptions& o, uint16_t lcores) {
   }
   PortOptions popts = o.dp.port;
   popts.nb_queues = lcores;
+  popts.multi_seg_tx =
+      o.bcast_frames_auto || o.bcast_frames == BcastFrameMode::kShared;
   if (uint32_t{o.udp_port} + lcores - 1 > UINT16_MAX) {
     Die("--udp_port=" + std::to_string(o.udp_port) + " leaves no room for " +
             std::to_string(lcores) + " lcores' ports (udp_port + k)",
