@@ -40,6 +40,13 @@ DEFINE_bool(flow_isolate, false,
             "put each port in rte_flow isolated mode, so that only the "
             "job's UDP ports reach DPDK and the kernel keeps the rest "
             "(bifurcated NICs such as mlx5; net_tap); needs flow rules");
+DEFINE_string(bcast_frames, "auto",
+              "how the broadcast's frames carry the mean: copy (the chunk "
+              "copied into each worker's frame), shared (one chunk for "
+              "every worker's frame, chained as an external buffer behind "
+              "that worker's headers; for a NIC that DMAs) or auto (copy on "
+              "net_memif and other software ports, which copy frames "
+              "themselves; shared where the mean could be DMA-mapped)");
 DEFINE_uint32(shards, 1,
               "server shards of the job: dblp-server processes that each "
               "own a partition of the gradient's chunks (1..64)");
@@ -192,6 +199,11 @@ int main(int argc, char** argv) {
         "--steering=flow or auto with it");
   }
   o.steering.isolate = FLAGS_flow_isolate;
+  if (!dblp::ParseBcastFrameMode(FLAGS_bcast_frames, &o.bcast_frames_auto,
+                                 &o.bcast_frames)) {
+    dblp::FlagError("--bcast_frames=" + FLAGS_bcast_frames +
+                    ": use auto, copy or shared");
+  }
   o.dp = dblp::DatapathOptionsFromFlags();
   static_cast<dblp::ServerJobSettings&>(o) = dblp::JobSettingsFromFlags();
   // After --paper_mode rewrote the flags it implies: the values the job

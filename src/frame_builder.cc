@@ -170,6 +170,29 @@ bool FrameTemplate::Build(rte_mbuf* m, const DataHeader& h,
   return true;
 }
 
+bool FrameTemplate::BuildHead(rte_mbuf* m, const DataHeader& h,
+                              const uint8_t* payload, uint8_t* tag) {
+  const uint32_t trailing = h.payload_len + auth_.tag_bytes();
+  const bool sw_sum = !udp_zero_ && !udp_offload_;
+  // Summed in 16-bit words: the tag must start on one.
+  if (sw_sum && h.payload_len % 2 != 0) return false;
+  uint8_t* dblp = Begin(m, kDataHeaderBytes + trailing);
+  if (dblp == nullptr) return false;
+  // Begin sized the IP and UDP lengths for the whole frame; only the
+  // headers stay in this segment.
+  rte_pktmbuf_trim(m, static_cast<uint16_t>(trailing));
+  EncodeDataHeader(h, dblp);
+  if (auth_.enabled()) auth_.SealParts(dblp, payload, h.payload_len, tag);
+  if (!sw_sum) {
+    Finish(m);
+    return true;
+  }
+  uint16_t sum = OnesSum16(payload, h.payload_len);
+  if (auth_.enabled()) sum = AddSum16(sum, OnesSum16(tag, auth_.tag_bytes()));
+  Finish(m, &sum);
+  return true;
+}
+
 bool FrameTemplate::BuildRaw(rte_mbuf* m, const uint8_t* udp_payload,
                              uint16_t len) {
   uint8_t* dst = Begin(m, len);

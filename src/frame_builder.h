@@ -45,6 +45,17 @@ class FrameTemplate {
   // the UDP checksum with the pseudo-header sum; otherwise it computes the
   // checksums in software (UDP 0 for checksum=none).
   bool Build(rte_mbuf* m, const DataHeader& h, const uint8_t* payload);
+  // The headers of a frame whose payload is not copied (bcast_frames.h):
+  // appends L2-L4 + the DBLP header of `h` (kL2L3L4Bytes +
+  // kDataHeaderBytes) to the empty mbuf `m`, with the IP and UDP lengths
+  // of the whole frame, whose payload (`h.payload_len` bytes at `payload`)
+  // and tag (tag_bytes(), written to `tag`, sealed over header + payload)
+  // the caller chains after `m`. Checksums as Build's, the software UDP
+  // checksum summed over the three parts. False (mbuf untouched) as Build,
+  // or for an odd payload length under a software UDP checksum.
+  bool BuildHead(rte_mbuf* m, const DataHeader& h, const uint8_t* payload,
+                 uint8_t* tag);
+  uint32_t tag_bytes() const { return auth_.tag_bytes(); }
   // The same framing around arbitrary UDP payload bytes (hostile-input
   // tests: truncated or garbled DBLP headers with valid L2-L4).
   bool BuildRaw(rte_mbuf* m, const uint8_t* udp_payload, uint16_t len);

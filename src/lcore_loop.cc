@@ -740,7 +740,12 @@ bool ServerLcore::Turn(uint64_t now_ns, bool broadcasting) {
     tx_.port = l.port;
     tx_.pacer = &(*setup_.link_rate)[l.port];
     tx_.wire_frame_bytes = WireBytesPerFrame((*setup_.caps)[l.port].mtu);
-    MbufFrames frames{&tx_, &l.tmpl, setup_.mean, setup_.layout};
+    BcastFrames frames{&tx_,
+                       &l.tmpl,
+                       setup_.mean,
+                       setup_.layout,
+                       setup_.bcast_frames,
+                       setup_.mean_iova};
     work |= l.bcast.Step(now_ns, frames, outbox_);
   }
   rr_ = (rr_ + 1) % W;

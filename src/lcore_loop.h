@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "bcast_frames.h"
 #include "datapath.h"
 #include "dblp/base/idle_backoff.h"
 #include "dblp/emul/token_bucket.h"
@@ -353,6 +354,9 @@ class ServerLcore {
     // j's chunk range that landed on another lcore's queue (RSS steering,
     // steering.h). Empty with one lcore.
     std::vector<rte_ring*> handoff;
+    // How the broadcast's frames carry the mean (bcast_frames.h).
+    BcastFrameMode bcast_frames = BcastFrameMode::kCopy;
+    rte_iova_t mean_iova = RTE_BAD_IOVA;
   };
 
   ServerLcore(LcoreConf& conf, ServerControl& control, JobSync& sync,

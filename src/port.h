@@ -30,6 +30,10 @@ struct PortOptions {
   // rte_flow isolated mode before the port is configured (steering.h,
   // --flow_isolate): only frames the flow rules match reach DPDK.
   bool flow_isolate = false;
+  // Chained frames may go out (the server's shared broadcast payload,
+  // bcast_frames.h): asks for multi-segment TX where offered. Off for the
+  // rest, since on some NICs it rules out the fastest TX path.
+  bool multi_seg_tx = false;
 };
 
 // What the port ended up with after negotiation.
@@ -37,6 +41,7 @@ struct PortCaps {
   bool tx_ipv4_cksum_offload = false;
   bool tx_udp_cksum_offload = false;
   bool udp_cksum_zero = false;    // checksum=none
+  bool tx_multi_seg = false;      // chained mbufs go out whole
   bool fused_checksum = true;     // PortOptions::fused_checksum
   bool rx_cksum_offload = false;  // device validates and flags RX checksums
   uint32_t mtu = 1500;

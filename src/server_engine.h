@@ -7,6 +7,7 @@
 #include <string>
 
 #include "app_options.h"
+#include "bcast_frames.h"
 #include "dblp/control/control_sidecar.h"
 #include "dblp/control/job_auth.h"
 #include "dblp/control/server_shards.h"
@@ -43,6 +44,10 @@ struct ServerOptions : ServerJobSettings {
   // share ("--name=value" lines).
   ShardRole shard_role;
   std::string shard_job_flags;
+  // --bcast_frames: the broadcast's frames copy the mean's chunk or share
+  // it (bcast_frames.h); auto picks per port driver at setup.
+  bool bcast_frames_auto = true;
+  BcastFrameMode bcast_frames = BcastFrameMode::kCopy;
 };
 
 int RunServer(const ServerOptions& opts);

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <string>
 
+#include "dblp/base/log.h"
 #include "dblp/base/rng.h"
 #include "dblp/control/job_auth.h"
 #include "eal_app.h"
@@ -25,6 +26,8 @@ ServerPorts SetupServerPorts(const ServerOptions& o, uint16_t lcores) {
   }
   PortOptions popts = o.dp.port;
   popts.nb_queues = lcores;
+  popts.multi_seg_tx =
+      o.bcast_frames_auto || o.bcast_frames == BcastFrameMode::kShared;
   if (uint32_t{o.udp_port} + lcores - 1 > UINT16_MAX) {
     Die("--udp_port=" + std::to_string(o.udp_port) + " leaves no room for " +
             std::to_string(lcores) + " lcores' ports (udp_port + k)",
@@ -146,6 +149,50 @@ std::vector<std::unique_ptr<LcoreConf>> MakeLcoreConfs() {
   return confs;
 }
 
+namespace {
+
+// --bcast_frames for this job's ports: auto shares the mean only where no
+// port's PMD copies and every device could DMA-map it.
+BcastFrameMode ChooseBcastFrames(const ServerOptions& o,
+                                 const ServerPorts& ports, const uint8_t* mean,
+                                 size_t mean_bytes) {
+  BcastFrameMode mode = o.bcast_frames;
+  for (uint16_t p = 0; p < ports.nb_ports; ++p) {
+    if (mode == BcastFrameMode::kShared && !ports.caps[p].tx_multi_seg) {
+      DBLP_LOG(Warning,
+               "dblp-server: port %u (%s) offers no multi-segment TX: the "
+               "broadcast copies the mean (--bcast_frames=copy)",
+               p, ports.caps[p].driver.c_str());
+      mode = BcastFrameMode::kCopy;
+    }
+  }
+  if (o.bcast_frames_auto) {
+    mode = BcastFrameMode::kShared;
+    for (uint16_t p = 0; p < ports.nb_ports; ++p) {
+      if (!ports.caps[p].tx_multi_seg ||
+          AutoBcastFrameMode(ports.caps[p].driver, true) ==
+              BcastFrameMode::kCopy) {
+        mode = BcastFrameMode::kCopy;
+      }
+    }
+    if (mode == BcastFrameMode::kShared) {
+      std::vector<uint16_t> ids(ports.nb_ports);
+      for (uint16_t p = 0; p < ports.nb_ports; ++p) ids[p] = p;
+      if (!MapMeanForDma(mean, mean_bytes, ids.data(), ports.nb_ports)) {
+        mode = BcastFrameMode::kCopy;
+      }
+    }
+  }
+  std::printf(
+      "dblp-server: broadcast frames %s the mean (--bcast_frames=%s)\n",
+      mode == BcastFrameMode::kShared ? "share" : "copy",
+      o.bcast_frames_auto ? "auto" : BcastFrameModeName(o.bcast_frames));
+  std::fflush(stdout);
+  return mode;
+}
+
+}  // namespace
+
 ServerLcores BuildServerLcores(
     const ServerShared& s, std::vector<std::unique_ptr<LcoreConf>>& confs,
     std::vector<std::unique_ptr<WorkerState>>& workers, LinkGrid& links) {
@@ -155,6 +202,8 @@ ServerLcores BuildServerLcores(
   const auto S = static_cast<uint16_t>(confs.size());
   const auto* mean =
       reinterpret_cast<const uint8_t*>(s.job->iteration().mean().data());
+  const BcastFrameMode bcast_mode = ChooseBcastFrames(
+      o, ports, mean, s.job->iteration().mean().size() * sizeof(float));
   ServerLcores l;
   l.link_rate.resize(S);
   if (S > 1) {
@@ -183,7 +232,8 @@ ServerLcores BuildServerLcores(
             ports.nb_ports, o.udp_port, s.local_ip, &ports.caps, s.layout,
             s.shards, l.losses[k].get(), s.job, mean, ports.pool,
             &l.link_rate[k], dp.prefetch, o.push_only, s.decisions,
-            S > 1 ? l.handoff->rings() : std::vector<rte_ring*>{}}));
+            S > 1 ? l.handoff->rings() : std::vector<rte_ring*>{}, bcast_mode,
+            MeanIova(mean)}));
   }
   return l;
 }

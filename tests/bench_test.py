@@ -172,9 +172,26 @@ def main():
               and res.get("server_lcores") == 1 and
               "Server: 1 datapath lcore(s) (EAL `--lcores 0@0`)" in md, md)
 
+        # The full iteration: push and broadcast of the same job.
+        it = res.get("iteration") or {}
+        b = {x["label"]: x for x in it.get("builds", [])}.get(
+            "this build", {})
+        check("full iteration: push and broadcast rounds, their ratio",
+              it.get("size_mb") == 1.0 and b.get("push_p50_us", 0) > 0 and
+              (b.get("bcast_p50_us") or 0) > 0 and
+              (b.get("worker_wait_p50_us") or 0) > 0 and
+              (b.get("bcast_frames_per_round") or 0) >= 723 and
+              abs(b["ratio"] - b["bcast_p50_us"] / b["push_p50_us"]) < 1e-9,
+              it)
+        check("report shows broadcast / push and the Done-when lines",
+              "broadcast / push" in md and "## Done when (issue #23)" in md
+              and "Broadcast round / push round (1 MiB, 1 worker): "
+              "this build %.2fx" % b.get("ratio", 0) in md, md[-2500:])
+
         # A result dir from before the floor still renders, with n/a.
         old = dict(res)
-        for k in ("floor", "server_lcores", "server_eal_lcores"):
+        for k in ("floor", "server_lcores", "server_eal_lcores",
+                  "iteration", "baseline_label"):
             old.pop(k)
         old_dir = os.path.join(out, "old")
         os.makedirs(old_dir)

@@ -63,6 +63,7 @@ Usage: memif_cluster_test.py BUILD_DIR [--transport=memif|udp|sim]
            [--server_lcores=N] [--worker_lcores=N] [--consistent] [--feedback]
            [--policy=fixed|dblp] [--resync=K] [--push_fill=zero|rescale]
            [--frame_auth=header|full|none (default: the apps')]
+           [--bcast_frames=copy|shared (dblp-server's; memif only)]
            [--lose_worker]
 """
 
@@ -102,7 +103,7 @@ def parse_args():
          "worker_lcores": 1,
          "consistent": False, "feedback": False, "frame_auth": "",
          "policy": "fixed", "resync": 0, "push_fill": "zero",
-         "lose_worker": False}
+         "lose_worker": False, "bcast_frames": ""}
     for arg in sys.argv[2:]:
         key, _, value = arg.lstrip("-").partition("=")
         if key in ("consistent", "feedback", "lose_worker"):
@@ -113,7 +114,8 @@ def parse_args():
             a["worker_lcores"] = int(value)
         elif key == "resync":
             a["resync"] = int(value)
-        elif key in ("transport", "frame_auth", "policy", "push_fill"):
+        elif key in ("transport", "frame_auth", "policy", "push_fill",
+                     "bcast_frames"):
             a[key] = value
         else:
             fail("unknown argument " + arg)
@@ -124,6 +126,8 @@ def parse_args():
     if a["worker_lcores"] > a["lcores"]:
         fail("--worker_lcores=N needs --server_lcores >= N (a push side "
              "per server lcore to split)")
+    if a["bcast_frames"] and a["transport"] != "memif":
+        fail("--bcast_frames: memif only (dblp-server's flag)")
     if a["lose_worker"] and a["transport"] == "sim":
         fail("--lose_worker: the simulator loses no worker")
     return a
@@ -146,7 +150,8 @@ def job_flags(a, tmp, dump, secret):
         "--push_feedback=%s" % ("true" if a["feedback"] else "false"),
         "--on_worker_loss=%s" % ("continue" if a["lose_worker"] else "abort"),
         ] + (["--frame_auth=" + a["frame_auth"]] if a["frame_auth"] else []
-             ) + common
+             ) + (["--bcast_frames=" + a["bcast_frames"]]
+                  if a["bcast_frames"] else []) + common
     worker = ["--iterations=%d" % ITERATIONS, "--floats=%d" % FLOATS,
               "--gradient=integer"] + common
     return server, worker
@@ -330,6 +335,11 @@ def main():
     outputs = launch(a, tmp, server_flags, worker_flags)
 
     # ---- the checks -------------------------------------------------------
+    if a["bcast_frames"]:
+        verb = "share" if a["bcast_frames"] == "shared" else "copy"
+        if "broadcast frames %s the mean" % verb not in outputs["server"]:
+            fail("the server did not run --bcast_frames=%s:\n%s" % (
+                a["bcast_frames"], outputs["server"][-1500:]))
     tag = 0 if frame_auth == "none" or a["transport"] == "sim" else 16
     chunk_floats = (((MTU - 20 - 8 - 20) & ~3) - tag) // 4
     n_chunks = (FLOATS + chunk_floats - 1) // chunk_floats
