@@ -84,6 +84,11 @@ class MeanReducer {
   // Throws std::invalid_argument on a negative or non-finite value.
   void set_clip_norm(double x);
   double clip_norm() const { return clip_norm_; }
+  // Unclipped chunks take the one-pass path (the first contribution's
+  // store fused with the sum of squares; no largest-magnitude scan) unless
+  // this is false: every chunk then takes the two-pass path, which the
+  // tests compare it with bit for bit.
+  void set_one_pass(bool on) { one_pass_ = on; }
   // Worker w's tally summed over the shards (between rounds).
   Tally tally(uint32_t w) const;
 
@@ -147,11 +152,17 @@ class MeanReducer {
   }
 
   bool Refuse(CountSlot& slot, Tally& t, uint32_t seq, bool overflow);
+  // Accumulate's two passes: ScanFloats (largest magnitude and sum of
+  // squares), then the store or add, clipped if need be. The path of a
+  // clipped job and of any chunk the one-pass path cannot vouch for.
+  bool AccumulateScanned(CountSlot& slot, Tally& t, uint32_t seq,
+                         const uint8_t* payload, size_t floats);
 
   ChunkLayout layout_;
   uint32_t num_workers_;
   uint32_t shards_;
   double clip_norm_ = 0;
+  bool one_pass_ = true;
   uint64_t clip_floats_;        // the clip share's denominator (model_floats)
   std::vector<Tally> tallies_;  // [worker * shards_ + shard]
   // Floats between the starts of consecutive chunks' sum slices: the chunk's
