@@ -116,49 +116,6 @@ bool MeanReducer::Refuse(CountSlot& slot, Tally& t, uint32_t seq,
   return false;
 }
 
-bool MeanReducer::Accumulate(uint32_t w, uint32_t seq, const uint8_t* payload,
-                             uint32_t shard) {
-  assert(seq < layout_.num_chunks());
-  assert(static_cast<size_t>(w) * shards_ + shard < tallies_.size());
-  CountSlot& slot = counts_[seq];
-  Tally& t = tallies_[static_cast<size_t>(w) * shards_ + shard];
-  const size_t floats = layout_.Length(seq) / sizeof(float);
-  // A clip scales by the chunk's norm, which must be known first.
-  if (clip_norm_ > 0 || !one_pass_) {
-    return AccumulateScanned(slot, t, seq, payload, floats);
-  }
-  std::atomic<uint32_t>& n = slot.n;
-  const uint32_t k = n.load(std::memory_order_relaxed);
-  float* const sum = SumOf(seq);
-  // The first contribution is stored in the pass that sums its squares
-  // (a refused one leaves the count at 0, so the slice is never read).
-  const double squares = k == 0 ? StoreFloatsSumSquares(sum, payload, floats)
-                                : SumSquaresFloats(payload, floats);
-  // Non-finite: a NaN or an infinity, or squares past float's range (a
-  // float above about 1.8e19): the two-pass path refuses the chunk, or
-  // sums it with ScanFloats' squares redone in double.
-  if (!std::isfinite(squares)) [[unlikely]] {
-    return AccumulateScanned(slot, t, seq, payload, floats);
-  }
-  // The same bits as ScanFloats' sum of squares, its root a bound on every
-  // float (slack for the squares' rounding and underflow).
-  t.sum_squares += squares;
-  const double add_max = std::sqrt(squares) * (1 + 1e-5) + 1e-18;
-  if (k == 0) {
-    slot.max_abs = add_max;
-  } else {
-    if (slot.max_abs + add_max >= FLT_MAX &&
-        !SumStaysFinite(sum, payload, floats, 1.0f)) {
-      return Refuse(slot, t, seq, true);
-    }
-    AddFloats(sum, payload, floats);
-    slot.max_abs = std::min(slot.max_abs + add_max, double{FLT_MAX});
-  }
-  assert(k < num_workers_ && "more contributions than workers: duplicate?");
-  n.store(k + 1, std::memory_order_release);
-  return true;
-}
-
 bool MeanReducer::AccumulateScanned(CountSlot& slot, Tally& t, uint32_t seq,
                                     const uint8_t* payload, size_t floats) {
   const ChunkScan scan = ScanFloats(payload, floats);
