@@ -85,12 +85,10 @@ size_t BuildDataFrame(const DataHeader& h, const uint8_t* payload,
 
 // Network to host order (ntohs / ntohl without <arpa/inet.h>).
 constexpr uint16_t FromBe16(uint16_t v) {
-  return std::endian::native == std::endian::little ? __builtin_bswap16(v)
-                                                    : v;
+  return std::endian::native == std::endian::little ? __builtin_bswap16(v) : v;
 }
 constexpr uint32_t FromBe32(uint32_t v) {
-  return std::endian::native == std::endian::little ? __builtin_bswap32(v)
-                                                    : v;
+  return std::endian::native == std::endian::little ? __builtin_bswap32(v) : v;
 }
 
 // Structural decode: checks everything that needs no session knowledge.
