@@ -28,8 +28,8 @@ rte_udp_hdr* UdpAt(uint8_t* p) {
   return reinterpret_cast<rte_udp_hdr*>(p + kEthBytes + kIpBytes);
 }
 
-// True if the UDP checksum over `ulen` bytes at `udp`, with the IPv4
-// pseudo-header of `ip` (length = ulen), verifies.
+}  // namespace
+
 bool UdpChecksumOk(const rte_ipv4_hdr* ip, const uint8_t* udp, uint16_t ulen) {
   struct __attribute__((packed)) PseudoHeader {
     uint32_t src, dst;
@@ -45,8 +45,6 @@ bool UdpChecksumOk(const rte_ipv4_hdr* ip, const uint8_t* udp, uint16_t ulen) {
   return AddSum16(OnesSum16(reinterpret_cast<const uint8_t*>(&ph), sizeof(ph)),
                   OnesSum16(udp, ulen)) == 0xFFFFu;
 }
-
-}  // namespace
 
 FrameTemplate::FrameTemplate(const Endpoint& src, const Endpoint& dst,
                              const PortCaps& caps)
@@ -226,72 +224,6 @@ const char* FrameStatusName(FrameStatus s) {
       return "wrong_port";
   }
   return "unknown";
-}
-
-FrameStatus ParseFrame(const rte_mbuf* m, uint16_t port_lo, uint16_t port_hi,
-                       ParsedFrame* out) {
-  // Only the first segment is looked at: DBLP frames always fit one mbuf
-  // (CreatePoolOrDie sizes them), so a frame whose IP datagram runs past the
-  // first segment is rejected as kBadIpHeader instead of being gathered.
-  const uint32_t len = rte_pktmbuf_data_len(m);
-  if (len < kL2L3L4Bytes) return FrameStatus::kTooShort;
-  uint8_t* p = rte_pktmbuf_mtod(m, uint8_t*);
-
-  const rte_ether_hdr* eth = EthAt(p);
-  if (eth->ether_type != rte_cpu_to_be_16(RTE_ETHER_TYPE_IPV4)) {
-    return FrameStatus::kNotIpv4;
-  }
-
-  const rte_ipv4_hdr* ip = IpAt(p);
-  if ((ip->version_ihl >> 4) != 4) return FrameStatus::kBadIpHeader;
-  const uint32_t ihl =
-      (ip->version_ihl & RTE_IPV4_HDR_IHL_MASK) * RTE_IPV4_IHL_MULTIPLIER;
-  const uint32_t ip_len = rte_be_to_cpu_16(ip->total_length);
-  if (ihl < kIpBytes || kEthBytes + ihl + kUdpBytes > len ||
-      ip_len < ihl + kUdpBytes || kEthBytes + ip_len > len) {
-    return FrameStatus::kBadIpHeader;
-  }
-
-  const uint64_t ip_flag = m->ol_flags & RTE_MBUF_F_RX_IP_CKSUM_MASK;
-  if (ip_flag == RTE_MBUF_F_RX_IP_CKSUM_BAD) {
-    return FrameStatus::kBadIpChecksum;
-  }
-  if (ip_flag == RTE_MBUF_F_RX_IP_CKSUM_UNKNOWN &&
-      rte_raw_cksum(ip, ihl) != 0xFFFFu) {
-    return FrameStatus::kBadIpChecksum;
-  }
-
-  const uint16_t frag = rte_be_to_cpu_16(ip->fragment_offset);
-  if ((frag & (RTE_IPV4_HDR_MF_FLAG | RTE_IPV4_HDR_OFFSET_MASK)) != 0) {
-    return FrameStatus::kFragment;
-  }
-  if (ip->next_proto_id != IPPROTO_UDP) return FrameStatus::kNotUdp;
-
-  uint8_t* l4 = p + kEthBytes + ihl;
-  const rte_udp_hdr* udp = reinterpret_cast<const rte_udp_hdr*>(l4);
-  const uint32_t ulen = rte_be_to_cpu_16(udp->dgram_len);
-  if (ulen < kUdpBytes || ulen > ip_len - ihl) {
-    return FrameStatus::kBadUdpLength;
-  }
-  const uint16_t dst_port = rte_be_to_cpu_16(udp->dst_port);
-  if (dst_port < port_lo || dst_port > port_hi) return FrameStatus::kWrongPort;
-
-  const uint64_t l4_flag = m->ol_flags & RTE_MBUF_F_RX_L4_CKSUM_MASK;
-  if (l4_flag == RTE_MBUF_F_RX_L4_CKSUM_BAD) {
-    return FrameStatus::kBadUdpChecksum;
-  }
-  if (l4_flag == RTE_MBUF_F_RX_L4_CKSUM_UNKNOWN && udp->dgram_cksum != 0 &&
-      !UdpChecksumOk(ip, l4, static_cast<uint16_t>(ulen))) {
-    return FrameStatus::kBadUdpChecksum;
-  }
-
-  out->dblp = l4 + kUdpBytes;
-  out->dblp_len = static_cast<uint16_t>(ulen - kUdpBytes);
-  rte_ether_addr_copy(&eth->src_addr, &out->src.mac);
-  out->src.ipv4 = rte_be_to_cpu_32(ip->src_addr);
-  out->src.udp_port = rte_be_to_cpu_16(udp->src_port);
-  out->dst_port = dst_port;
-  return FrameStatus::kOk;
 }
 
 }  // namespace dblp

@@ -203,11 +203,23 @@ WorkerLcore::Lane* WorkerLcore::LaneOf(const RxQueue& rxq,
   return nullptr;
 }
 
+// A burst in stages, as the server's (ServerLcore::ReceiveBurst): L2-L4,
+// loss and link; then each link's receiver (header, round, range, tag,
+// bitmap); then the copies into the mean, the destination of the chunks
+// two ahead prefetched while one is copied. Drops are counted per burst.
 uint16_t WorkerLcore::PollBroadcast(uint64_t now_ns, const RxQueue& rxq) {
   const uint16_t n = PollRx(rxq.port, rxq.queue, conf_.rx_pkts, kRxBurst);
   if (n == 0) return 0;
   DatapathCounters::Add(conf_.counters.rx_frames, n);
   for (Lane* lane : rxq.lanes) lane->arrivals = true;
+  struct Admitted {
+    const uint8_t* dblp;
+    uint16_t len;
+    ShardLink* link;
+  };
+  Admitted admitted[kRxBurst];
+  uint16_t m = 0;
+  uint32_t unpinned = 0;
   for (uint16_t i = 0; i < n; ++i) {
     ParsedFrame pf;
     if (!AdmitFrameIn(conf_.rx_pkts[i], rxq.port_lo, rxq.port_hi, *setup_.loss,
@@ -216,14 +228,38 @@ uint16_t WorkerLcore::PollBroadcast(uint64_t now_ns, const RxQueue& rxq) {
     }
     Lane* lane = LaneOf(rxq, pf);
     if (lane == nullptr) {
-      DatapathCounters::Add(conf_.counters.unpinned_source);
+      ++unpinned;
       continue;
     }
-    ShardLink& l = *lane->link;
-    l.bcast->OnFrame(
-        pf.dblp, pf.dblp_len, [&](const DataHeader& h, const uint8_t* payload) {
-          std::memcpy(l.mean + l.layout.Offset(h.seq), payload, h.payload_len);
-        });
+    admitted[m++] = Admitted{pf.dblp, pf.dblp_len, lane->link};
+  }
+  if (unpinned != 0) {
+    DatapathCounters::Add(conf_.counters.unpinned_source, unpinned);
+  }
+  struct Copy {
+    uint8_t* dst;
+    const uint8_t* payload;
+    uint16_t len;
+  };
+  Copy copies[kRxBurst];
+  uint16_t a = 0;
+  for (uint16_t j = 0; j < m; ++j) {
+    ShardLink& l = *admitted[j].link;
+    DataHeader h;
+    const uint8_t* payload = nullptr;
+    if (l.bcast->receiver().OnFrame(admitted[j].dblp, admitted[j].len, &h,
+                                    &payload) == Verdict::kAccepted) {
+      copies[a++] =
+          Copy{l.mean + l.layout.Offset(h.seq), payload, h.payload_len};
+    }
+  }
+  constexpr uint16_t kAhead = 2;
+  const bool prefetch = setup_.prefetch;
+  for (uint16_t k = 0; k < a; ++k) {
+    if (prefetch && k + kAhead < a) {
+      PrefetchBytes(copies[k + kAhead].dst, copies[k + kAhead].len);
+    }
+    std::memcpy(copies[k].dst, copies[k].payload, copies[k].len);
   }
   rte_pktmbuf_free_bulk(conf_.rx_pkts, n);
   return n;
@@ -467,6 +503,10 @@ bool WorkerLcore::Exchange(uint64_t it, std::string* failure) {
 namespace {
 // Frames ahead of the one being processed whose headers are prefetched.
 constexpr uint16_t kRxPrefetchAhead = 4;
+// Accepted chunks ahead of the one being summed whose sum slices are
+// prefetched (a slice is 23 lines at MTU 1500: more would overrun the
+// line fill buffers).
+constexpr uint16_t kSumPrefetchAhead = 2;
 }  // namespace
 
 ServerLcore::ServerLcore(LcoreConf& conf, ServerControl& control, JobSync& sync,
@@ -502,30 +542,31 @@ ServerLcore::ServerLcore(LcoreConf& conf, ServerControl& control, JobSync& sync,
   }
 }
 
+// A burst in three stages, each a tight loop over the frames the one
+// before kept, in arrival order: L2-L4, loss, sender and pin; then the
+// DBLP header, round, range, tag and bitmap (the worker's receiver); then
+// the sums, with the sum slices of the next chunks prefetched while one is
+// added. A chunk's copies are summed in the order its workers' frames
+// arrived, as one frame at a time did. Drops are counted once per burst.
 void ServerLcore::ReceiveBurst(uint16_t port, rte_mbuf** pkts, uint16_t n,
                                uint64_t now_ns) {
   const bool prefetch = setup_.prefetch;
-  MeanReducer& reducer = job_.iteration().reducer();
   if (prefetch) {
     for (uint16_t j = 0; j < std::min<uint16_t>(n, kRxPrefetchAhead); ++j) {
       rte_prefetch0(rte_pktmbuf_mtod(pkts[j], const void*));
     }
   }
-  const uint32_t shard = conf_.shard;
   // Lcore k's range arrives on udp_port + k (steering.h).
   const auto port_hi =
       static_cast<uint16_t>(setup_.udp_port + setup_.shards->num_shards() - 1);
   const uint32_t num_workers = static_cast<uint32_t>(links_.size());
   const std::atomic<bool>* alive = job_.alive_flags();
+  RxAdmitted admitted[kRxBurst];
+  uint32_t m = 0;
+  uint32_t lost = 0, unpinned = 0;
   for (uint16_t i = 0; i < n; ++i) {
-    if (prefetch) {
-      // Headers a few frames ahead; the next frame's sum slice, which the
-      // permuted send order scatters over the whole gradient.
-      if (i + kRxPrefetchAhead < n) {
-        rte_prefetch0(
-            rte_pktmbuf_mtod(pkts[i + kRxPrefetchAhead], const void*));
-      }
-      if (i + 1 < n) reducer.Prefetch(PeekSeq(pkts[i + 1]));
+    if (prefetch && i + kRxPrefetchAhead < n) {
+      rte_prefetch0(rte_pktmbuf_mtod(pkts[i + kRxPrefetchAhead], const void*));
     }
     ParsedFrame pf;
     if (!AdmitFrameIn(pkts[i], setup_.udp_port, port_hi, *setup_.loss, now_ns,
@@ -536,32 +577,61 @@ void ServerLcore::ReceiveBurst(uint16_t port, rte_mbuf** pkts, uint16_t n,
     // wrong-sender (or malformed) without accepting anything.
     const uint16_t rank = PeekSenderRank(pf.dblp, pf.dblp_len);
     const uint16_t w = rank < num_workers ? rank : 0;
-    ServerLink& l = *links_[w];
     if (!alive[w].load(std::memory_order_relaxed)) {
-      DatapathCounters::Add(conf_.counters.from_lost_worker);
+      ++lost;
       continue;
     }
-    if (!SameSource(pf.src, l.worker.source)) {
-      DatapathCounters::Add(conf_.counters.unpinned_source);
+    if (!SameSource(pf.src, links_[w]->worker.source)) {
+      ++unpinned;
       continue;
     }
-    // Summed into the mean, or refused (counted in w's tally) by the
-    // reducer's check: the frame is accepted either way, so a lying
-    // worker's chunk is not asked for again.
-    const auto accumulate = [&](const DataHeader& h, const uint8_t* payload) {
-      reducer.Accumulate(w, h.seq, payload, shard);
-    };
-    if (l.push.OnFrame(pf.dblp, pf.dblp_len, accumulate) !=
+    admitted[m++] = RxAdmitted{pf.dblp, pf.dblp_len, w, i};
+  }
+  if (lost != 0) DatapathCounters::Add(conf_.counters.from_lost_worker, lost);
+  if (unpinned != 0) {
+    DatapathCounters::Add(conf_.counters.unpinned_source, unpinned);
+  }
+  RxAccepted accepted[kRxBurst];
+  uint32_t a = 0;
+  for (uint32_t j = 0; j < m; ++j) {
+    const RxAdmitted& f = admitted[j];
+    DataHeader h;
+    const uint8_t* payload = nullptr;
+    if (links_[f.w]->push.receiver().OnFrame(f.dblp, f.len, &h, &payload) ==
         Verdict::kAccepted) {
-      continue;
+      accepted[a++] = RxAccepted{payload, h.seq, f.w, f.i};
     }
+  }
+  Accumulate(port, pkts, accepted, static_cast<uint16_t>(a));
+}
+
+// Summed into the mean, or refused (counted in the worker's tally) by the
+// reducer's check: the frame is accepted either way, so a lying worker's
+// chunk is not asked for again.
+void ServerLcore::Accumulate(uint16_t port, rte_mbuf* const* pkts,
+                             const RxAccepted* accepted, uint16_t a) {
+  MeanReducer& reducer = job_.iteration().reducer();
+  const uint32_t shard = conf_.shard;
+  if (setup_.prefetch) {
+    for (uint16_t k = 0; k < std::min<uint16_t>(a, kSumPrefetchAhead); ++k) {
+      reducer.Prefetch(accepted[k].seq);
+    }
+  }
+  for (uint16_t k = 0; k < a; ++k) {
+    if (setup_.prefetch && k + kSumPrefetchAhead < a) {
+      reducer.Prefetch(accepted[k + kSumPrefetchAhead].seq);
+    }
+    const RxAccepted& c = accepted[k];
+    reducer.Accumulate(c.w, c.seq, c.payload, shard);
+    ServerLink& l = *links_[c.w];
     l.arrivals = true;
-    if (!l.learned) {
-      Learn(l, port, rank, pf.src.mac);
-      WorkerState& ws = *workers_[rank];
+    if (!l.learned) [[unlikely]] {
+      const auto* eth = rte_pktmbuf_mtod(pkts[c.i], const rte_ether_hdr*);
+      Learn(l, port, c.w, eth->src_addr);
+      WorkerState& ws = *workers_[c.w];
       if (!ws.return_claimed.exchange(true, std::memory_order_relaxed)) {
         ws.return_port = port;
-        ws.return_mac = pf.src.mac;
+        ws.return_mac = eth->src_addr;
         ws.return_ready.store(true, std::memory_order_release);
       }
     }

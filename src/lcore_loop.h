@@ -197,6 +197,7 @@ class WorkerLcore {
     // Several lcores: the helpers that step the other TX queues' sides
     // (lcore 0 steps queue q when q % lcores == 0). Null with one lcore.
     PushCrew* crew = nullptr;
+    bool prefetch = true;  // the next chunks' places in the mean
   };
   WorkerLcore(LcoreConf& conf, WorkerShardLinks& links, const Setup& setup);
 
@@ -378,6 +379,22 @@ class ServerLcore {
 
  private:
   enum class PushEnd : uint8_t { kStopped, kAllBye, kFailed };
+  // ReceiveBurst's stages: frames past L2-L4, loss and pin (their DBLP
+  // bytes, worker and index in the burst), then the chunks accepted.
+  struct RxAdmitted {
+    const uint8_t* dblp;
+    uint16_t len;
+    uint16_t w;
+    uint16_t i;
+  };
+  struct RxAccepted {
+    const uint8_t* payload;
+    uint32_t seq;
+    uint16_t w;
+    uint16_t i;
+  };
+  void Accumulate(uint16_t port, rte_mbuf* const* pkts,
+                  const RxAccepted* accepted, uint16_t a);
   bool Turn(uint64_t now_ns, bool broadcasting);
   uint32_t PollPushes(uint64_t now_ns);
   uint16_t HandOver(uint16_t port, rte_mbuf** pkts, uint16_t n);

@@ -249,9 +249,9 @@ void WorkerRun::BuildDatapath() {
   PlaceOnNodeOrWarn(std::span<const float>(avg), PortNumaNode(0),
                     "mean buffer");
   BuildHelpers();
-  lcore_.emplace(
-      lc_, links_,
-      WorkerLcore::Setup{&*loss_, &*pacer_, crew_ ? &*crew_ : nullptr});
+  lcore_.emplace(lc_, links_,
+                 WorkerLcore::Setup{&*loss_, &*pacer_,
+                                    crew_ ? &*crew_ : nullptr, o_.dp.prefetch});
   if (o_.push_hook) {
     ShardLink& l = links_[0];
     push_hook_ = o_.push_hook(PushHookContext{

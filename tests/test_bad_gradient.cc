@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -171,6 +172,140 @@ TEST(CleanRound, TalliesAreZeroAndNormsAreTheWorkers) {
   }
   red.BeginRound();
   EXPECT_EQ(red.tally(0).sum_squares, 0.0);
+}
+
+// ---- the one-pass path against the two-pass one, bit for bit ----
+
+// Deterministic floats of every kind a chunk may hold: ordinary, -0.0,
+// tiny (underflowing squares), above 1.8e19 (float squares overflow) and
+// near FLT_MAX (sums that overflow), NaN and infinities.
+std::vector<float> Mixed(size_t n, uint64_t seed, bool poison) {
+  std::vector<float> v(n);
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (float& f : v) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    const float u = static_cast<float>(x % 2001) / 1000.0f - 1.0f;
+    switch (x >> 60) {
+      case 0:
+        f = -0.0f;
+        break;
+      case 1:
+        f = u * 1e-30f;
+        break;
+      case 2:
+        f = poison && (x >> 56) % 16 == 0 ? 2e20f * u : u;
+        break;
+      case 3:
+        f = poison && (x >> 56) % 16 == 1 ? 3e38f : u;
+        break;
+      case 4:
+        f = poison && (x >> 56) % 32 == 2 ? kNaN : u;
+        break;
+      case 5:
+        f = poison && (x >> 56) % 32 == 3 ? -kInf : u;
+        break;
+      default:
+        f = u * 3.0f;
+    }
+  }
+  return v;
+}
+
+uint32_t Bits(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, sizeof(b));
+  return b;
+}
+
+uint64_t Bits(double d) {
+  uint64_t b;
+  std::memcpy(&b, &d, sizeof(b));
+  return b;
+}
+
+TEST(OnePass, FloatOpsMatchScanAndStoreBitForBit) {
+  for (size_t n : {0, 1, 7, 8, 9, 31, 32, 33, 40, 100, 367, 368, 369, 1000}) {
+    for (uint64_t seed = 0; seed < 40; ++seed) {
+      const std::vector<float> v = Mixed(n, seed, seed % 4 == 3);
+      const auto* src = reinterpret_cast<const uint8_t*>(v.data());
+      const ChunkScan scan = ScanFloats(src, n);
+      std::vector<float> a(n, 7.0f), b(n, 7.0f);
+      StoreFloats(a.data(), src, n);
+      const double fused = StoreFloatsSumSquares(b.data(), src, n);
+      const double squares = SumSquaresFloats(src, n);
+      EXPECT_EQ(Bits(fused), Bits(squares)) << n << " " << seed;
+      for (size_t i = 0; i < n; ++i) {
+        ASSERT_EQ(Bits(a[i]), Bits(b[i])) << n << " " << seed << " " << i;
+      }
+      if (std::isfinite(fused)) {
+        // Then the scan saw only finite floats and agrees on the squares,
+        // whose root bounds every float.
+        ASSERT_LT(scan.max_abs_bits, kNonFiniteBits) << n << " " << seed;
+        EXPECT_EQ(Bits(fused), Bits(scan.sum_squares)) << n << " " << seed;
+        float max_abs;
+        std::memcpy(&max_abs, &scan.max_abs_bits, sizeof(max_abs));
+        EXPECT_LE(max_abs, std::sqrt(fused) * (1 + 1e-5) + 1e-18);
+      } else {
+        // The one-pass path hands these to ScanFloats: a non-finite float
+        // or one whose square leaves float's range.
+        bool beyond = false;
+        for (float f : v) beyond = beyond || !(std::fabs(f) < 1.8e19f);
+        EXPECT_TRUE(beyond) << n << " " << seed;
+      }
+    }
+  }
+}
+
+// A round of 4 workers whose chunks hold everything Mixed makes, fed in
+// the same order to a one-pass and a two-pass reducer: the same verdicts,
+// tallies and mean, bit for bit, in every fill mode.
+TEST(OnePass, ReducerMatchesTheTwoPassPathBitForBit) {
+  const ChunkLayout layout(368 * 4 * 9 + 52, 368 * 4);
+  const size_t floats = layout.total_bytes() / 4;
+  uint32_t nonfinite = 0, overflow = 0;
+  for (uint64_t round = 0; round < 12; ++round) {
+    std::vector<std::vector<float>> g;
+    for (uint32_t w = 0; w < 4; ++w) {
+      g.push_back(Mixed(floats, round * 8 + w, (round + w) % 3 == 0));
+    }
+    // Worker 3 repeats worker 0's near-FLT_MAX floats: sums that overflow.
+    for (size_t i = 0; i < floats; ++i) {
+      if (std::fabs(g[0][i]) > 1e38f) g[3][i] = g[0][i];
+    }
+    MeanReducer one(layout, 4), two(layout, 4);
+    two.set_one_pass(false);
+    for (uint32_t seq = 0; seq < layout.num_chunks(); ++seq) {
+      for (uint32_t k = 0; k < 4; ++k) {
+        const uint32_t w = (seq + k + round) % 4;  // arrival order varies
+        const auto* p =
+            reinterpret_cast<const uint8_t*>(g[w].data()) + layout.Offset(seq);
+        ASSERT_EQ(one.Accumulate(w, seq, p), two.Accumulate(w, seq, p))
+            << round << " " << seq << " " << w;
+      }
+    }
+    for (uint32_t w = 0; w < 4; ++w) {
+      EXPECT_EQ(Bits(one.tally(w).sum_squares), Bits(two.tally(w).sum_squares));
+      EXPECT_EQ(one.tally(w).nonfinite, two.tally(w).nonfinite);
+      EXPECT_EQ(one.tally(w).overflow, two.tally(w).overflow);
+      EXPECT_EQ(one.tally(w).first_bad_seq, two.tally(w).first_bad_seq);
+      nonfinite += one.tally(w).nonfinite;
+      overflow += one.tally(w).overflow;
+    }
+    for (FillMode mode :
+         {FillMode::kZero, FillMode::kRescale, FillMode::kPrevious}) {
+      std::vector<float> a(floats), b(floats);
+      one.Finalize(mode, a);
+      two.Finalize(mode, b);
+      for (size_t i = 0; i < floats; ++i) {
+        ASSERT_EQ(Bits(a[i]), Bits(b[i])) << round << " " << i;
+      }
+    }
+  }
+  // The rounds had both kinds of refusal.
+  EXPECT_GT(nonfinite, 0u);
+  EXPECT_GT(overflow, 0u);
 }
 
 // ---- end to end: the simulator's real frames and the server's job ----

@@ -23,7 +23,8 @@ class RxLossInjector {
 
   // `dblp` is the UDP payload of a frame. A frame too short to carry a
   // round is never dropped here: the protocol counts it malformed.
-  bool ShouldDrop(const uint8_t* dblp, size_t len, uint64_t now_ns) {
+  [[gnu::always_inline]] bool ShouldDrop(const uint8_t* dblp, size_t len,
+                                         uint64_t now_ns) {
     if (len < kDataHeaderBytes) return false;
     const uint8_t* r = dblp + offsetof(DataHeaderWire, round_be);
     const uint32_t round = (uint32_t{r[0]} << 24) | (uint32_t{r[1]} << 16) |

@@ -116,13 +116,8 @@ bool MeanReducer::Refuse(CountSlot& slot, Tally& t, uint32_t seq,
   return false;
 }
 
-bool MeanReducer::Accumulate(uint32_t w, uint32_t seq, const uint8_t* payload,
-                             uint32_t shard) {
-  assert(seq < layout_.num_chunks());
-  assert(static_cast<size_t>(w) * shards_ + shard < tallies_.size());
-  CountSlot& slot = counts_[seq];
-  Tally& t = tallies_[static_cast<size_t>(w) * shards_ + shard];
-  const size_t floats = layout_.Length(seq) / sizeof(float);
+bool MeanReducer::AccumulateScanned(CountSlot& slot, Tally& t, uint32_t seq,
+                                    const uint8_t* payload, size_t floats) {
   const ChunkScan scan = ScanFloats(payload, floats);
   if (scan.max_abs_bits >= kNonFiniteBits) return Refuse(slot, t, seq, false);
   t.sum_squares += scan.sum_squares;

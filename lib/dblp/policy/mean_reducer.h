@@ -2,7 +2,11 @@
 // counts, and the fill of what no worker delivered (loss_fill.h's modes).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
+#include <cassert>
+#include <cfloat>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -10,6 +14,7 @@
 
 #include "dblp/policy/loss_fill.h"
 #include "dblp/wire/chunking.h"
+#include "dblp/wire/float_ops.h"
 
 namespace dblp {
 
@@ -78,12 +83,18 @@ class MeanReducer {
   // added into the sum (one contribution), or refused (false: counted in
   // w's tally, not summed). Preconditions: seq < layout().num_chunks(),
   // w < the constructor's num_workers, shard < shards.
+  // Inline: the server runs it once per chunk; what it calls does the work.
   bool Accumulate(uint32_t w, uint32_t seq, const uint8_t* payload,
                   uint32_t shard = 0);
   // Per-worker L2 norm bound of a contribution (0 = off). Between rounds.
   // Throws std::invalid_argument on a negative or non-finite value.
   void set_clip_norm(double x);
   double clip_norm() const { return clip_norm_; }
+  // Unclipped chunks take the one-pass path (the first contribution's
+  // store fused with the sum of squares; no largest-magnitude scan) unless
+  // this is false: every chunk then takes the two-pass path, which the
+  // tests compare it with bit for bit.
+  void set_one_pass(bool on) { one_pass_ = on; }
   // Worker w's tally summed over the shards (between rounds).
   Tally tally(uint32_t w) const;
 
@@ -102,13 +113,23 @@ class MeanReducer {
   void Finalize(FillMode mode, std::span<float> mean_out);
 
   // Hints the caches to fetch chunk seq's sum slice and count slot (the
-  // server calls it for the next frame of a burst while it adds this one).
+  // server calls it for the chunks a burst sums next while it adds one).
+  // Every other line: the L2's adjacent-line prefetcher completes each
+  // 128-byte pair, at half the instructions of a prefetch per line.
   void Prefetch(uint32_t seq) const {
     if (seq >= layout_.num_chunks()) return;
     const char* p = reinterpret_cast<const char*>(SumOf(seq));
     const size_t bytes = layout_.Length(seq);
-    for (size_t off = 0; off < bytes; off += 64) {
+    for (size_t off = 0; off < bytes; off += 512) {
       __builtin_prefetch(p + off, 1, 3);
+      // At most three pairs past the slice: hints, never faults.
+      __builtin_prefetch(p + off + 128, 1, 3);
+      __builtin_prefetch(p + off + 256, 1, 3);
+      __builtin_prefetch(p + off + 384, 1, 3);
+      // GCC (-ffinite-loops) deletes a loop that only prefetches: this
+      // function compiled to nothing until the empty asm, an effect it
+      // keeps, was added.
+      asm volatile("");
     }
     __builtin_prefetch(&counts_[seq], 1, 3);
   }
@@ -147,11 +168,17 @@ class MeanReducer {
   }
 
   bool Refuse(CountSlot& slot, Tally& t, uint32_t seq, bool overflow);
+  // Accumulate's two passes: ScanFloats (largest magnitude and sum of
+  // squares), then the store or add, clipped if need be. The path of a
+  // clipped job and of any chunk the one-pass path cannot vouch for.
+  bool AccumulateScanned(CountSlot& slot, Tally& t, uint32_t seq,
+                         const uint8_t* payload, size_t floats);
 
   ChunkLayout layout_;
   uint32_t num_workers_;
   uint32_t shards_;
   double clip_norm_ = 0;
+  bool one_pass_ = true;
   uint64_t clip_floats_;        // the clip share's denominator (model_floats)
   std::vector<Tally> tallies_;  // [worker * shards_ + shard]
   // Floats between the starts of consecutive chunks' sum slices: the chunk's
@@ -161,5 +188,48 @@ class MeanReducer {
   std::vector<CountSlot> counts_;               // one padded slot per chunk
   std::vector<float> prev_mean_;                // control thread only
 };
+
+inline bool MeanReducer::Accumulate(uint32_t w, uint32_t seq,
+                                    const uint8_t* payload, uint32_t shard) {
+  assert(seq < layout_.num_chunks());
+  assert(static_cast<size_t>(w) * shards_ + shard < tallies_.size());
+  CountSlot& slot = counts_.data()[seq];
+  Tally& t = tallies_.data()[static_cast<size_t>(w) * shards_ + shard];
+  const size_t floats = layout_.Length(seq) / sizeof(float);
+  // A clip scales by the chunk's norm, which must be known first.
+  if (clip_norm_ > 0 || !one_pass_) [[unlikely]] {
+    return AccumulateScanned(slot, t, seq, payload, floats);
+  }
+  std::atomic<uint32_t>& n = slot.n;
+  const uint32_t k = n.load(std::memory_order_relaxed);
+  float* const sum = SumOf(seq);
+  // The first contribution is stored in the pass that sums its squares
+  // (a refused one leaves the count at 0, so the slice is never read).
+  const double squares = k == 0 ? StoreFloatsSumSquares(sum, payload, floats)
+                                : SumSquaresFloats(payload, floats);
+  // Non-finite: a NaN or an infinity, or squares past float's range (a
+  // float above about 1.8e19): the two-pass path refuses the chunk, or
+  // sums it with ScanFloats' squares redone in double.
+  if (!std::isfinite(squares)) [[unlikely]] {
+    return AccumulateScanned(slot, t, seq, payload, floats);
+  }
+  // The same bits as ScanFloats' sum of squares, its root a bound on every
+  // float (slack for the squares' rounding and underflow).
+  t.sum_squares += squares;
+  const double add_max = std::sqrt(squares) * (1 + 1e-5) + 1e-18;
+  if (k == 0) {
+    slot.max_abs = add_max;
+  } else {
+    if (slot.max_abs + add_max >= FLT_MAX &&
+        !SumStaysFinite(sum, payload, floats, 1.0f)) [[unlikely]] {
+      return Refuse(slot, t, seq, true);
+    }
+    AddFloats(sum, payload, floats);
+    slot.max_abs = std::min(slot.max_abs + add_max, double{FLT_MAX});
+  }
+  assert(k < num_workers_ && "more contributions than workers: duplicate?");
+  n.store(k + 1, std::memory_order_release);
+  return true;
+}
 
 }  // namespace dblp

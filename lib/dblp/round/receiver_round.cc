@@ -71,49 +71,6 @@ void ReceiverRound::SetDeadline(uint64_t deadline_ns, double min_fraction) {
   deadline_ns_.store(deadline_ns, std::memory_order_release);
 }
 
-Verdict ReceiverRound::OnFrame(const uint8_t* buf, size_t len, DataHeader* hdr,
-                               const uint8_t** payload) {
-  const DecodeStatus s = DecodeDataHeader(buf, len, hdr);
-  if (s != DecodeStatus::kOk) {
-    Bump(decode_errors_[static_cast<int>(s)]);
-    return Count(Verdict::kMalformed);
-  }
-  if (hdr->session != config_.session) return Count(Verdict::kWrongSession);
-  if (hdr->type != config_.expected_type) return Count(Verdict::kWrongType);
-  if (config_.expected_sender != kAnySender &&
-      hdr->sender_rank != config_.expected_sender) {
-    return Count(Verdict::kWrongSender);
-  }
-  if (!begun_) return Count(Verdict::kIdle);
-  const int32_t ahead =
-      RoundDistance(hdr->round, round_.load(std::memory_order_relaxed));
-  if (ahead < 0) return Count(Verdict::kStaleRound);
-  if (ahead > 0) return Count(Verdict::kFutureRound);
-  if (!open_.load(std::memory_order_relaxed)) return Count(Verdict::kLate);
-  const DecodeStatus v = ValidateChunk(*hdr, config_.layout);
-  if (v != DecodeStatus::kOk) {
-    Bump(decode_errors_[static_cast<int>(v)]);
-    return Count(Verdict::kOutOfRange);
-  }
-  // One unsigned compare: a seq below seq_begin wraps to a huge offset.
-  if (hdr->seq - config_.seq_begin >= seq_span_) {
-    return Count(Verdict::kMisrouted);
-  }
-  if (tag_bytes_ != 0) {
-    // A chunk we hold costs no MAC; anything else must prove its origin
-    // before it can set a bit (the owner is the only writer, so nothing
-    // sets it between the test and the set).
-    if (bitmap_.Test(hdr->seq)) return Count(Verdict::kDuplicate);
-    const size_t body = kDataHeaderBytes + size_t{hdr->payload_len};
-    if (len < body + tag_bytes_ || !auth_.Verify(buf, body, buf + body)) {
-      return Count(Verdict::kBadTag);
-    }
-  }
-  if (!bitmap_.Set(hdr->seq)) return Count(Verdict::kDuplicate);
-  *payload = buf + kDataHeaderBytes;
-  return Count(Verdict::kAccepted);
-}
-
 StopRule ReceiverRound::Rule() const {
   StopRule rule;
   rule.threshold = threshold_.load(std::memory_order_acquire);

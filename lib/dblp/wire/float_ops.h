@@ -31,6 +31,18 @@ struct ChunkScan {
 inline constexpr uint32_t kNonFiniteBits = 0x7f800000u;
 ChunkScan ScanFloats(const uint8_t* src, size_t n);
 
+// The sum of squares ScanFloats computes (the same lanes and order, so
+// the same bits whenever it is finite), without the largest magnitude:
+// a NaN or an infinity in `src`, or a float square sum that overflowed,
+// makes it non-finite, and the caller then asks ScanFloats. A finite
+// result bounds every |src[i]| by its square root.
+double SumSquaresFloats(const uint8_t* src, size_t n);
+// StoreFloats and SumSquaresFloats in one pass over `src` (a round's first
+// contribution, unclipped): `dst` is written whatever the floats are, so
+// a caller that refuses the chunk on a non-finite result must treat the
+// slice as unwritten (MeanReducer: a chunk with no contribution).
+double StoreFloatsSumSquares(float* dst, const uint8_t* src, size_t n);
+
 // Sets every non-finite float of `v` to 0; returns how many it set (a mean
 // that overflowed is never broadcast as it is).
 uint64_t ZeroNonFinite(std::span<float> v);

@@ -52,39 +52,6 @@ size_t BuildDataFrame(const DataHeader& h, const uint8_t* payload,
   return kDataHeaderBytes + h.payload_len;
 }
 
-DecodeStatus DecodeDataHeader(const uint8_t* buf, size_t len, DataHeader* out) {
-  if (buf == nullptr || len < kDataHeaderBytes) {
-    return DecodeStatus::kShortBuffer;
-  }
-  DataHeaderWire w;
-  std::memcpy(&w, buf, sizeof(w));
-  if (ntohs(w.magic_be) != kDataMagic) return DecodeStatus::kBadMagic;
-  if (w.version != kWireVersion) return DecodeStatus::kBadVersion;
-  if (w.type != static_cast<uint8_t>(FrameType::kPush) &&
-      w.type != static_cast<uint8_t>(FrameType::kBroadcast)) {
-    return DecodeStatus::kBadType;
-  }
-  const uint16_t payload_len = ntohs(w.payload_len_be);
-  if (payload_len > len - kDataHeaderBytes) {
-    return DecodeStatus::kLengthBeyondBuffer;
-  }
-  out->type = static_cast<FrameType>(w.type);
-  out->session = ntohl(w.session_be);
-  out->sender_rank = ntohs(w.sender_rank_be);
-  out->payload_len = payload_len;
-  out->round = ntohl(w.round_be);
-  out->seq = ntohl(w.seq_be);
-  return DecodeStatus::kOk;
-}
-
-DecodeStatus ValidateChunk(const DataHeader& h, const ChunkLayout& layout) {
-  if (h.seq >= layout.num_chunks()) return DecodeStatus::kSeqOutOfRange;
-  if (h.payload_len != layout.Length(h.seq)) {
-    return DecodeStatus::kLengthMismatch;
-  }
-  return DecodeStatus::kOk;
-}
-
 DecodeStatus DecodeDataFrame(const uint8_t* buf, size_t len,
                              const ChunkLayout& layout, DataHeader* out,
                              const uint8_t** payload) {

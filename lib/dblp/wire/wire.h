@@ -11,12 +11,14 @@
 // platform DPDK supports); the header never is.
 #pragma once
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+
+#include "dblp/wire/chunking.h"
 
 namespace dblp {
-
-class ChunkLayout;
 
 inline constexpr uint16_t kDataMagic = 0xDB1Fu;
 inline constexpr uint8_t kWireVersion = 1;
@@ -81,12 +83,54 @@ void EncodeDataHeader(const DataHeader& h, uint8_t* out);
 size_t BuildDataFrame(const DataHeader& h, const uint8_t* payload,
                       uint8_t* out);
 
+// Network to host order (ntohs / ntohl without <arpa/inet.h>).
+constexpr uint16_t FromBe16(uint16_t v) {
+  return std::endian::native == std::endian::little ? __builtin_bswap16(v) : v;
+}
+constexpr uint32_t FromBe32(uint32_t v) {
+  return std::endian::native == std::endian::little ? __builtin_bswap32(v) : v;
+}
+
 // Structural decode: checks everything that needs no session knowledge.
 // Bytes past header + payload_len (e.g. Ethernet padding) are allowed.
-DecodeStatus DecodeDataHeader(const uint8_t* buf, size_t len, DataHeader* out);
+// Inline, as ValidateChunk: a receiver runs both once per frame.
+inline DecodeStatus DecodeDataHeader(const uint8_t* buf, size_t len,
+                                     DataHeader* out) {
+  if (buf == nullptr || len < kDataHeaderBytes) {
+    return DecodeStatus::kShortBuffer;
+  }
+  DataHeaderWire w;
+  std::memcpy(&w, buf, sizeof(w));
+  if (FromBe16(w.magic_be) != kDataMagic) {
+    return DecodeStatus::kBadMagic;
+  }
+  if (w.version != kWireVersion) return DecodeStatus::kBadVersion;
+  if (w.type != static_cast<uint8_t>(FrameType::kPush) &&
+      w.type != static_cast<uint8_t>(FrameType::kBroadcast)) {
+    return DecodeStatus::kBadType;
+  }
+  const uint16_t payload_len = FromBe16(w.payload_len_be);
+  if (payload_len > len - kDataHeaderBytes) {
+    return DecodeStatus::kLengthBeyondBuffer;
+  }
+  out->type = static_cast<FrameType>(w.type);
+  out->session = FromBe32(w.session_be);
+  out->sender_rank = FromBe16(w.sender_rank_be);
+  out->payload_len = payload_len;
+  out->round = FromBe32(w.round_be);
+  out->seq = FromBe32(w.seq_be);
+  return DecodeStatus::kOk;
+}
 
 // Checks a structurally valid header against the round's chunk layout.
-DecodeStatus ValidateChunk(const DataHeader& h, const ChunkLayout& layout);
+inline DecodeStatus ValidateChunk(const DataHeader& h,
+                                  const ChunkLayout& layout) {
+  if (h.seq >= layout.num_chunks()) return DecodeStatus::kSeqOutOfRange;
+  if (h.payload_len != layout.Length(h.seq)) {
+    return DecodeStatus::kLengthMismatch;
+  }
+  return DecodeStatus::kOk;
+}
 
 // Both of the above; on kOk `*payload` points at the chunk bytes in `buf`.
 DecodeStatus DecodeDataFrame(const uint8_t* buf, size_t len,
