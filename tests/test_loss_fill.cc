@@ -478,5 +478,33 @@ TEST(FloatOps, AddAndStoreMatchScalarForEveryLengthAndAlignment) {
   }
 }
 
+// A job that never fills with prev does not copy the mean every round; the
+// means it gets are the same, and asking for prev then is an error.
+TEST(MeanReducer, KeepPreviousOffSkipsTheCopyNotTheMean) {
+  const ChunkLayout layout(64 * 4 * 3, 64 * 4);
+  const std::vector<float> g(64, 3.0f);
+  MeanReducer kept(layout, 2), lean(layout, 2);
+  lean.set_keep_previous(false);
+  std::vector<float> a(64 * 3), b(64 * 3);
+  for (int round = 0; round < 2; ++round) {
+    for (MeanReducer* red : {&kept, &lean}) {
+      red->BeginRound();
+      red->Accumulate(0, round % 3, reinterpret_cast<const uint8_t*>(g.data()));
+    }
+    kept.Finalize(FillMode::kZero, a);
+    lean.Finalize(FillMode::kZero, b);
+    EXPECT_EQ(a, b);
+  }
+  EXPECT_THROW(lean.Finalize(FillMode::kPrevious, b), std::logic_error);
+  // On again: the previous mean restarts at zeros, like a new reducer's.
+  lean.set_keep_previous(true);
+  lean.Finalize(FillMode::kPrevious, b);
+  EXPECT_EQ(b[64], 1.5f);  // (3 + 1 * 0) / 2; the last mean (1.5) is gone
+  lean.BeginRound();
+  lean.Accumulate(1, 2, reinterpret_cast<const uint8_t*>(g.data()));
+  lean.Finalize(FillMode::kPrevious, b);
+  EXPECT_EQ(b[2 * 64], 1.5f);  // (3 + 1 * prev) / 2, prev of chunk 2 = 0
+}
+
 }  // namespace
 }  // namespace dblp

@@ -26,6 +26,8 @@ ServerIteration::ServerIteration(const ServerJobSettings& s,
                     sizeof(float)),
       squares_(NormBlocks(mean_.size(), block_floats_), 0.0) {
   reducer_.set_clip_norm(ClipNormFor(0));
+  // The fill is the job's for good: only prev reads the last mean.
+  reducer_.set_keep_previous(s.push_fill == FillMode::kPrevious);
   if (s.consistent_broadcast) carry_.emplace(layout, HashMix(seed, 0xCA));
 }
 

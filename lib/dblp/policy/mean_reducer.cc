@@ -181,10 +181,16 @@ MeanReducer::Tally MeanReducer::tally(uint32_t w) const {
 }
 
 void MeanReducer::Finalize(FillMode mode, std::span<float> mean_out) {
-  if (mean_out.size() != prev_mean_.size()) {
-    throw std::invalid_argument(
-        "mean output holds " + std::to_string(mean_out.size()) +
-        " floats, the layout needs " + std::to_string(prev_mean_.size()));
+  const size_t floats = layout_.total_bytes() / sizeof(float);
+  if (mean_out.size() != floats) {
+    throw std::invalid_argument("mean output holds " +
+                                std::to_string(mean_out.size()) +
+                                " floats, the layout needs " +
+                                std::to_string(floats));
+  }
+  if (mode == FillMode::kPrevious && !keep_previous_) {
+    throw std::logic_error(
+        "MeanReducer: kPrevious fill with keep_previous off");
   }
   float* const out = mean_out.data();
   const float* const prev = prev_mean_.data();
@@ -242,7 +248,19 @@ void MeanReducer::Finalize(FillMode mode, std::span<float> mean_out) {
         break;
     }
   }
-  std::copy(mean_out.begin(), mean_out.end(), prev_mean_.begin());
+  if (keep_previous_) {
+    std::copy(mean_out.begin(), mean_out.end(), prev_mean_.begin());
+  }
+}
+
+void MeanReducer::set_keep_previous(bool on) {
+  if (on == keep_previous_) return;
+  keep_previous_ = on;
+  if (on) {
+    prev_mean_.assign(layout_.total_bytes() / sizeof(float), 0.0f);
+  } else {
+    std::vector<float>().swap(prev_mean_);
+  }
 }
 
 uint32_t MeanReducer::CoveredChunks() const {

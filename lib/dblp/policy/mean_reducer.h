@@ -109,8 +109,13 @@ class MeanReducer {
   // A chunk every worker's copy of which was refused (W == 0) gets 0
   // (kZero, kRescale) or prev_mean (kPrevious).
   // The output is remembered as prev_mean for the next Finalize whatever the
-  // mode, so a job can switch modes between rounds.
+  // mode, so a job can switch modes between rounds (unless keep_previous is
+  // off: then kPrevious throws std::logic_error).
   void Finalize(FillMode mode, std::span<float> mean_out);
+  // Between rounds. Off: Finalize stops remembering its output (a copy of
+  // the whole mean per round) and frees it, for a job that never fills
+  // with kPrevious; on again: prev_mean restarts at zeros.
+  void set_keep_previous(bool on);
 
   // Hints the caches to fetch chunk seq's sum slice and count slot (the
   // server calls it for the chunks a burst sums next while it adds one).
@@ -186,7 +191,8 @@ class MeanReducer {
   size_t stride_floats_;
   std::unique_ptr<float[], AlignedFree> sums_;  // writer: owner of each slice
   std::vector<CountSlot> counts_;               // one padded slot per chunk
-  std::vector<float> prev_mean_;                // control thread only
+  std::vector<float> prev_mean_;  // control thread only; empty if not kept
+  bool keep_previous_ = true;
 };
 
 inline bool MeanReducer::Accumulate(uint32_t w, uint32_t seq,
