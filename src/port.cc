@@ -209,6 +209,15 @@ PortCaps SetupPortOrDie(const PortOptions& opts, rte_mempool* pool) {
     conf.txmode.offloads |= want_tx_udp;
     caps.tx_udp_cksum_offload = true;
   }
+  if (opts.multi_seg_tx) {
+    if ((info.tx_offload_capa & RTE_ETH_TX_OFFLOAD_MULTI_SEGS) == 0) {
+      Die(where + " (" + caps.driver +
+              ") does not offer multi-segment TX (RTE_ETH_TX_OFFLOAD_MULTI_"
+              "SEGS), which --tx_payload=extbuf needs",
+          "use --tx_payload=copy on this port");
+    }
+    conf.txmode.offloads |= RTE_ETH_TX_OFFLOAD_MULTI_SEGS;
+  }
   caps.udp_cksum_zero = SendsUdpChecksumZero(opts.checksum, caps.driver,
                                              caps.tx_udp_cksum_offload);
   caps.fused_checksum = opts.fused_checksum;

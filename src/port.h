@@ -30,6 +30,10 @@ struct PortOptions {
   // rte_flow isolated mode before the port is configured (steering.h,
   // --flow_isolate): only frames the flow rules match reach DPDK.
   bool flow_isolate = false;
+  // Multi-segment TX (RTE_ETH_TX_OFFLOAD_MULTI_SEGS), which external-buffer
+  // frames need (--tx_payload=extbuf): refused with the fix if the device
+  // does not offer it.
+  bool multi_seg_tx = false;
 };
 
 // What the port ended up with after negotiation.
