@@ -107,12 +107,16 @@ uint32_t BuildExtbuf(ChunkTransmitter& tx, FrameTemplate& tmpl,
     return 0;
   }
   ExtbufRegion& r = *tx.extbuf;
+  // Chunks that go from no frame in flight to one: the free callback runs
+  // once per such chunk, when its refcnt is back at 0.
+  uint32_t fresh = 0;
   for (uint32_t i = 0; i < k; ++i) {
     const uint32_t seq = seqs[i];
     rte_mbuf_ext_shared_info* sh = r.shinfo(seq);
     // Not in flight (the usual case): 0 -> 1 without a locked instruction.
     if (rte_mbuf_ext_refcnt_read(sh) == 0) {
       rte_mbuf_ext_refcnt_set(sh, 1);
+      ++fresh;
     } else {
       rte_mbuf_ext_refcnt_update(sh, 1);
     }
@@ -122,7 +126,7 @@ uint32_t BuildExtbuf(ChunkTransmitter& tx, FrameTemplate& tmpl,
                           seq, static_cast<uint16_t>(layout.Length(seq)),
                           payload, r.IovaOf(payload), sh);
   }
-  __atomic_store_n(&tx.extbuf_attached, tx.extbuf_attached + k,
+  __atomic_store_n(&tx.extbuf_attached, tx.extbuf_attached + fresh,
                    __ATOMIC_RELAXED);
   return k;
 }
@@ -225,13 +229,13 @@ std::string ExtbufRegion::Init(const uint8_t* base, size_t len, uint32_t chunks,
   const uintptr_t hi =
       (reinterpret_cast<uintptr_t>(base) + len + page - 1) & ~(page - 1);
   void* addr = reinterpret_cast<void*>(lo);
-  if (rte_extmem_register(addr, hi - lo, nullptr, 0, page) != 0 &&
-      rte_errno != EEXIST) {
+  if (rte_extmem_register(addr, hi - lo, nullptr, 0, page) == 0) {
+    registered_ = addr;  // ours to unregister
+    registered_len_ = hi - lo;
+  } else if (rte_errno != EEXIST) {
     return std::string("rte_extmem_register of the gradient failed: ") +
            rte_strerror(rte_errno);
   }
-  registered_ = addr;
-  registered_len_ = hi - lo;
   // rte_dev_dma_map is still experimental in DPDK 22.11.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"

@@ -329,6 +329,8 @@ struct ChunkTransmitter {
   // at most `wait_us`). Call it from the lcore that owns the queue, or
   // once that lcore stopped sending.
   bool DrainExtbuf(uint32_t wait_us = 100000);
+  // Chunks with an extbuf frame still held by the PMD (attached counts a
+  // chunk's refcnt going 0 -> 1, freed its callback when back at 0).
   uint64_t extbuf_in_flight() const {
     return __atomic_load_n(&extbuf_attached, __ATOMIC_RELAXED) -
            __atomic_load_n(&extbuf_freed, __ATOMIC_RELAXED);

@@ -116,10 +116,11 @@ class FrameTemplate {
 
   // Appends the patched L2-L4 template; returns where the UDP payload goes.
   uint8_t* Begin(rte_mbuf* m, uint32_t udp_payload_len);
-  // The template's first `copy` bytes at the start of empty `m`, with the
-  // frame's lengths and IP id patched in and data_len / pkt_len set to
-  // `data_len` (frame_len for one segment). Returns the frame start or
-  // null if `m` is not empty or lacks room (or lengths overflow).
+  // The whole template at the start of empty `m` (its first segment needs
+  // room for all 64 bytes), with the frame's lengths and IP id patched in;
+  // data_len = `data_len` (the frame length for one segment, the headers
+  // for an extbuf frame), pkt_len = the frame length. Returns the frame
+  // start or null if `m` is not empty or lacks room (or lengths overflow).
   uint8_t* WriteHeaders(rte_mbuf* m, uint32_t udp_payload_len,
                         uint32_t data_len);
   // Checksums (software or offload flags) once the payload is in place.
