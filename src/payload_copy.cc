@@ -1,5 +1,6 @@
 #include "payload_copy.h"
 
+#include <cstddef>
 #include <cstring>
 
 #if defined(__x86_64__)
@@ -60,10 +61,13 @@ __attribute__((target("avx2,tune=haswell"))) void CopyAvx2(uint8_t* dst,
     if (n != 0) std::memcpy(dst, src, n);
     return;
   }
-  size_t i = 0;
-  for (; i + 256 <= n; i += 256) {
+  // src addressed from dst: fewer induction variables (20 instructions
+  // per 256 bytes, 22 with an index).
+  const size_t i = n & ~size_t{255};
+  const ptrdiff_t from_dst = src - dst;
+  for (uint8_t *p = dst, *end = dst + i; p != end; p += 256) {
 #pragma GCC unroll 8
-    for (size_t b = 0; b < 256; b += 32) Copy32(dst + i + b, src + i + b);
+    for (size_t b = 0; b < 256; b += 32) Copy32(p + b, p + from_dst + b);
   }
   const size_t blocks = (n - i) / 32;  // 0..7
   uint8_t* d = dst + i;
