@@ -41,6 +41,12 @@ DEFINE_string(gradient, "synthetic",
 DEFINE_uint64(floats, 262144,
               "gradient size in float32 values (e.g. "
               "25557032 for ResNet-50)");
+DEFINE_string(tx_payload, "copy",
+              "how a push frame carries its chunk: copy (into the frame's "
+              "mbuf) | extbuf (a second segment attached to the gradient "
+              "in place, rte_pktmbuf_attach_extbuf: no copy by the worker; "
+              "needs a port with multi-segment TX; on net_memif, which "
+              "copies every segment into its ring anyway, copy is as fast)");
 DEFINE_string(bcast_fill, "zero",
               "fill of chunks missing from the "
               "broadcast: zero | prev (keep zero with a server running "
@@ -109,6 +115,14 @@ int main(int argc, char** argv) {
   o.eth_peer = FLAGS_eth_peer;
   o.iterations = FLAGS_iterations;
   o.dp = dblp::DatapathOptionsFromFlags();
+  if (FLAGS_tx_payload == "extbuf") {
+    o.dp.tx_extbuf = true;
+    o.dp.port.multi_seg_tx = true;
+    o.dp.port.multi_seg_required = true;
+  } else if (FLAGS_tx_payload != "copy") {
+    dblp::FlagError("--tx_payload=" + FLAGS_tx_payload +
+                    ": use copy or extbuf");
+  }
   o.bcast_fill = dblp::BcastFillFromFlags();
   o.join_timeout_ms = FLAGS_join_timeout_ms;
   o.on_absorbed = dblp::WorkerDumps(FLAGS_dump_dir, FLAGS_dump_iterations);

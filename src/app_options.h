@@ -30,6 +30,10 @@ struct DatapathOptions {
   // Software prefetch on the hot paths: the next chunk of the gradient on
   // TX, the next frames' headers and sum slices on RX.
   bool prefetch = true;
+  // A worker's push frames point into the gradient (a header mbuf chained
+  // to an external-buffer segment over the chunk) instead of copying it
+  // (--tx_payload=extbuf; needs PortOptions::multi_seg_tx).
+  bool tx_extbuf = false;
   double stats_period_s = 1.0;
   uint32_t round_timeout_ms = 30000;  // no progress this long: fail clearly
   std::string out_dir;

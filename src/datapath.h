@@ -262,6 +262,38 @@ constexpr uint32_t WireBytesPerFrame(uint32_t mtu) {
 void SetControlPriorities(SidecarThread& sidecar, const char* app,
                           bool realtime_datapath);
 
+// The memory that external-buffer frames (--tx_payload=extbuf) point
+// into: a worker's gradient, registered once for the port's DMA where the
+// port needs it (not on net_memif, which copies by virtual address), with
+// one rte_mbuf_ext_shared_info per chunk. A chunk's refcnt is 1 while one
+// frame carries it (set and cleared without atomics; a resend while the
+// last frame is still on the ring takes DPDK's atomic update), and its free
+// callback counts the frame done (ChunkTransmitter::DrainExtbuf).
+class ExtbufRegion {
+ public:
+  ExtbufRegion() = default;
+  ~ExtbufRegion();
+  ExtbufRegion(const ExtbufRegion&) = delete;
+  ExtbufRegion& operator=(const ExtbufRegion&) = delete;
+  // `len` bytes at `base` cut into `chunks` chunks, sent on `port` (driver
+  // `driver`). Returns "" or why the port cannot DMA from it.
+  std::string Init(const uint8_t* base, size_t len, uint32_t chunks,
+                   uint16_t port, const std::string& driver);
+  const uint8_t* base() const { return base_; }
+  rte_mbuf_ext_shared_info* shinfo(uint32_t seq) { return &shinfo_[seq]; }
+  rte_iova_t IovaOf(const uint8_t* p) const {
+    return iova_base_ + static_cast<rte_iova_t>(p - base_);
+  }
+
+ private:
+  const uint8_t* base_ = nullptr;
+  rte_iova_t iova_base_ = 0;
+  std::vector<rte_mbuf_ext_shared_info> shinfo_;
+  void* registered_ = nullptr;  // page-aligned range given to the EAL
+  size_t registered_len_ = 0;
+  rte_device* dma_dev_ = nullptr;  // mapped for this device's DMA
+};
+
 // Sends the chunks a SenderRound hands out, built straight into mbufs.
 struct ChunkTransmitter {
   uint16_t port = 0;
@@ -285,6 +317,29 @@ struct ChunkTransmitter {
   // back (SenderRound::Unsend) to send later.
   uint32_t Send(FrameTemplate& tmpl, DataHeader proto, const uint32_t* seqs,
                 uint32_t n, const uint8_t* buffer, const ChunkLayout& layout);
+
+  // External-buffer TX: non-null, every frame is a header mbuf chained to
+  // a segment attached to the chunk in `buffer`, which must be
+  // extbuf->base() (the port was set up with multi-segment TX). The buffer
+  // must not change until DrainExtbuf() returned true.
+  ExtbufRegion* extbuf = nullptr;
+  // True once every extbuf frame sent so far was freed by the PMD (at
+  // once on net_memif, which copies in rte_eth_tx_burst; a NIC frees them
+  // on later bursts or rte_eth_tx_done_cleanup, which this asks for, for
+  // at most `wait_us`). Call it from the lcore that owns the queue, or
+  // once that lcore stopped sending.
+  bool DrainExtbuf(uint32_t wait_us = 100000);
+  // Chunks with an extbuf frame still held by the PMD (attached counts a
+  // chunk's refcnt going 0 -> 1, freed its callback when back at 0).
+  uint64_t extbuf_in_flight() const {
+    return __atomic_load_n(&extbuf_attached, __ATOMIC_RELAXED) -
+           __atomic_load_n(&extbuf_freed, __ATOMIC_RELAXED);
+  }
+  // Writers: the queue's lcore (Send) and the PMD's free on that lcore
+  // (relaxed atomic stores: no locked instruction); plain members so that
+  // the transmitter stays an aggregate.
+  uint64_t extbuf_attached = 0;
+  uint64_t extbuf_freed = 0;
 };
 
 // The send side's frames over a DPDK TX queue (send_side.h's ChunkFrames):

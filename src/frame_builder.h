@@ -17,6 +17,7 @@
 #include <cstring>
 
 #include "dblp/security/frame_auth.h"
+#include "dblp/wire/chunking.h"
 #include "dblp/wire/wire.h"
 #include "port.h"
 
@@ -39,13 +40,44 @@ class FrameTemplate {
 
   // Appends a complete frame for chunk `h` (payload `h.payload_len` bytes
   // from `payload`) to an empty mbuf. Returns false (mbuf untouched) if the
-  // mbuf is not empty or lacks room. No allocation, no syscalls: a 42-byte
-  // template copy, patched lengths and IP id (+1 per frame), checksums.
+  // mbuf is not empty or lacks room. No allocation, no syscalls.
   // IPv4: DF, TTL 64. With offloads (PortCaps from SetupPortOrDie) it sets
   // RTE_MBUF_F_TX_IPV4 | _IP_CKSUM / _UDP_CKSUM, l2_len, l3_len and seeds
   // the UDP checksum with the pseudo-header sum; otherwise it computes the
   // checksums in software (UDP 0 for checksum=none).
-  bool Build(rte_mbuf* m, const DataHeader& h, const uint8_t* payload);
+  // Same as Prime(h) then BuildChunk(m, h.seq, h.payload_len, payload).
+  bool Build(rte_mbuf* m, const DataHeader& h, const uint8_t* payload) {
+    Prime(h);
+    return BuildChunk(m, h.seq, h.payload_len, payload);
+  }
+  // The hot path, in two steps: Prime writes the DBLP header fields that
+  // are the same for every frame of a burst (type, session, rank, round)
+  // into the 64-byte header template, once per burst; BuildChunk then
+  // writes the whole template with four 16-byte stores (or two 32-byte)
+  // and patches what differs per frame: lengths, IP id and checksum, seq.
+  void Prime(const DataHeader& proto);
+  bool BuildChunk(rte_mbuf* m, uint32_t seq, uint16_t payload_len,
+                  const uint8_t* payload);
+  // BuildChunk for a whole burst: frame i carries chunk seqs[i] of
+  // `buffer` (layout's offsets and lengths) in mbufs[i], all empty
+  // one-segment mbufs of one pool (fresh from rte_pktmbuf_alloc_bulk). The
+  // checks and the checksum mode are decided once per burst. Returns false,
+  // building nothing, if the longest chunk's frame does not fit an mbuf.
+  bool BuildBurst(rte_mbuf* const* mbufs, const uint32_t* seqs, uint32_t k,
+                  const uint8_t* buffer, const ChunkLayout& layout);
+  // External-buffer TX (--tx_payload=extbuf): the headers (and the tag, if
+  // any) go into `m`, an empty mbuf; `seg` (an empty mbuf from any pool) is
+  // attached to the `payload_len` payload bytes at `payload` in place
+  // (rte_pktmbuf_attach_extbuf with `shinfo`, whose refcnt the caller
+  // manages, see ExtbufRegion) and chained after the headers; a tag goes
+  // into `tag_seg` (a third empty mbuf, chained last; null when untagged).
+  // The linearised frame is byte-identical to BuildChunk's. `payload_iova`:
+  // the payload's IO address. Returns false (nothing chained) if an mbuf
+  // is not empty or lacks room, or a tag needs a `tag_seg`.
+  bool BuildChunkExtbuf(rte_mbuf* m, rte_mbuf* seg, rte_mbuf* tag_seg,
+                        uint32_t seq, uint16_t payload_len,
+                        const uint8_t* payload, rte_iova_t payload_iova,
+                        rte_mbuf_ext_shared_info* shinfo);
   // The headers of a frame whose payload is not copied (bcast_frames.h):
   // appends L2-L4 + the DBLP header of `h` (kL2L3L4Bytes +
   // kDataHeaderBytes) to the empty mbuf `m`, with the IP and UDP lengths
@@ -87,14 +119,28 @@ class FrameTemplate {
   }
 
  private:
+  // Bytes of the L2-L4 + DBLP header template, rounded up to a cache line
+  // so that it is copied with fixed-size stores (the last two bytes are
+  // overwritten by the payload).
+  static constexpr uint32_t kTemplateBytes = 64;
+  static_assert(kL2L3L4Bytes + kDataHeaderBytes <= kTemplateBytes);
+
   // Appends the patched L2-L4 template; returns where the UDP payload goes.
   uint8_t* Begin(rte_mbuf* m, uint32_t udp_payload_len);
+  // The whole template at the start of empty `m` (its first segment needs
+  // room for all 64 bytes), with the frame's lengths and IP id patched in;
+  // data_len = `data_len` (the frame length for one segment, the headers
+  // for an extbuf frame), pkt_len = the frame length. Returns the frame
+  // start or null if `m` is not empty or lacks room (or lengths overflow).
+  uint8_t* WriteHeaders(rte_mbuf* m, uint32_t udp_payload_len,
+                        uint32_t data_len);
   // Checksums (software or offload flags) once the payload is in place.
   // `payload_sum`: the UDP payload's OnesSum16 when the caller already has
-  // it (fused copy), else Finish sums the datagram itself.
+  // it (fused copy), else Finish sums the datagram itself (one segment).
   void Finish(rte_mbuf* m, const uint16_t* payload_sum = nullptr);
+  void FinishAt(rte_mbuf* m, uint8_t* p, const uint16_t* payload_sum);
 
-  alignas(64) uint8_t hdr_[kL2L3L4Bytes]{};  // template, network order
+  alignas(64) uint8_t hdr_[kTemplateBytes]{};  // template, network order
   Endpoint src_, dst_;
   uint16_t ip_id_ = 0;
   uint16_t ip_template_sum_ = 0;  // ones' sum of the IPv4 template header

@@ -487,8 +487,22 @@ bool WorkerLcore::Exchange(uint64_t it, std::string* failure) {
   }
   // Every side is open: the helpers step theirs from here on.
   crew_gen_ = setup_.crew ? setup_.crew->Go() : 0;
-  const bool ok = RunUntil([&] { return PushDone() && !BroadcastOpen(); },
-                           nullptr, it, failure);
+  bool ok = RunUntil([&] { return PushDone() && !BroadcastOpen(); }, nullptr,
+                     it, failure);
+  // --tx_payload=extbuf: no frame may still point into the gradient when
+  // the trainer gets it back (the helpers are done sending by now).
+  for (Lane& lane : lanes_) {
+    for (ChunkTransmitter& tx : lane.link->tx) {
+      if (ok && !tx.DrainExtbuf()) {
+        *failure = "iteration " + std::to_string(it) + ": " +
+                   std::to_string(tx.extbuf_in_flight()) +
+                   " push frames of TX queue " + std::to_string(tx.queue) +
+                   " still not freed by the port 100 ms after the round "
+                   "(--tx_payload=extbuf); use --tx_payload=copy";
+        ok = false;
+      }
+    }
+  }
   times_.push_done_ns = 0;
   for (const Lane& lane : lanes_) {
     for (const auto& s : lane.link->push) {

@@ -209,13 +209,18 @@ PortCaps SetupPortOrDie(const PortOptions& opts, rte_mempool* pool) {
     conf.txmode.offloads |= want_tx_udp;
     caps.tx_udp_cksum_offload = true;
   }
-  // Chained frames (the broadcast's shared payload, bcast_frames.h), when
-  // asked for: a device not told may pick a TX path that sends only the
-  // first segment.
+  // Chained frames (the broadcast's shared payload, bcast_frames.h; the
+  // worker's --tx_payload=extbuf), when asked for: a device not told may
+  // pick a TX path that sends only the first segment.
   if (opts.multi_seg_tx &&
       (info.tx_offload_capa & RTE_ETH_TX_OFFLOAD_MULTI_SEGS) != 0) {
     conf.txmode.offloads |= RTE_ETH_TX_OFFLOAD_MULTI_SEGS;
     caps.tx_multi_seg = true;
+  } else if (opts.multi_seg_tx && opts.multi_seg_required) {
+    Die(where + " (" + caps.driver +
+            ") does not offer multi-segment TX (RTE_ETH_TX_OFFLOAD_MULTI_"
+            "SEGS), which --tx_payload=extbuf needs",
+        "use --tx_payload=copy on this port");
   }
   caps.udp_cksum_zero = SendsUdpChecksumZero(opts.checksum, caps.driver,
                                              caps.tx_udp_cksum_offload);

@@ -30,10 +30,15 @@ struct PortOptions {
   // rte_flow isolated mode before the port is configured (steering.h,
   // --flow_isolate): only frames the flow rules match reach DPDK.
   bool flow_isolate = false;
-  // Chained frames may go out (the server's shared broadcast payload,
-  // bcast_frames.h): asks for multi-segment TX where offered. Off for the
-  // rest, since on some NICs it rules out the fastest TX path.
+  // Chained frames may go out: asks for multi-segment TX where offered
+  // (caps.tx_multi_seg says whether it was), for the server's shared
+  // broadcast payload (bcast_frames.h) and external-buffer TX
+  // (--tx_payload=extbuf). Off for the rest, since on some NICs it rules
+  // out the fastest TX path.
   bool multi_seg_tx = false;
+  // With multi_seg_tx: a device without it is refused, naming the flag
+  // (--tx_payload=extbuf cannot fall back to copying).
+  bool multi_seg_required = false;
 };
 
 // What the port ended up with after negotiation.

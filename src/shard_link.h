@@ -66,6 +66,9 @@ struct ShardLink {
   std::vector<SendSide*> push_ptrs;
   std::optional<ReceiveSide> bcast;   // over the partition
   std::vector<ChunkTransmitter> tx;   // one per TX queue
+  // --tx_payload=extbuf: the partition's gradient as the frames' payload
+  // memory (every tx points at it); null when frames copy.
+  std::unique_ptr<ExtbufRegion> extbuf;
   const uint8_t* gradient = nullptr;  // the partition's bytes of the push
   uint8_t* mean = nullptr;            // and where its broadcast lands
   std::vector<uint32_t> order;        // this push's order, local seqs

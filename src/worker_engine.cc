@@ -172,6 +172,17 @@ void WorkerRun::BuildLink(ShardLink& l) {
   l.gradient =
       reinterpret_cast<const uint8_t*>(job_->model().grad().data()) + at;
   l.mean = reinterpret_cast<uint8_t*>(job_->model().avg().data()) + at;
+  if (o_.dp.tx_extbuf) {
+    // The gradient stays put for the job (the model's buffer); a round's
+    // frames are all freed before Exchange returns (DrainExtbuf), so the
+    // trainer never writes under a frame still on a ring.
+    l.extbuf = std::make_unique<ExtbufRegion>();
+    const std::string err =
+        l.extbuf->Init(l.gradient, l.layout.total_bytes(),
+                       l.layout.num_chunks(), l.port, l.caps.driver);
+    if (!err.empty()) Die(err, "use --tx_payload=copy");
+    for (ChunkTransmitter& tx : l.tx) tx.extbuf = l.extbuf.get();
+  }
 }
 
 // Helper lcore j's push sides: TX queue q of every link with q % lcores

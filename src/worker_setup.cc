@@ -255,8 +255,12 @@ rte_mempool* CreateWorkerPool(const WorkerOptions& o, uint16_t ports,
                               uint16_t queues) {
   PortOptions popts = o.dp.port;
   popts.nb_queues = queues;
-  const uint32_t mbufs =
-      o.dp.mbufs ? o.dp.mbufs : ports * MbufsNeeded(popts, o.dp.burst, 2048);
+  // External-buffer frames take up to three mbufs each (headers, payload
+  // segment, tag).
+  const uint32_t mbufs = o.dp.mbufs
+                             ? o.dp.mbufs
+                             : ports * MbufsNeeded(popts, o.dp.burst, 2048) *
+                                   (o.dp.tx_extbuf ? 3 : 1);
   const int node = PortNumaNode(popts.port_id);
   WarnLcoresOffNode(node, "dblp-worker");
   return CreatePoolOrDie("dblp_worker_pool", mbufs, popts.mtu, node);

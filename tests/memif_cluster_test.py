@@ -64,7 +64,12 @@ Usage: memif_cluster_test.py BUILD_DIR [--transport=memif|udp|sim]
            [--policy=fixed|dblp] [--resync=K] [--push_fill=zero|rescale]
            [--frame_auth=header|full|none (default: the apps')]
            [--bcast_frames=copy|shared (dblp-server's; memif only)]
-           [--lose_worker]
+           [--lose_worker] [--tx_payload=copy|extbuf] [--memif_zero_copy]
+
+--tx_payload=extbuf: the workers send their chunks as external-buffer
+segments over the gradient (no copy by the worker); --memif_zero_copy: the
+workers' memif clients run zero-copy=yes (--single-file-segments). Both
+memif only, with the same exact-mean checks.
 """
 
 import json
@@ -103,10 +108,11 @@ def parse_args():
          "worker_lcores": 1,
          "consistent": False, "feedback": False, "frame_auth": "",
          "policy": "fixed", "resync": 0, "push_fill": "zero",
-         "lose_worker": False, "bcast_frames": ""}
+         "lose_worker": False, "bcast_frames": "", "tx_payload": "",
+         "memif_zero_copy": False}
     for arg in sys.argv[2:]:
         key, _, value = arg.lstrip("-").partition("=")
-        if key in ("consistent", "feedback", "lose_worker"):
+        if key in ("consistent", "feedback", "lose_worker", "memif_zero_copy"):
             a[key] = True
         elif key == "server_lcores":
             a["lcores"] = int(value)
@@ -115,7 +121,7 @@ def parse_args():
         elif key == "resync":
             a["resync"] = int(value)
         elif key in ("transport", "frame_auth", "policy", "push_fill",
-                     "bcast_frames"):
+                     "bcast_frames", "tx_payload"):
             a[key] = value
         else:
             fail("unknown argument " + arg)
@@ -128,6 +134,8 @@ def parse_args():
              "per server lcore to split)")
     if a["bcast_frames"] and a["transport"] != "memif":
         fail("--bcast_frames: memif only (dblp-server's flag)")
+    if (a["tx_payload"] or a["memif_zero_copy"]) and a["transport"] != "memif":
+        fail("--tx_payload, --memif_zero_copy: memif only")
     if a["lose_worker"] and a["transport"] == "sim":
         fail("--lose_worker: the simulator loses no worker")
     return a
@@ -227,14 +235,18 @@ def launch(a, tmp, server_flags, worker_flags):
                          ["--lcores", ",".join(
                              "%d@%d" % (i, (int(cpu) + i) % ncpu)
                              for i in range(wl))])
+                zc = a["memif_zero_copy"]
                 weal = lflag + ["--no-huge", "-m", "256", "--no-pci",
                         "--file-prefix=dblp-%s-w%d" % (uniq, w),
                         "--log-level=*:warning",
-                        "--vdev=net_memif0,role=client,socket=%s/w%d.sock,id=0"
-                        % (tmp, w)]
+                        "--vdev=net_memif0,role=client,socket=%s/w%d.sock,id=0%s"
+                        % (tmp, w, ",zero-copy=yes" if zc else "")] + (
+                    ["--single-file-segments"] if zc else [])
                 cmd = [worker_bin] + weal + [
                     "--", "--server=127.0.0.1:%d" % port, "--stats_period=0",
-                    "--hostile_per_round=4"] + own
+                    "--hostile_per_round=4"] + own + (
+                    ["--tx_payload=" + a["tx_payload"]]
+                    if a["tx_payload"] else [])
             p = subprocess.Popen(cmd + worker_flags + own[1:],
                                  stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, text=True)

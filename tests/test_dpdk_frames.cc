@@ -25,6 +25,7 @@
 #include "dblp/wire/wire.h"
 #include "eal_app.h"
 #include "frame_builder.h"
+#include "payload_copy.h"
 #include "port.h"
 #include "steering.h"
 
@@ -447,6 +448,248 @@ TEST(FrameBuildTest, RefusesWithoutRoomOrOnNonEmptyMbuf) {
   EXPECT_FALSE(t.Build(m, Hdr(0, 8), payload.data()));
   EXPECT_EQ(rte_pktmbuf_pkt_len(m), 10u);
   rte_pktmbuf_free(m);
+}
+
+// ------------------------------------------------------ payload copy
+
+// Every copy variant this CPU runs equals memcpy, at every length up to
+// past a jumbo chunk and at odd source / destination alignments, and
+// writes nothing outside [dst, dst + n).
+TEST(PayloadCopyTest, EveryVariantEqualsMemcpyAndStaysInBounds) {
+  const auto src = Pattern(2200, 11);
+  int variants = 0;
+  for (PayloadCopyKind kind : {PayloadCopyKind::kMemcpy, PayloadCopyKind::kAvx2,
+                               PayloadCopyKind::kAvx512}) {
+    const PayloadCopyFn fn = PayloadCopyFor(kind);
+    if (fn == nullptr) continue;  // not on this CPU
+    ++variants;
+    for (size_t off : {size_t{0}, size_t{1}, size_t{7}, size_t{33}}) {
+      for (size_t n = 0; n + off + 64 <= src.size(); ++n) {
+        std::vector<uint8_t> dst(n + 128, 0xA5);
+        fn(dst.data() + 64, src.data() + off, n);
+        ASSERT_EQ(std::memcmp(dst.data() + 64, src.data() + off, n), 0)
+            << "kind " << int(kind) << " n " << n << " off " << off;
+        for (size_t i = 0; i < 64; ++i) {
+          ASSERT_EQ(dst[i], 0xA5) << "wrote before dst, n " << n;
+          ASSERT_EQ(dst[64 + n + i], 0xA5) << "wrote past dst, n " << n;
+        }
+      }
+    }
+  }
+  EXPECT_GE(variants, 1);
+  EXPECT_NE(PayloadCopyFor(BestPayloadCopy()), nullptr);
+}
+
+// BuildBurst (the transmitter's per-burst path; its own loop for untagged
+// frames with UDP checksum 0) builds the frames BuildChunk builds, one at
+// a time, in every mode: same bytes, lengths, flags and IP ids.
+TEST(FrameBuildTest, BurstFramesEqualFramesBuiltOneByOne) {
+  const ChunkLayout layout(40 * 1436 + 100, 1436);  // a short last chunk
+  const auto gradient = Pattern(layout.total_bytes(), 23);
+  const uint32_t seqs[] = {39, 40, 0, 17, 3, 40, 22, 1};
+  constexpr uint32_t k = sizeof(seqs) / sizeof(seqs[0]);
+  for (FrameAuthMode mode : {FrameAuthMode::kNone, FrameAuthMode::kFull}) {
+    for (int path = 0; path < 3; ++path) {
+      PortCaps c = SwCaps();
+      c.udp_cksum_zero = path != 1;  // 0, 2: memif's auto
+      c.tx_ipv4_cksum_offload = path == 2;
+      FrameKey key;
+      key.mode = mode;
+      key.key.fill(5);
+      FrameTemplate a(SrcEp(), DstEp(), c), b(SrcEp(), DstEp(), c);
+      a.set_auth(key);
+      b.set_auth(key);
+      const DataHeader proto = Hdr(0, 0);
+      a.Prime(proto);
+      rte_mbuf* ma[k];
+      ASSERT_EQ(rte_pktmbuf_alloc_bulk(g_pool, ma, k), 0);
+      ASSERT_TRUE(a.BuildBurst(ma, seqs, k, gradient.data(), layout));
+      for (uint32_t i = 0; i < k; ++i) {
+        DataHeader h = proto;
+        h.seq = seqs[i];
+        h.payload_len = static_cast<uint16_t>(layout.Length(seqs[i]));
+        rte_mbuf* mb = Alloc();
+        ASSERT_TRUE(b.Build(mb, h, gradient.data() + layout.Offset(seqs[i])));
+        EXPECT_EQ(ma[i]->ol_flags, mb->ol_flags);
+        EXPECT_EQ(ma[i]->nb_segs, 1);
+        ASSERT_EQ(rte_pktmbuf_pkt_len(ma[i]), rte_pktmbuf_pkt_len(mb));
+        ASSERT_EQ(rte_pktmbuf_data_len(ma[i]), rte_pktmbuf_data_len(mb));
+        ASSERT_EQ(std::memcmp(Data(ma[i]), Data(mb), rte_pktmbuf_data_len(mb)),
+                  0)
+            << "mode " << int(mode) << " path " << path << " frame " << i;
+        ParsedFrame pf;
+        if (!c.tx_ipv4_cksum_offload) {  // else the NIC fills it in
+          EXPECT_EQ(ParseFrame(ma[i], kDstPort, kDstPort, &pf),
+                    FrameStatus::kOk);
+        }
+        rte_pktmbuf_free(mb);
+      }
+      rte_pktmbuf_free_bulk(ma, k);
+    }
+  }
+}
+
+// ---------------------------------------------------- external buffers
+
+void NoteFree(void* /*addr*/, void* opaque) { ++*static_cast<int*>(opaque); }
+
+// A frame as one contiguous byte string, whatever its segments.
+std::vector<uint8_t> Linear(const rte_mbuf* m) {
+  std::vector<uint8_t> v(rte_pktmbuf_pkt_len(m));
+  const void* p = rte_pktmbuf_read(m, 0, v.size(), v.data());
+  if (p != v.data()) std::memcpy(v.data(), p, v.size());
+  return v;
+}
+
+// --tx_payload=extbuf builds the same bytes as the copy: every tag mode,
+// every checksum path (software fused and two-pass, zero, offload seeds),
+// odd and even lengths; the payload segment points into the source
+// buffer, and freeing the frame runs the shared info's callback once.
+TEST(FrameBuildTest, ExtbufFramesLineariseToTheCopiedFrames) {
+  const auto gradient = Pattern(64 * 1024, 17);
+  int frees = 0;
+  rte_mbuf_ext_shared_info sh{};
+  sh.free_cb = NoteFree;
+  sh.fcb_opaque = &frees;
+  int expect_frees = 0;
+  for (FrameAuthMode mode :
+       {FrameAuthMode::kNone, FrameAuthMode::kHeader, FrameAuthMode::kFull}) {
+    for (int path = 0; path < 4; ++path) {
+      PortCaps c = SwCaps();
+      c.fused_checksum = path != 1;
+      c.udp_cksum_zero = path == 2;
+      c.tx_ipv4_cksum_offload = c.tx_udp_cksum_offload = path == 3;
+      FrameKey key;
+      key.mode = mode;
+      key.key.fill(9);
+      FrameTemplate a(SrcEp(), DstEp(), c), b(SrcEp(), DstEp(), c);
+      a.set_auth(key);
+      b.set_auth(key);
+      for (uint32_t k = 0; k < 40; ++k) {
+        const uint16_t len =
+            static_cast<uint16_t>(k < 6 ? k : (k * 53) % (kFullChunk + 1));
+        const uint8_t* payload = gradient.data() + (k * 4099) % 60000;
+        DataHeader h = Hdr(k, len);
+        a.Prime(h);
+        b.Prime(h);
+        rte_mbuf* ma = Alloc();
+        ASSERT_TRUE(a.BuildChunk(ma, h.seq, len, payload));
+        rte_mbuf* mb = Alloc();
+        rte_mbuf* seg = Alloc();
+        rte_mbuf* tag = mode == FrameAuthMode::kNone ? nullptr : Alloc();
+        rte_mbuf_ext_refcnt_set(&sh, 1);
+        ASSERT_TRUE(b.BuildChunkExtbuf(
+            mb, seg, tag, h.seq, len, payload,
+            static_cast<rte_iova_t>(reinterpret_cast<uintptr_t>(payload)),
+            &sh));
+        EXPECT_EQ(mb->nb_segs, tag == nullptr ? 2 : 3);
+        EXPECT_EQ(rte_pktmbuf_mtod(seg, const uint8_t*), payload)
+            << "the payload is not copied";
+        EXPECT_TRUE(RTE_MBUF_HAS_EXTBUF(seg));
+        EXPECT_EQ(ma->ol_flags, mb->ol_flags);
+        const auto want = Linear(ma), got = Linear(mb);
+        ASSERT_EQ(want.size(), got.size());
+        ASSERT_TRUE(want == got)
+            << "mode " << int(mode) << " path " << path << " length " << len;
+        rte_pktmbuf_free(ma);
+        rte_pktmbuf_free(mb);
+        ++expect_frees;
+        ASSERT_EQ(frees, expect_frees) << "the payload segment's free";
+      }
+    }
+  }
+}
+
+// ChunkTransmitter with --tx_payload=extbuf over net_ring0 (which hands
+// the very mbufs back on RX, so the frames stay "in flight" until the test
+// frees them): the frames equal copied ones, the in-flight count follows
+// the frees (a chunk resent while its frame is still held counts once),
+// and DrainExtbuf reports both states.
+TEST(DatapathExtbufTest, TransmitterCountsFramesUntilFreed) {
+  const ChunkLayout layout(10 * 1452 + 40, 1452);
+  auto gradient = Pattern(layout.total_bytes(), 31);
+  ExtbufRegion region;
+  ASSERT_EQ(region.Init(gradient.data(), gradient.size(), layout.num_chunks(),
+                        kPort, g_caps.driver),
+            "");
+  DatapathCounters ctr;
+  ChunkTransmitter tx{kPort, 0, g_pool, &ctr, nullptr, 8};
+  tx.extbuf = &region;
+  FrameTemplate t(SrcEp(), DstEp(), g_caps), ref(SrcEp(), DstEp(), g_caps);
+  const DataHeader proto = Hdr(0, 0);
+  const uint32_t seqs[] = {10, 2, 7, 2};  // chunk 2 twice: still held
+  ASSERT_EQ(tx.Send(t, proto, seqs, 4, gradient.data(), layout), 4u);
+  EXPECT_EQ(tx.extbuf_in_flight(), 3u) << "three chunks held by the ring";
+  EXPECT_FALSE(tx.DrainExtbuf(1000));
+  rte_mbuf* got[8];
+  uint16_t n = 0;
+  for (int i = 0; i < 1000 && n < 4; ++i) {
+    n += rte_eth_rx_burst(kPort, 0, got + n, static_cast<uint16_t>(8 - n));
+  }
+  ASSERT_EQ(n, 4);
+  ref.Prime(proto);
+  for (uint16_t i = 0; i < n; ++i) {
+    rte_mbuf* m = Alloc();
+    ASSERT_TRUE(ref.BuildChunk(m, seqs[i],
+                               static_cast<uint16_t>(layout.Length(seqs[i])),
+                               gradient.data() + layout.Offset(seqs[i])));
+    EXPECT_TRUE(Linear(got[i]) == Linear(m)) << "frame " << i;
+    rte_pktmbuf_free(m);
+  }
+  rte_pktmbuf_free(got[1]);  // the first frame of chunk 2
+  EXPECT_EQ(tx.extbuf_in_flight(), 3u) << "chunk 2's second frame holds it";
+  rte_pktmbuf_free(got[0]);
+  rte_pktmbuf_free(got[2]);
+  EXPECT_EQ(tx.extbuf_in_flight(), 1u);
+  rte_pktmbuf_free(got[3]);
+  EXPECT_EQ(tx.extbuf_in_flight(), 0u);
+  EXPECT_TRUE(tx.DrainExtbuf(1000));
+  EXPECT_EQ(ctr.tx_frames.load(), 4u);
+}
+
+// The extbuf builder refuses what the copy builder refuses, touching
+// nothing: a non-empty header mbuf, a tagged frame without a tag segment.
+TEST(FrameBuildTest, ExtbufRefusesNonEmptyMbufsAndMissingTagSegment) {
+  const auto payload = Pattern(100, 1);
+  rte_mbuf_ext_shared_info sh{};
+  sh.free_cb = NoteFree;
+  int frees = 0;
+  sh.fcb_opaque = &frees;
+  FrameTemplate t(SrcEp(), DstEp(), SwCaps());
+  FrameKey key;
+  key.mode = FrameAuthMode::kFull;
+  t.set_auth(key);
+  t.Prime(Hdr(1, 100));
+  rte_mbuf* m = Alloc();
+  rte_mbuf* seg = Alloc();
+  EXPECT_FALSE(
+      t.BuildChunkExtbuf(m, seg, nullptr, 1, 100, payload.data(), 0, &sh));
+  EXPECT_EQ(m->nb_segs, 1);
+  EXPECT_EQ(rte_pktmbuf_pkt_len(m), 0u);
+  EXPECT_FALSE(RTE_MBUF_HAS_EXTBUF(seg));
+  ASSERT_NE(rte_pktmbuf_append(m, 10), nullptr);
+  rte_mbuf* tag = Alloc();
+  EXPECT_FALSE(t.BuildChunkExtbuf(m, seg, tag, 1, 100, payload.data(), 0, &sh));
+  EXPECT_EQ(rte_pktmbuf_pkt_len(m), 10u);
+  EXPECT_FALSE(RTE_MBUF_HAS_EXTBUF(seg));
+  rte_pktmbuf_free(m);
+  rte_pktmbuf_free(seg);
+  rte_pktmbuf_free(tag);
+  EXPECT_EQ(frees, 0);
+}
+
+// A port without multi-segment TX refuses --tx_payload=extbuf by name.
+TEST(PortDeathTest, ExtbufNeedsMultiSegmentTx) {
+  rte_eth_dev_info info{};
+  ASSERT_EQ(rte_eth_dev_info_get(kPort, &info), 0);
+  if ((info.tx_offload_capa & RTE_ETH_TX_OFFLOAD_MULTI_SEGS) != 0) {
+    GTEST_SKIP() << "net_ring offers multi-segment TX";
+  }
+  PortOptions o = g_opts;
+  o.multi_seg_tx = true;
+  o.multi_seg_required = true;
+  EXPECT_DEATH(SetupPortOrDie(o, g_pool),
+               "multi-segment TX.*--tx_payload=extbuf.*--tx_payload=copy");
 }
 
 // ------------------------------------------------------------- bad frames

@@ -139,7 +139,7 @@ TEST_P(FrameAuthModes, SealPartsEqualsSealOverTheWholeFrame) {
       std::memcpy(apart.data() + 1, f.data() + kDataHeaderBytes, len);
     uint8_t tag[kFrameTagBytes];
     std::memset(tag, 0xEE, sizeof(tag));
-    auth.SealParts(f.data(), apart.data() + 1, len, tag);
+    auth.SealParts(f.data(), kDataHeaderBytes, apart.data() + 1, len, tag);
     EXPECT_EQ(std::memcmp(tag, f.data() + body, kFrameTagBytes), 0)
         << "len " << len;
     EXPECT_TRUE(auth.Verify(f.data(), body, tag));

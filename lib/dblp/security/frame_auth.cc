@@ -9,6 +9,7 @@
 // sees it.
 #include <intel-ipsec-mb.h>
 
+#include <algorithm>
 #include <cstring>
 #include <new>
 #include <stdexcept>
@@ -215,26 +216,53 @@ void FrameAuth::Seal(const uint8_t* frame, size_t len, uint8_t* tag) noexcept {
   }
 }
 
-void FrameAuth::SealParts(const uint8_t* header, const uint8_t* payload,
-                          size_t payload_len, uint8_t* tag) noexcept {
-  if (key_.mode != FrameAuthMode::kFull) {
-    // Header mode covers the header only; kNone writes nothing.
-    Seal(header, kDataHeaderBytes, tag);
+// GMAC (GCM with the frame as additional data and nothing encrypted) fed
+// in pieces. GHASH consumes 16-byte blocks, so the head and the first bytes
+// of `rest` are gathered into whole blocks on the stack first: every update
+// but the last then starts at a block boundary of the stream, and the tag
+// equals the one-shot IMB_AES128_GCM_ENC over the concatenation.
+void FrameAuth::GmacParts(const uint8_t* head, size_t head_len,
+                          const uint8_t* rest, size_t rest_len,
+                          uint8_t* tag) noexcept {
+  constexpr size_t kBlock = 16, kGather = 64;
+  uint8_t nonce[12];
+  NonceOf(head, nonce);
+  const ImbArch& imb = Imb();
+  gcm_context_data ctx;
+  IMB_AES128_GMAC_INIT(imb.mgr, GcmKey(gcm_key_), &ctx, nonce, sizeof nonce);
+  uint8_t gather[kGather];
+  size_t first = head_len;
+  if (head_len % kBlock != 0 && head_len < kGather) {
+    const size_t fill =
+        std::min(rest_len, (kBlock - head_len % kBlock) % kBlock);
+    std::memcpy(gather, head, head_len);
+    std::memcpy(gather + head_len, rest, fill);
+    IMB_AES128_GMAC_UPDATE(imb.mgr, GcmKey(gcm_key_), &ctx, gather,
+                           head_len + fill);
+    rest += fill;
+    rest_len -= fill;
+    first = 0;
+  }
+  if (first != 0) {
+    IMB_AES128_GMAC_UPDATE(imb.mgr, GcmKey(gcm_key_), &ctx, head, head_len);
+  }
+  if (rest_len != 0) {
+    IMB_AES128_GMAC_UPDATE(imb.mgr, GcmKey(gcm_key_), &ctx, rest, rest_len);
+  }
+  IMB_AES128_GMAC_FINALIZE(imb.mgr, GcmKey(gcm_key_), &ctx, tag,
+                           kFrameTagBytes);
+}
+
+void FrameAuth::SealParts(const uint8_t* head, size_t head_len,
+                          const uint8_t* rest, size_t rest_len,
+                          uint8_t* tag) noexcept {
+  if (key_.mode == FrameAuthMode::kNone) return;
+  if (key_.mode == FrameAuthMode::kFull) {
+    GmacParts(head, head_len, rest, rest_len, tag);
     return;
   }
-  uint8_t nonce[12];
-  NonceOf(header, nonce);
-  // GMAC is GCM with the whole message as additional data and nothing to
-  // encrypt: the incremental calls (partial blocks carried between them)
-  // give the one-call tag of Compute.
-  const IMB_MGR* mgr = Imb().mgr;
-  gcm_context_data ctx;
-  IMB_AES128_GMAC_INIT(mgr, GcmKey(gcm_key_), &ctx, nonce, sizeof(nonce));
-  IMB_AES128_GMAC_UPDATE(mgr, GcmKey(gcm_key_), &ctx, header, kDataHeaderBytes);
-  if (payload_len != 0) {
-    IMB_AES128_GMAC_UPDATE(mgr, GcmKey(gcm_key_), &ctx, payload, payload_len);
-  }
-  IMB_AES128_GMAC_FINALIZE(mgr, GcmKey(gcm_key_), &ctx, tag, kFrameTagBytes);
+  // Header mode tags the DBLP header only, which `head` holds.
+  Seal(head, head_len, tag);
 }
 
 bool FrameAuth::Verify(const uint8_t* frame, size_t len,

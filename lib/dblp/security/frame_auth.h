@@ -83,13 +83,12 @@ class FrameAuth {
   // (it runs on datapath lcores): if the MAC fails the tag is zeros,
   // which no receiver accepts, and failures() counts it.
   void Seal(const uint8_t* frame, size_t len, uint8_t* tag) noexcept;
-  // The same tag as Seal over `header` (kDataHeaderBytes) followed by
-  // `payload_len` bytes at `payload` that do not follow it in memory: a
-  // frame whose payload is shared by several receivers' frames (the
-  // server's broadcast, src/bcast_frames.h). Full mode hashes the two
-  // parts with GMAC's incremental calls, no copy.
-  void SealParts(const uint8_t* header, const uint8_t* payload,
-                 size_t payload_len, uint8_t* tag) noexcept;
+  // Seal over a frame in two pieces: `head` (the DBLP header, at least
+  // kDataHeaderBytes) followed by `rest` (the payload, wherever it lives:
+  // external-buffer TX tags the gradient in place). The same tag as Seal
+  // over the concatenation.
+  void SealParts(const uint8_t* head, size_t head_len, const uint8_t* rest,
+                 size_t rest_len, uint8_t* tag) noexcept;
   // Constant-time compare of the expected tag with `tag`; false if the MAC
   // fails.
   bool Verify(const uint8_t* frame, size_t len, const uint8_t* tag) noexcept;
@@ -98,6 +97,8 @@ class FrameAuth {
  private:
   void Release();
   bool Compute(const uint8_t* frame, size_t len, uint8_t* tag) noexcept;
+  void GmacParts(const uint8_t* head, size_t head_len, const uint8_t* rest,
+                 size_t rest_len, uint8_t* tag) noexcept;
 
   FrameKey key_;
   uint64_t failures_ = 0;       // owner thread only
