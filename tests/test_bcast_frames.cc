@@ -23,6 +23,7 @@
 #include "datapath.h"
 #include "dblp/wire/chunking.h"
 #include "eal_app.h"
+#include "eal_test_env.h"
 #include "frame_builder.h"
 #include "port.h"
 
@@ -222,36 +223,9 @@ TEST(SharedFramesMode, FlagValuesAndAuto) {
 }  // namespace
 }  // namespace dblp
 
-namespace {
-std::string g_runtime_dir;
-void RemoveRuntimeDir() {
-  if (g_runtime_dir.find("dblp-test-bcast-") == std::string::npos) return;
-  std::error_code ec;
-  std::filesystem::remove_all(g_runtime_dir, ec);
-}
-}  // namespace
-
 int main(int argc, char** argv) {
   testing::InitGoogleTest(&argc, argv);
-  const std::string prefix =
-      "--file-prefix=dblp-test-bcast-" + std::to_string(getpid());
-  std::vector<std::string> eal = {argv[0],
-                                  "--no-huge",
-                                  "-m",
-                                  "256",
-                                  "--no-pci",
-                                  prefix,
-                                  "--no-telemetry",
-                                  "--vdev=net_ring0",
-                                  "-l",
-                                  "0",
-                                  "--log-level=*:warning"};
-  std::vector<char*> eal_argv;
-  for (auto& s : eal) eal_argv.push_back(s.data());
-  eal_argv.push_back(nullptr);
-  dblp::InitEalOrDie(static_cast<int>(eal.size()), eal_argv.data());
-  g_runtime_dir = rte_eal_get_runtime_dir();
-  std::atexit(RemoveRuntimeDir);
+  dblp::testing_env::InitTestEal(argv[0], "bcast", {"--vdev=net_ring0"});
 
   dblp::PortOptions opts;
   opts.port_id = dblp::kPort;

@@ -13,6 +13,7 @@
 
 #include "datapath.h"
 #include "eal_app.h"
+#include "eal_test_env.h"
 #include "lcore_loop.h"
 #include "numa_placement.h"
 
@@ -109,18 +110,8 @@ TEST(NumaPlacement, BuffersGoToAnExistingNodeOnly) {
 
 int main(int argc, char** argv) {
   testing::InitGoogleTest(&argc, argv);
-  const std::string prefix =
-      "--file-prefix=dblp-test-datapath-" + std::to_string(getpid());
-  std::vector<std::string> eal = {argv[0], "--no-huge", "-m", "128",
-                                  "--no-pci", prefix, "--no-telemetry",
-                                  "-l", "0", "--log-level=*:warning"};
-  std::vector<char*> eal_argv;
-  for (auto& s : eal) eal_argv.push_back(s.data());
-  eal_argv.push_back(nullptr);
-  dblp::InitEalOrDie(static_cast<int>(eal.size()), eal_argv.data());
+  dblp::testing_env::InitTestEal(argv[0], "datapath", {}, "128");
   const int rc = RUN_ALL_TESTS();
-  const std::string runtime_dir = rte_eal_get_runtime_dir();
   rte_eal_cleanup();
-  std::filesystem::remove_all(runtime_dir);  // one per --file-prefix
   return rc;
 }

@@ -24,6 +24,7 @@
 #include "datapath.h"
 #include "dblp/wire/wire.h"
 #include "eal_app.h"
+#include "eal_test_env.h"
 #include "frame_builder.h"
 #include "payload_copy.h"
 #include "port.h"
@@ -1176,45 +1177,15 @@ TEST(EalAppTest, IdleBackoffSpinsThenSleepsWithGrowingInterval) {
 }  // namespace
 }  // namespace dblp
 
-namespace {
-// Each EAL process leaves /var/run/dpdk/<file-prefix>/ behind; remove ours at
-// exit (also after rte_exit in a death-test child, which calls exit()).
-std::string g_runtime_dir;
-void RemoveRuntimeDir() {
-  if (g_runtime_dir.find("dblp-test-frames-") == std::string::npos) return;
-  std::error_code ec;
-  std::filesystem::remove_all(g_runtime_dir, ec);
-}
-}  // namespace
-
 int main(int argc, char** argv) {
   testing::InitGoogleTest(&argc, argv);
   // Death tests re-run this binary (fresh pid, so a fresh --file-prefix)
   // instead of forking a process that shares EAL state.
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-
-  const std::string prefix =
-      "--file-prefix=dblp-test-frames-" + std::to_string(getpid());
-  std::vector<std::string> eal = {argv[0],
-                                  "--no-huge",
-                                  "-m",
-                                  "256",
-                                  "--no-pci",
-                                  prefix,
-                                  "--no-telemetry",
-                                  "--vdev=net_ring0",
-                                  "-l",
-                                  "0",
-                                  "--log-level=*:warning"};
-  std::vector<char*> eal_argv;
-  for (auto& s : eal) eal_argv.push_back(s.data());
-  eal_argv.push_back(nullptr);
-  dblp::InitEalOrDie(static_cast<int>(eal.size()), eal_argv.data());
+  dblp::testing_env::InitTestEal(argv[0], "frames", {"--vdev=net_ring0"});
   // rte_exit messages go to the log stream (stdout by default); death tests
   // match stderr.
   rte_openlog_stream(stderr);
-  g_runtime_dir = rte_eal_get_runtime_dir();
-  std::atexit(RemoveRuntimeDir);
 
   dblp::g_opts.port_id = dblp::kPort;
   dblp::g_opts.nb_rxd = 512;
