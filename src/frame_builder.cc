@@ -319,7 +319,8 @@ bool FrameTemplate::BuildHead(rte_mbuf* m, const DataHeader& h,
   // headers stay in this segment.
   rte_pktmbuf_trim(m, static_cast<uint16_t>(trailing));
   EncodeDataHeader(h, dblp);
-  if (auth_.enabled()) auth_.SealParts(dblp, kDataHeaderBytes, payload, h.payload_len, tag);
+  if (auth_.enabled())
+    auth_.SealParts(dblp, kDataHeaderBytes, payload, h.payload_len, tag);
   if (!sw_sum) {
     Finish(m);
     return true;

@@ -183,10 +183,9 @@ MeanReducer::Tally MeanReducer::tally(uint32_t w) const {
 void MeanReducer::Finalize(FillMode mode, std::span<float> mean_out) {
   const size_t floats = layout_.total_bytes() / sizeof(float);
   if (mean_out.size() != floats) {
-    throw std::invalid_argument("mean output holds " +
-                                std::to_string(mean_out.size()) +
-                                " floats, the layout needs " +
-                                std::to_string(floats));
+    throw std::invalid_argument(
+        "mean output holds " + std::to_string(mean_out.size()) +
+        " floats, the layout needs " + std::to_string(floats));
   }
   if (mode == FillMode::kPrevious && !keep_previous_) {
     throw std::logic_error(
