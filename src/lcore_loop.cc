@@ -571,7 +571,7 @@ void ServerLcore::ReceiveBurst(uint16_t port, rte_mbuf** pkts, uint16_t n,
   b.loss = setup_.loss;
   b.now_ns = now_ns;
   b.ctr = &conf_.counters;
-  RxAccepted accepted[kRxBurst];
+  PushRxChunk accepted[kRxBurst];
   uint16_t a = 0;
   for (uint16_t i = 0; i < n; ++i) {
     if (prefetch && i + kRxPrefetchAhead < n) {
@@ -579,7 +579,8 @@ void ServerLcore::ReceiveBurst(uint16_t port, rte_mbuf** pkts, uint16_t n,
     }
     PushRxChunk c;
     if (PushRxFrame(pkts[i], b, &c)) {
-      accepted[a++] = RxAccepted{c.payload, c.seq, c.w, i};
+      c.i = i;
+      accepted[a++] = c;
     }
   }
   b.Flush();
@@ -590,7 +591,7 @@ void ServerLcore::ReceiveBurst(uint16_t port, rte_mbuf** pkts, uint16_t n,
 // reducer's check: the frame is accepted either way, so a lying worker's
 // chunk is not asked for again.
 void ServerLcore::Accumulate(uint16_t port, rte_mbuf* const* pkts,
-                             const RxAccepted* accepted, uint16_t a) {
+                             const PushRxChunk* accepted, uint16_t a) {
   MeanReducer& reducer = job_.iteration().reducer();
   const uint32_t shard = conf_.shard;
   if (setup_.prefetch) {
@@ -602,7 +603,7 @@ void ServerLcore::Accumulate(uint16_t port, rte_mbuf* const* pkts,
     if (setup_.prefetch && k + kSumPrefetchAhead < a) {
       reducer.Prefetch(accepted[k + kSumPrefetchAhead].seq);
     }
-    const RxAccepted& c = accepted[k];
+    const PushRxChunk& c = accepted[k];
     reducer.Accumulate(c.w, c.seq, c.payload, shard);
     ServerLink& l = *links_[c.w];
     l.arrivals = true;

@@ -381,15 +381,8 @@ class ServerLcore {
 
  private:
   enum class PushEnd : uint8_t { kStopped, kAllBye, kFailed };
-  // ReceiveBurst's chunks accepted (worker, index in the burst).
-  struct RxAccepted {
-    const uint8_t* payload;
-    uint32_t seq;
-    uint16_t w;
-    uint16_t i;
-  };
   void Accumulate(uint16_t port, rte_mbuf* const* pkts,
-                  const RxAccepted* accepted, uint16_t a);
+                  const PushRxChunk* accepted, uint16_t a);
   bool Turn(uint64_t now_ns, bool broadcasting);
   uint32_t PollPushes(uint64_t now_ns);
   uint16_t HandOver(uint16_t port, rte_mbuf** pkts, uint16_t n);

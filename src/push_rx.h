@@ -203,11 +203,13 @@ struct PushRxWorker {
   RxExpect* expect = nullptr;
 };
 
-// A chunk accepted from a frame: its payload, seq and worker.
+// A chunk accepted from a frame: its payload, seq and worker; the
+// frame's index in its burst is the caller's to fill in.
 struct PushRxChunk {
   const uint8_t* payload;
   uint32_t seq;
   uint16_t w;
+  uint16_t i;
 };
 
 // One burst's state. Drops of a lost worker and unpinned ones are summed
@@ -261,7 +263,7 @@ struct PushRxBurst {
   }
   wk.expect->Learn(rte_pktmbuf_mtod(m, const uint8_t*),
                    rte_pktmbuf_data_len(m));
-  *out = PushRxChunk{payload, h.seq, w};
+  *out = PushRxChunk{payload, h.seq, w, 0};
   return true;
 }
 
@@ -293,7 +295,7 @@ struct PushRxBurst {
       Verdict::kAccepted) {
     return false;
   }
-  *out = PushRxChunk{payload, h.seq, w};
+  *out = PushRxChunk{payload, h.seq, w, 0};
   return true;
 }
 
