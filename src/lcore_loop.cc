@@ -573,8 +573,11 @@ void ServerLcore::ReceiveBurst(uint16_t port, rte_mbuf** pkts, uint16_t n,
   b.ctr = &conf_.counters;
   PushRxChunk accepted[kRxBurst];
   uint16_t a = 0;
+  // Frames below this one prefetch the header kRxPrefetchAhead ahead.
+  const uint16_t ahead_end =
+      prefetch && n > kRxPrefetchAhead ? n - kRxPrefetchAhead : 0;
   for (uint16_t i = 0; i < n; ++i) {
-    if (prefetch && i + kRxPrefetchAhead < n) {
+    if (i < ahead_end) {
       rte_prefetch0(rte_pktmbuf_mtod(pkts[i + kRxPrefetchAhead], const void*));
     }
     PushRxChunk c;
@@ -594,13 +597,17 @@ void ServerLcore::Accumulate(uint16_t port, rte_mbuf* const* pkts,
                              const PushRxChunk* accepted, uint16_t a) {
   MeanReducer& reducer = job_.iteration().reducer();
   const uint32_t shard = conf_.shard;
-  if (setup_.prefetch) {
+  const bool prefetch = setup_.prefetch;
+  if (prefetch) {
     for (uint16_t k = 0; k < std::min<uint16_t>(a, kSumPrefetchAhead); ++k) {
       reducer.Prefetch(accepted[k].seq);
     }
   }
+  // Chunks below this one prefetch the slice kSumPrefetchAhead ahead.
+  const uint16_t ahead_end =
+      prefetch && a > kSumPrefetchAhead ? a - kSumPrefetchAhead : 0;
   for (uint16_t k = 0; k < a; ++k) {
-    if (setup_.prefetch && k + kSumPrefetchAhead < a) {
+    if (k < ahead_end) {
       reducer.Prefetch(accepted[k + kSumPrefetchAhead].seq);
     }
     const PushRxChunk& c = accepted[k];
