@@ -203,10 +203,10 @@ WorkerLcore::Lane* WorkerLcore::LaneOf(const RxQueue& rxq,
   return nullptr;
 }
 
-// A burst in stages, as the server's (ServerLcore::ReceiveBurst): L2-L4,
-// loss and link; then each link's receiver (header, round, range, tag,
-// bitmap); then the copies into the mean, the destination of the chunks
-// two ahead prefetched while one is copied. Drops are counted per burst.
+// A burst in stages: L2-L4, loss and link; then each link's receiver (header,
+// round, range, tag, bitmap); then the copies into the mean, the destination of
+// the chunks two ahead prefetched while one is copied. Drops are counted per
+// burst.
 uint16_t WorkerLcore::PollBroadcast(uint64_t now_ns, const RxQueue& rxq) {
   const uint16_t n = PollRx(rxq.port, rxq.queue, conf_.rx_pkts, kRxBurst);
   if (n == 0) return 0;
@@ -541,6 +541,10 @@ ServerLcore::ServerLcore(LcoreConf& conf, ServerControl& control, JobSync& sync,
   tx_.pool = setup.pool;
   tx_.counters = &conf.counters;
   tx_.prefetch = setup.prefetch;
+  for (ServerLink* l : links_) {
+    rx_workers_.push_back(
+        PushRxWorker{&l->push.receiver(), &l->worker.source, &l->expect});
+  }
   staged_.resize(setup.handoff.size());
   staged_n_.assign(setup.handoff.size(), 0);
   // The return path from the JOIN when it says all of it (one port, the
@@ -556,12 +560,12 @@ ServerLcore::ServerLcore(LcoreConf& conf, ServerControl& control, JobSync& sync,
   }
 }
 
-// A burst in three stages, each a tight loop over the frames the one
-// before kept, in arrival order: L2-L4, loss, sender and pin; then the
-// DBLP header, round, range, tag and bitmap (the worker's receiver); then
-// the sums, with the sum slices of the next chunks prefetched while one is
-// added. A chunk's copies are summed in the order its workers' frames
-// arrived, as one frame at a time did. Drops are counted once per burst.
+// A burst in two stages, in arrival order: each frame's L2-L4, loss,
+// sender, pin and the worker's receiver (round, range, tag, bitmap), on
+// the expected-frame path where the frame matches its worker's last one
+// (push_rx.h); then the sums, with the sum slices of the next chunks
+// prefetched while one is added. A chunk's copies are summed in the order
+// its workers' frames arrived, as one frame at a time did.
 void ServerLcore::ReceiveBurst(uint16_t port, rte_mbuf** pkts, uint16_t n,
                                uint64_t now_ns) {
   const bool prefetch = setup_.prefetch;
@@ -570,72 +574,57 @@ void ServerLcore::ReceiveBurst(uint16_t port, rte_mbuf** pkts, uint16_t n,
       rte_prefetch0(rte_pktmbuf_mtod(pkts[j], const void*));
     }
   }
+  PushRxBurst b;
+  b.workers = rx_workers_.data();
+  b.num_workers = static_cast<uint32_t>(rx_workers_.size());
+  b.alive = job_.alive_flags();
   // Lcore k's range arrives on udp_port + k (steering.h).
-  const auto port_hi =
+  b.port_lo = setup_.udp_port;
+  b.port_hi =
       static_cast<uint16_t>(setup_.udp_port + setup_.shards->num_shards() - 1);
-  const uint32_t num_workers = static_cast<uint32_t>(links_.size());
-  const std::atomic<bool>* alive = job_.alive_flags();
-  RxAdmitted admitted[kRxBurst];
-  uint32_t m = 0;
-  uint32_t lost = 0, unpinned = 0;
+  b.loss = setup_.loss;
+  b.now_ns = now_ns;
+  b.ctr = &conf_.counters;
+  PushRxChunk accepted[kRxBurst];
+  uint16_t a = 0;
+  // Frames below this one prefetch the header kRxPrefetchAhead ahead.
+  const uint16_t ahead_end =
+      prefetch && n > kRxPrefetchAhead ? n - kRxPrefetchAhead : 0;
   for (uint16_t i = 0; i < n; ++i) {
-    if (prefetch && i + kRxPrefetchAhead < n) {
+    if (i < ahead_end) {
       rte_prefetch0(rte_pktmbuf_mtod(pkts[i + kRxPrefetchAhead], const void*));
     }
-    ParsedFrame pf;
-    if (!AdmitFrameIn(pkts[i], setup_.udp_port, port_hi, *setup_.loss, now_ns,
-                      conf_.counters, &pf)) {
-      continue;
-    }
-    // Unknown ranks go to worker 0's receiver, which counts them as
-    // wrong-sender (or malformed) without accepting anything.
-    const uint16_t rank = PeekSenderRank(pf.dblp, pf.dblp_len);
-    const uint16_t w = rank < num_workers ? rank : 0;
-    if (!alive[w].load(std::memory_order_relaxed)) {
-      ++lost;
-      continue;
-    }
-    if (!SameSource(pf.src, links_[w]->worker.source)) {
-      ++unpinned;
-      continue;
-    }
-    admitted[m++] = RxAdmitted{pf.dblp, pf.dblp_len, w, i};
-  }
-  if (lost != 0) DatapathCounters::Add(conf_.counters.from_lost_worker, lost);
-  if (unpinned != 0) {
-    DatapathCounters::Add(conf_.counters.unpinned_source, unpinned);
-  }
-  RxAccepted accepted[kRxBurst];
-  uint32_t a = 0;
-  for (uint32_t j = 0; j < m; ++j) {
-    const RxAdmitted& f = admitted[j];
-    DataHeader h;
-    const uint8_t* payload = nullptr;
-    if (links_[f.w]->push.receiver().OnFrame(f.dblp, f.len, &h, &payload) ==
-        Verdict::kAccepted) {
-      accepted[a++] = RxAccepted{payload, h.seq, f.w, f.i};
+    PushRxChunk c;
+    if (PushRxFrame(pkts[i], b, &c)) {
+      c.i = i;
+      accepted[a++] = c;
     }
   }
-  Accumulate(port, pkts, accepted, static_cast<uint16_t>(a));
+  b.Flush();
+  Accumulate(port, pkts, accepted, a);
 }
 
 // Summed into the mean, or refused (counted in the worker's tally) by the
 // reducer's check: the frame is accepted either way, so a lying worker's
 // chunk is not asked for again.
 void ServerLcore::Accumulate(uint16_t port, rte_mbuf* const* pkts,
-                             const RxAccepted* accepted, uint16_t a) {
+                             const PushRxChunk* accepted, uint16_t a) {
   MeanReducer& reducer = job_.iteration().reducer();
   const uint32_t shard = conf_.shard;
-  if (setup_.prefetch) {
+  const bool prefetch = setup_.prefetch;
+  if (prefetch) {
     for (uint16_t k = 0; k < std::min<uint16_t>(a, kSumPrefetchAhead); ++k) {
       reducer.Prefetch(accepted[k].seq);
     }
   }
+  // Chunks below this one prefetch the slice kSumPrefetchAhead ahead.
+  const uint16_t ahead_end =
+      prefetch && a > kSumPrefetchAhead ? a - kSumPrefetchAhead : 0;
   for (uint16_t k = 0; k < a; ++k) {
-    if (setup_.prefetch && k + kSumPrefetchAhead < a) {
+    if (k < ahead_end) {
       reducer.Prefetch(accepted[k + kSumPrefetchAhead].seq);
     }
-    const RxAccepted& c = accepted[k];
+    const PushRxChunk& c = accepted[k];
     reducer.Accumulate(c.w, c.seq, c.payload, shard);
     ServerLink& l = *links_[c.w];
     l.arrivals = true;

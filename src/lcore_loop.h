@@ -41,6 +41,7 @@
 #include "dblp/wire/chunking.h"
 #include "frame_builder.h"
 #include "port.h"
+#include "push_rx.h"
 #include "server_control.h"
 #include "shard_link.h"
 #include "worker_control.h"
@@ -298,6 +299,7 @@ struct ServerLink {
   uint16_t port = 0;
   FrameTemplate tmpl;
   bool arrivals = false;  // frames accepted this turn
+  RxExpect expect;        // the last push frame accepted (push_rx.h)
 };
 
 // links[k][w]: lcore k's link to worker w.
@@ -379,22 +381,8 @@ class ServerLcore {
 
  private:
   enum class PushEnd : uint8_t { kStopped, kAllBye, kFailed };
-  // ReceiveBurst's stages: frames past L2-L4, loss and pin (their DBLP
-  // bytes, worker and index in the burst), then the chunks accepted.
-  struct RxAdmitted {
-    const uint8_t* dblp;
-    uint16_t len;
-    uint16_t w;
-    uint16_t i;
-  };
-  struct RxAccepted {
-    const uint8_t* payload;
-    uint32_t seq;
-    uint16_t w;
-    uint16_t i;
-  };
   void Accumulate(uint16_t port, rte_mbuf* const* pkts,
-                  const RxAccepted* accepted, uint16_t a);
+                  const PushRxChunk* accepted, uint16_t a);
   bool Turn(uint64_t now_ns, bool broadcasting);
   uint32_t PollPushes(uint64_t now_ns);
   uint16_t HandOver(uint16_t port, rte_mbuf** pkts, uint16_t n);
@@ -419,6 +407,7 @@ class ServerLcore {
   ServerJob& job_;
   std::vector<std::unique_ptr<WorkerState>>& workers_;
   std::vector<ServerLink*> links_;  // this lcore's shard of each worker
+  std::vector<PushRxWorker> rx_workers_;  // links_' receivers, pins, expects
   RoundPacer& pacer_;
   Setup setup_;
   RingOutbox outbox_;

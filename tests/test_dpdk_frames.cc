@@ -28,6 +28,7 @@
 #include "frame_builder.h"
 #include "payload_copy.h"
 #include "port.h"
+#include "push_rx.h"
 #include "steering.h"
 
 namespace dblp {
@@ -1105,6 +1106,254 @@ TEST(ParseFrameTest, SeededFuzzNeverCrashesOrOverreads) {
       << summary;
   EXPECT_GT(counts[static_cast<int>(FrameStatus::kBadIpChecksum)], 0)
       << summary;
+}
+
+// ------------------------------------------- push RX: the two paths agree
+
+// One server lcore's push RX state for two workers, as ReceiveBurst holds
+// it: receivers, pins, expected frames, liveness, loss and counters.
+struct PushRxState {
+  static constexpr uint32_t kWorkers = 2;
+  PushRxState(const ChunkLayout& layout, const FrameKey& key,
+              const LossSpec& loss_spec, const BurstSchedule& bursts)
+      : loss(loss_spec, bursts, 77) {
+    for (uint32_t w = 0; w < kWorkers; ++w) {
+      ReceiverConfig c;
+      c.session = 0xC0FFEE01u;
+      c.expected_sender = static_cast<int32_t>(w);
+      c.layout = layout;
+      c.seq_end = layout.num_chunks() - 3;  // the last three: another shard
+      c.frame_key = key;
+      rx[w] = std::make_unique<ReceiverRound>(c);
+      alive[w].store(true);
+      pins[w] = WorkerEp(w);
+      workers[w] = PushRxWorker{rx[w].get(), &pins[w], &expects[w]};
+    }
+  }
+  static Endpoint WorkerEp(uint32_t w) {
+    Endpoint e = SrcEp();
+    e.mac.addr_bytes[5] = static_cast<uint8_t>(0x10 + w);
+    e.ipv4 = kSrcIp + w;
+    e.udp_port = static_cast<uint16_t>(kSrcPort + w);
+    return e;
+  }
+  PushRxBurst Burst(bool expected_path) {
+    PushRxBurst b;
+    b.workers = workers;
+    b.num_workers = kWorkers;
+    b.alive = alive;
+    b.port_lo = kDstPort;
+    b.port_hi = kDstPort + 1;
+    b.loss = &loss;
+    b.ctr = &ctr;
+    b.expected_path = expected_path;
+    return b;
+  }
+  std::unique_ptr<ReceiverRound> rx[kWorkers];
+  Endpoint pins[kWorkers];
+  RxExpect expects[kWorkers];
+  std::atomic<bool> alive[kWorkers];
+  PushRxWorker workers[kWorkers];
+  RxLossInjector loss;
+  DatapathCounters ctr;
+};
+
+// Every counter of a state, named, for a readable comparison.
+std::vector<std::pair<std::string, uint64_t>> Counts(const PushRxState& s) {
+  std::vector<std::pair<std::string, uint64_t>> v = {
+      {"injected", s.ctr.injected_drops.load()},
+      {"lost", s.ctr.from_lost_worker.load()},
+      {"unpinned", s.ctr.unpinned_source.load()},
+      {"considered", s.loss.considered()},
+      {"dropped", s.loss.dropped()}};
+  for (int k = 0; k < kNumFrameStatus; ++k) {
+    v.emplace_back(FrameStatusName(static_cast<FrameStatus>(k)),
+                   s.ctr.frame_drops[k].load());
+  }
+  for (uint32_t w = 0; w < PushRxState::kWorkers; ++w) {
+    const std::string p = "w" + std::to_string(w) + ".";
+    for (int k = 0; k < kNumVerdicts; ++k) {
+      v.emplace_back(p + VerdictName(static_cast<Verdict>(k)),
+                     s.rx[w]->verdict_count(static_cast<Verdict>(k)));
+    }
+    for (int k = 0; k < kNumDecodeStatus; ++k) {
+      v.emplace_back(p + DecodeStatusName(static_cast<DecodeStatus>(k)),
+                     s.rx[w]->decode_error_count(static_cast<DecodeStatus>(k)));
+    }
+    v.emplace_back(p + "received", s.rx[w]->received());
+  }
+  return v;
+}
+
+// Mutated frames through the expected-frame path (with the full path
+// behind it) and through the full path alone, from equal states: the same
+// verdict and chunk for every frame, the same counters at the end, and
+// the expected-frame path really taken (most clean frames).
+void ExpectPathsAgree(const FrameKey& key, const LossSpec& loss_spec,
+                      const BurstSchedule& bursts, uint32_t seed) {
+  const ChunkLayout layout(40 * 1452 + 600, 1452);  // a short last chunk
+  PushRxState fast(layout, key, loss_spec, bursts);
+  PushRxState full(layout, key, loss_spec, bursts);
+  PortCaps caps = SwCaps();
+  caps.udp_cksum_zero = true;  // checksum=none, as on memif
+  std::vector<FrameTemplate> tmpl;
+  for (uint32_t w = 0; w < PushRxState::kWorkers; ++w) {
+    Endpoint dst = DstEp();
+    tmpl.emplace_back(PushRxState::WorkerEp(w), dst, caps);
+    if (key.mode != FrameAuthMode::kNone) tmpl.back().set_auth(key);
+  }
+  std::mt19937 rng(seed);
+  uint32_t round = 2 * 5;  // iteration 5
+  for (PushRxState* s : {&fast, &full}) {
+    for (auto& r : s->rx) r->Begin(round, 0.0);
+  }
+  uint64_t matched = 0, clean = 0, accepted = 0;
+  std::vector<uint8_t> payload(1452);
+  for (int iter = 0; iter < 20000; ++iter) {
+    if (iter % 250 == 249) {  // the next iteration's push
+      round += 2;
+      for (PushRxState* s : {&fast, &full}) {
+        for (auto& r : s->rx) r->Begin(round, 0.0);
+      }
+    }
+    if (iter % 3000 == 1000 || iter % 3000 == 1400) {  // a lost worker
+      const bool a = iter % 3000 == 1400;
+      fast.alive[1].store(a);
+      full.alive[1].store(a);
+    }
+    if (iter % 1000 == 900) {  // a closed round: its frames are late
+      fast.rx[0]->Close();
+      full.rx[0]->Close();
+    }
+    const uint32_t w = rng() % 4 == 0 ? 1 : 0;
+    DataHeader h;
+    h.type = FrameType::kPush;
+    h.session = 0xC0FFEE01u;
+    h.sender_rank = static_cast<uint16_t>(w);
+    h.seq = rng() % 8 == 0 ? rng() % (layout.num_chunks() + 2)
+                           : rng() % layout.num_chunks();
+    const uint32_t pick = rng() % 16;
+    h.round = pick == 0 ? round - 2 : pick == 1 ? round + 2 : round;
+    h.payload_len = static_cast<uint16_t>(
+        h.seq < layout.num_chunks() ? layout.Length(h.seq) : 1452);
+    for (size_t i = 0; i < h.payload_len; i += 4) {
+      const float f = static_cast<float>(rng() % 1000) * 0.01f;
+      std::memcpy(&payload[i], &f, 4);
+    }
+    rte_mbuf* m = Alloc();
+    ASSERT_NE(m, nullptr);
+    ASSERT_TRUE(tmpl[w].Build(m, h, payload.data()));
+    uint8_t* p = Data(m);
+    const int mode = static_cast<int>(rng() % 8);
+    const bool mutated = mode >= 4;
+    if (mode == 4 || mode == 5) {  // a byte of the headers
+      p[rng() % (kExpectBytes + 2)] = static_cast<uint8_t>(rng());
+      if (rng() % 2 == 0) FixIpChecksum(m);
+    } else if (mode == 6) {  // a length field, the checksum fixed
+      static constexpr uint32_t kAt[] = {expect_at::kIpLength,
+                                         expect_at::kUdpLength,
+                                         expect_at::kPayloadLength};
+      const uint32_t at = kAt[rng() % 3];
+      const uint16_t v = static_cast<uint16_t>(push_rx_detail::Be16At(p + at) +
+                                               static_cast<int>(rng() % 9) - 4);
+      p[at] = static_cast<uint8_t>(v >> 8);
+      p[at + 1] = static_cast<uint8_t>(v);
+      FixIpChecksum(m);
+    } else if (mode == 7) {  // truncated, padded or offload flags
+      const uint32_t k = rng() % 3;
+      if (k == 0) {
+        rte_pktmbuf_trim(
+            m, static_cast<uint16_t>(1 + rng() % rte_pktmbuf_data_len(m)));
+      } else if (k == 1) {
+        ASSERT_NE(rte_pktmbuf_append(m, static_cast<uint16_t>(rng() % 40)),
+                  nullptr);
+      } else {
+        m->ol_flags |=
+            (RTE_MBUF_F_RX_IP_CKSUM_MASK | RTE_MBUF_F_RX_L4_CKSUM_MASK) & rng();
+      }
+    }
+    if (rte_pktmbuf_data_len(m) >= kExpectBytes) {
+      const uint16_t r = push_rx_detail::Be16At(p + expect_at::kRank);
+      DataHeader mh;
+      uint16_t ml = 0;
+      if (r < PushRxState::kWorkers &&
+          MatchExpected(m, p, fast.expects[r], &mh, &ml)) {
+        ++matched;
+      }
+    }
+    clean += !mutated;
+    const int copies = rng() % 16 == 0 ? 2 : 1;  // a duplicate
+    for (int c = 0; c < copies; ++c) {
+      PushRxBurst bf = fast.Burst(true), bs = full.Burst(false);
+      PushRxChunk cf{}, cs{};
+      const bool af = PushRxFrame(m, bf, &cf);
+      const bool as = PushRxFrame(m, bs, &cs);
+      bf.Flush();
+      bs.Flush();
+      ASSERT_EQ(af, as) << "frame " << iter << " mode " << mode;
+      if (af) {
+        ++accepted;
+        ASSERT_EQ(cf.payload, cs.payload);
+        ASSERT_EQ(cf.seq, cs.seq);
+        ASSERT_EQ(cf.w, cs.w);
+      }
+    }
+    rte_pktmbuf_free(m);
+  }
+  EXPECT_EQ(Counts(fast), Counts(full));
+  EXPECT_GT(accepted, 3000u);
+  // Clean frames of the current round match from the second one on.
+  EXPECT_GT(matched, clean / 2) << matched << " of " << clean;
+}
+
+TEST(PushRxTest, ExpectedFramePathDecidesAsTheFullPath) {
+  ExpectPathsAgree(FrameKey{}, LossSpec{}, BurstSchedule{}, 1u);
+}
+
+TEST(PushRxTest, PathsAgreeUnderLossAndBursts) {
+  BurstSchedule bursts;
+  bursts.iterations = {6, 8};
+  bursts.burst_loss = 0.5;
+  ExpectPathsAgree(FrameKey{}, LossSpec{}, bursts, 2u);
+  LossSpec bernoulli;
+  bernoulli.kind = LossKind::kBernoulli;
+  bernoulli.p = 0.1;
+  ExpectPathsAgree(FrameKey{}, bernoulli, bursts, 3u);
+}
+
+TEST(PushRxTest, PathsAgreeWithTags) {
+  FrameKey key;
+  key.mode = FrameAuthMode::kFull;
+  for (size_t i = 0; i < key.key.size(); ++i) {
+    key.key[i] = static_cast<uint8_t>(i * 7 + 1);
+  }
+  ExpectPathsAgree(key, LossSpec{}, BurstSchedule{}, 4u);
+}
+
+// A frame the full path did not accept teaches nothing; one with IPv4
+// options or a UDP checksum is not learned (the compare assumes neither).
+TEST(PushRxTest, LearnsOnlyFramesItCanMatch) {
+  PortCaps caps = SwCaps();
+  caps.udp_cksum_zero = true;
+  FrameTemplate t(SrcEp(), DstEp(), caps);
+  const std::vector<uint8_t> payload(1452, 0);
+  rte_mbuf* m = Alloc();
+  ASSERT_TRUE(t.Build(m, Hdr(1, 1452), payload.data()));
+  RxExpect e;
+  DataHeader h;
+  uint16_t len = 0;
+  EXPECT_FALSE(MatchExpected(m, Data(m), e, &h, &len)) << "nothing learned";
+  e.Learn(Data(m), rte_pktmbuf_data_len(m));
+  ASSERT_TRUE(MatchExpected(m, Data(m), e, &h, &len));
+  EXPECT_EQ(h.seq, 1u);
+  EXPECT_EQ(h.payload_len, 1452);
+  EXPECT_EQ(len, kDataHeaderBytes + 1452);
+  Udp(Data(m))->dgram_cksum = 1;
+  RxExpect e2;
+  e2.Learn(Data(m), rte_pktmbuf_data_len(m));
+  EXPECT_FALSE(MatchExpected(m, Data(m), e2, &h, &len));
+  EXPECT_FALSE(MatchExpected(m, Data(m), e, &h, &len)) << "checksum not 0";
+  rte_pktmbuf_free(m);
 }
 
 // -------------------------------------------------------- eal_app helpers

@@ -137,6 +137,15 @@ class LossInjector {
     return drop;
   }
 
+  // ShouldDrop() would only count the packet, until the next SetIteration,
+  // SetInjectedBurst or SetTimeNs: no base loss, no burst now, and no time
+  // window that could open one (RxLossInjector skips its per-packet call).
+  bool Quiet() const {
+    return kind_ == LossKind::kNone && !InBurst() && !bursts_.HasWindow();
+  }
+  // What ShouldDrop() does while Quiet().
+  void PassQuiet() { ++considered_; }
+
   uint64_t considered() const { return considered_; }
   uint64_t dropped() const { return dropped_; }
   uint64_t dropped_in_burst() const { return dropped_in_burst_; }

@@ -29,7 +29,17 @@ class RxLossInjector {
     const uint8_t* r = dblp + offsetof(DataHeaderWire, round_be);
     const uint32_t round = (uint32_t{r[0]} << 24) | (uint32_t{r[1]} << 16) |
                            (uint32_t{r[2]} << 8) | uint32_t{r[3]};
+    return ShouldDropRound(round, now_ns);
+  }
+  // The same for a frame whose header's round (host order) is `round`.
+  [[gnu::always_inline]] bool ShouldDropRound(uint32_t round, uint64_t now_ns) {
     const uint64_t it = round / 2;
+    // An iteration with no loss to inject (the common case): the injector
+    // would only count the frame.
+    if (it == quiet_it_) [[likely]] {
+      injector_.PassQuiet();
+      return false;
+    }
     if (it != iteration_) {
       iteration_ = it;
       injector_.SetIteration(it);
@@ -37,6 +47,7 @@ class RxLossInjector {
         double loss = 0;
         injector_.SetInjectedBurst(injected_->Covers(it, &loss) ? loss : 0);
       }
+      quiet_it_ = injector_.Quiet() ? it : kNoIteration;
     }
     if (has_window_) injector_.SetTimeNs(now_ns - start_ns_);
     return injector_.ShouldDrop();
@@ -51,12 +62,15 @@ class RxLossInjector {
   // schedule; read when the frames' iteration changes, never per frame.
   void set_injected(const InjectedBurst* b) { injected_ = b; }
   uint64_t dropped() const { return injector_.dropped(); }
+  uint64_t considered() const { return injector_.considered(); }
 
  private:
   LossInjector injector_;
   bool has_window_;
   const InjectedBurst* injected_ = nullptr;
-  uint64_t iteration_ = UINT64_MAX;  // none seen yet
+  static constexpr uint64_t kNoIteration = UINT64_MAX;  // round / 2 never is
+  uint64_t iteration_ = kNoIteration;                   // none seen yet
+  uint64_t quiet_it_ = kNoIteration;  // iteration_ while the injector is quiet
   uint64_t start_ns_ = 0;
 };
 

@@ -106,6 +106,7 @@ void MeanReducer::set_clip_norm(double x) {
                                 std::to_string(x));
   }
   clip_norm_ = x;
+  one_pass_now_ = one_pass_ && clip_norm_ == 0;
 }
 
 bool MeanReducer::Refuse(CountSlot& slot, Tally& t, uint32_t seq,

@@ -94,7 +94,10 @@ class MeanReducer {
   // store fused with the sum of squares; no largest-magnitude scan) unless
   // this is false: every chunk then takes the two-pass path, which the
   // tests compare it with bit for bit.
-  void set_one_pass(bool on) { one_pass_ = on; }
+  void set_one_pass(bool on) {
+    one_pass_ = on;
+    one_pass_now_ = one_pass_ && clip_norm_ == 0;
+  }
   // Worker w's tally summed over the shards (between rounds).
   Tally tally(uint32_t w) const;
 
@@ -124,13 +127,13 @@ class MeanReducer {
   void Prefetch(uint32_t seq) const {
     if (seq >= layout_.num_chunks()) return;
     const char* p = reinterpret_cast<const char*>(SumOf(seq));
-    const size_t bytes = layout_.Length(seq);
-    for (size_t off = 0; off < bytes; off += 512) {
-      __builtin_prefetch(p + off, 1, 3);
+    const char* const end = p + layout_.Length(seq);
+    for (; p < end; p += 512) {
+      __builtin_prefetch(p, 1, 3);
       // At most three pairs past the slice: hints, never faults.
-      __builtin_prefetch(p + off + 128, 1, 3);
-      __builtin_prefetch(p + off + 256, 1, 3);
-      __builtin_prefetch(p + off + 384, 1, 3);
+      __builtin_prefetch(p + 128, 1, 3);
+      __builtin_prefetch(p + 256, 1, 3);
+      __builtin_prefetch(p + 384, 1, 3);
       // GCC (-ffinite-loops) deletes a loop that only prefetches: this
       // function compiled to nothing until the empty asm, an effect it
       // keeps, was added.
@@ -184,6 +187,7 @@ class MeanReducer {
   uint32_t shards_;
   double clip_norm_ = 0;
   bool one_pass_ = true;
+  bool one_pass_now_ = true;    // one_pass_ and no clip: one flag per chunk
   uint64_t clip_floats_;        // the clip share's denominator (model_floats)
   std::vector<Tally> tallies_;  // [worker * shards_ + shard]
   // Floats between the starts of consecutive chunks' sum slices: the chunk's
@@ -203,7 +207,7 @@ inline bool MeanReducer::Accumulate(uint32_t w, uint32_t seq,
   Tally& t = tallies_.data()[static_cast<size_t>(w) * shards_ + shard];
   const size_t floats = layout_.Length(seq) / sizeof(float);
   // A clip scales by the chunk's norm, which must be known first.
-  if (clip_norm_ > 0 || !one_pass_) [[unlikely]] {
+  if (!one_pass_now_) [[unlikely]] {
     return AccumulateScanned(slot, t, seq, payload, floats);
   }
   std::atomic<uint32_t>& n = slot.n;

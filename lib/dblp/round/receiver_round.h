@@ -71,6 +71,13 @@ class ReceiverRound {
   // Inline: the receivers' loops run it once per frame.
   Verdict OnFrame(const uint8_t* buf, size_t len, DataHeader* hdr,
                   const uint8_t** payload);
+  // Owner: OnFrame's checks past the header's decode, for a caller that
+  // already knows the frame decodes (DecodeDataHeader kOk on `buf`, `len`)
+  // to this receiver's session, type and sender (the server's expected-
+  // frame path, push_rx.h). Reads hdr.round, seq and payload_len only;
+  // counts exactly what OnFrame counts for that frame.
+  Verdict OnDecoded(const DataHeader& hdr, const uint8_t* buf, size_t len,
+                    const uint8_t** payload);
 
   // Any thread: the STOP decision with the round's current p. Returns the
   // trigger exactly once per round (kNone before and after), so the caller
@@ -157,6 +164,13 @@ class ReceiverRound {
       hdr->sender_rank != config_.expected_sender) {
     return Count(Verdict::kWrongSender);
   }
+  return OnDecoded(*hdr, buf, len, payload);
+}
+
+[[gnu::always_inline]] inline Verdict ReceiverRound::OnDecoded(
+    const DataHeader& h, const uint8_t* buf, size_t len,
+    const uint8_t** payload) {
+  const DataHeader* hdr = &h;
   if (!begun_) return Count(Verdict::kIdle);
   const int32_t ahead =
       RoundDistance(hdr->round, round_.load(std::memory_order_relaxed));
