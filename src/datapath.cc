@@ -98,7 +98,8 @@ void OnExtbufFree(void* /*addr*/, void* opaque) {
 
 // A burst's k frames as header mbufs in `mbufs`, each chained to a segment
 // attached to its chunk in place (and a tag segment when tagged); 0 if the
-// pool ran dry (nothing allocated then).
+// pool ran dry or a frame could not be built (nothing sent, every mbuf and
+// reference given back).
 uint32_t BuildExtbuf(ChunkTransmitter& tx, FrameTemplate& tmpl,
                      const uint32_t* seqs, uint32_t k, const uint8_t* buffer,
                      const ChunkLayout& layout, rte_mbuf** mbufs) {
@@ -126,9 +127,28 @@ uint32_t BuildExtbuf(ChunkTransmitter& tx, FrameTemplate& tmpl,
     }
     sh->fcb_opaque = &tx.extbuf_freed;
     const uint8_t* payload = buffer + layout.Offset(seq);
-    tmpl.BuildChunkExtbuf(mbufs[i], segs[i], extra > k ? segs[k + i] : nullptr,
-                          seq, static_cast<uint16_t>(layout.Length(seq)),
-                          payload, r.IovaOf(payload), sh);
+    if (!tmpl.BuildChunkExtbuf(mbufs[i], segs[i],
+                               extra > k ? segs[k + i] : nullptr, seq,
+                               static_cast<uint16_t>(layout.Length(seq)),
+                               payload, r.IovaOf(payload), sh)) {
+      // Only a misconfigured pool gets here (nothing was chained): give
+      // chunk i its reference back, and every mbuf of the burst to the
+      // pool. The frames built before it free through their callbacks,
+      // which the `fresh` ones count.
+      if (rte_mbuf_ext_refcnt_read(sh) == 1) {
+        rte_mbuf_ext_refcnt_set(sh, 0);
+        --fresh;
+      } else {
+        rte_mbuf_ext_refcnt_update(sh, -1);
+      }
+      __atomic_store_n(&tx.extbuf_attached, tx.extbuf_attached + fresh,
+                       __ATOMIC_RELAXED);
+      for (uint32_t j = 0; j < i; ++j) rte_pktmbuf_free(mbufs[j]);
+      rte_pktmbuf_free_bulk(mbufs + i, k - i);
+      rte_pktmbuf_free_bulk(segs + i, k - i);
+      if (extra > k) rte_pktmbuf_free_bulk(segs + k + i, k - i);
+      return 0;
+    }
   }
   __atomic_store_n(&tx.extbuf_attached, tx.extbuf_attached + fresh,
                    __ATOMIC_RELAXED);

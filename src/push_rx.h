@@ -69,8 +69,9 @@ alignas(64) inline constexpr uint8_t kExpectMask[kExpectBytes] = {
     0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF,
     0xFF, 0xFF, 0xFF, 0xFF, 0, 0, 0, 0, 0, 0};
 
-// A worker's expected frame on one server lcore. All zeros (ethertype 0)
-// matches no frame until Learn.
+// A worker's expected frame on one server lcore. Matches no frame until
+// Learn: frame_len starts past any mbuf (the zero bytes alone would match
+// a crafted all-zero frame).
 struct alignas(64) RxExpect {
   uint8_t bytes[kExpectBytes] = {};  // the frame's bytes under kExpectMask
   // The ones' complement sum (32-bit, unfolded) of the IPv4 header's 16-bit
@@ -79,7 +80,7 @@ struct alignas(64) RxExpect {
   // Of the learned frame, host order: where its IPv4 datagram ends (a
   // frame must hold that many bytes), its DBLP bytes (ParseFrame's
   // dblp_len), payload length and round.
-  uint32_t frame_len = 0;
+  uint32_t frame_len = UINT32_MAX;
   uint16_t dblp_len = 0;
   uint16_t payload_len = 0;
   uint32_t round = 0;

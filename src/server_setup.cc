@@ -166,6 +166,25 @@ BcastFrameMode ChooseBcastFrames(const ServerOptions& o,
       mode = BcastFrameMode::kCopy;
     }
   }
+  if (!o.bcast_frames_auto && mode == BcastFrameMode::kShared) {
+    // Asked for: the ports that DMA (not the software ones, which copy by
+    // address) must be able to reach the mean, or the broadcast copies.
+    std::vector<uint16_t> dma;
+    for (uint16_t p = 0; p < ports.nb_ports; ++p) {
+      if (AutoBcastFrameMode(ports.caps[p].driver, true) ==
+          BcastFrameMode::kShared) {
+        dma.push_back(p);
+      }
+    }
+    if (!dma.empty() && !MapMeanForDma(mean, mean_bytes, dma.data(),
+                                       static_cast<uint16_t>(dma.size()))) {
+      DBLP_LOG(Warning,
+               "dblp-server: the mean could not be DMA-mapped for the ports "
+               "(needs IOVA as VA: EAL --iova-mode=va): the broadcast "
+               "copies the mean (--bcast_frames=copy)");
+      mode = BcastFrameMode::kCopy;
+    }
+  }
   if (o.bcast_frames_auto) {
     mode = BcastFrameMode::kShared;
     for (uint16_t p = 0; p < ports.nb_ports; ++p) {
