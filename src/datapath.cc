@@ -27,10 +27,6 @@ const std::atomic<bool>& InstallQuitHandlers() {
   std::signal(SIGINT, OnQuitSignal);
   std::signal(SIGTERM, OnQuitSignal);
   std::signal(SIGHUP, OnQuitSignal);  // a closed terminal: exit cleanly too
-  // A peer that died must give EPIPE, never kill us before the summary:
-  // our sockets send with MSG_NOSIGNAL, but net_memif's control channel
-  // sendmsg()s with no flags when it tells a vanished peer it disconnects.
-  std::signal(SIGPIPE, SIG_IGN);
   return g_quit;
 }
 

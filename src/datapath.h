@@ -42,7 +42,7 @@
 namespace dblp {
 
 // SIGINT/SIGTERM/SIGHUP set this flag; the poll loops end at their next
-// idle moment and the apps still write their reports. SIGPIPE is ignored.
+// idle moment and the apps still write their reports.
 const std::atomic<bool>& InstallQuitHandlers();
 
 // What a long run must give back: mbufs in use in `pool` and the process's
