@@ -586,58 +586,42 @@ void ServerLcore::ReceiveBurst(uint16_t port, rte_mbuf** pkts, uint16_t n,
   b.now_ns = now_ns;
   b.ctr = &conf_.counters;
   PushRxChunk accepted[kRxBurst];
-  uint16_t a = 0;
+  PushRxChunk* out = accepted;
   // Frames below this one prefetch the header kRxPrefetchAhead ahead.
-  const uint16_t ahead_end =
+  const size_t ahead_end =
       prefetch && n > kRxPrefetchAhead ? n - kRxPrefetchAhead : 0;
-  for (uint16_t i = 0; i < n; ++i) {
+  for (size_t i = 0; i < n; ++i) {
     if (i < ahead_end) {
       rte_prefetch0(rte_pktmbuf_mtod(pkts[i + kRxPrefetchAhead], const void*));
     }
-    PushRxChunk c;
-    if (PushRxFrame(pkts[i], b, &c)) {
-      c.i = i;
-      accepted[a++] = c;
-    }
+    const PushRxTaken taken = PushRxFrame(pkts[i], b, out);
+    // A worker's first accepted frame here is a full-path one.
+    if (taken == kRxFull) [[unlikely]]
+      LearnFrom(port, pkts[i], out->w);
+    out += taken != kRxRefused;
   }
   b.Flush();
-  Accumulate(port, pkts, accepted, a);
+  // Summed into the mean, or refused (counted in the worker's tally) by
+  // the reducer's check: the frame is accepted either way, so a lying
+  // worker's chunk is not asked for again.
+  job_.iteration().reducer().AccumulateBurst(
+      accepted, static_cast<uint32_t>(out - accepted), conf_.shard,
+      prefetch ? kSumPrefetchAhead : 0);
 }
 
-// Summed into the mean, or refused (counted in the worker's tally) by the
-// reducer's check: the frame is accepted either way, so a lying worker's
-// chunk is not asked for again.
-void ServerLcore::Accumulate(uint16_t port, rte_mbuf* const* pkts,
-                             const PushRxChunk* accepted, uint16_t a) {
-  MeanReducer& reducer = job_.iteration().reducer();
-  const uint32_t shard = conf_.shard;
-  const bool prefetch = setup_.prefetch;
-  if (prefetch) {
-    for (uint16_t k = 0; k < std::min<uint16_t>(a, kSumPrefetchAhead); ++k) {
-      reducer.Prefetch(accepted[k].seq);
-    }
-  }
-  // Chunks below this one prefetch the slice kSumPrefetchAhead ahead.
-  const uint16_t ahead_end =
-      prefetch && a > kSumPrefetchAhead ? a - kSumPrefetchAhead : 0;
-  for (uint16_t k = 0; k < a; ++k) {
-    if (k < ahead_end) {
-      reducer.Prefetch(accepted[k + kSumPrefetchAhead].seq);
-    }
-    const PushRxChunk& c = accepted[k];
-    reducer.Accumulate(c.w, c.seq, c.payload, shard);
-    ServerLink& l = *links_[c.w];
-    l.arrivals = true;
-    if (!l.learned) [[unlikely]] {
-      const auto* eth = rte_pktmbuf_mtod(pkts[c.i], const rte_ether_hdr*);
-      Learn(l, port, c.w, eth->src_addr);
-      WorkerState& ws = *workers_[c.w];
-      if (!ws.return_claimed.exchange(true, std::memory_order_relaxed)) {
-        ws.return_port = port;
-        ws.return_mac = eth->src_addr;
-        ws.return_ready.store(true, std::memory_order_release);
-      }
-    }
+// Worker w's frame `m` was accepted on `port` by the full path: if it is
+// the worker's first here, it gives the lcore (and the job, if no lcore
+// did yet) the worker's return path.
+void ServerLcore::LearnFrom(uint16_t port, const rte_mbuf* m, uint16_t w) {
+  ServerLink& l = *links_[w];
+  if (l.learned) return;
+  const auto* eth = rte_pktmbuf_mtod(m, const rte_ether_hdr*);
+  Learn(l, port, w, eth->src_addr);
+  WorkerState& ws = *workers_[w];
+  if (!ws.return_claimed.exchange(true, std::memory_order_relaxed)) {
+    ws.return_port = port;
+    ws.return_mac = eth->src_addr;
+    ws.return_ready.store(true, std::memory_order_release);
   }
 }
 
@@ -800,8 +784,12 @@ bool ServerLcore::HandleEvents() {
 bool ServerLcore::Turn(uint64_t now_ns, bool broadcasting) {
   bool work = PollPushes(now_ns) > 0;
   for (ServerLink* l : links_) {
-    const RxProgress rx{l->arrivals, conf_.poll_gen, DrainedFor(*l)};
-    l->arrivals = false;
+    // Frames accepted since the last turn: the receiver's own count.
+    const uint64_t accepted =
+        l->push.receiver().verdict_count(Verdict::kAccepted);
+    const RxProgress rx{accepted != l->accepted_seen, conf_.poll_gen,
+                        DrainedFor(*l)};
+    l->accepted_seen = accepted;
     work |= l->push.Step(now_ns, rx, outbox_);
   }
   if (!broadcasting) return work;

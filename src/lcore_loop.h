@@ -298,8 +298,9 @@ struct ServerLink {
   bool learned = false;
   uint16_t port = 0;
   FrameTemplate tmpl;
-  bool arrivals = false;  // frames accepted this turn
-  RxExpect expect;        // the last push frame accepted (push_rx.h)
+  // The push receiver's accepted count at the last turn (its arrivals).
+  uint64_t accepted_seen = 0;
+  RxExpect expect;  // the last push frame accepted (push_rx.h)
 };
 
 // links[k][w]: lcore k's link to worker w.
@@ -381,8 +382,7 @@ class ServerLcore {
 
  private:
   enum class PushEnd : uint8_t { kStopped, kAllBye, kFailed };
-  void Accumulate(uint16_t port, rte_mbuf* const* pkts,
-                  const PushRxChunk* accepted, uint16_t a);
+  void LearnFrom(uint16_t port, const rte_mbuf* m, uint16_t w);
   bool Turn(uint64_t now_ns, bool broadcasting);
   uint32_t PollPushes(uint64_t now_ns);
   uint16_t HandOver(uint16_t port, rte_mbuf** pkts, uint16_t n);

@@ -134,11 +134,15 @@ inline void RxExpect::Learn(const uint8_t* p, uint32_t len) {
 namespace push_rx_detail {
 
 // (frame ^ expected) & mask == 0 over 64 bytes, 16 at a time (SSE2 and up;
-// GCC lowers the vector type to scalar words elsewhere). Written out: GCC
-// kept the four blocks as a loop.
+// GCC lowers the vector type to scalar words elsewhere). The last block
+// is bytes 42-57 (the mask's last six bytes are zero), whose mask is all
+// ones like the first and third blocks': only the second needs an AND.
+// Written out: GCC kept the four blocks as a loop.
 [[gnu::always_inline]] inline bool SameMasked(const uint8_t* p,
                                               const uint8_t* expected) {
   using V = uint64_t __attribute__((vector_size(16)));
+  static_assert(kExpectMask[42] == 0xFF && kExpectMask[57] == 0xFF &&
+                kExpectMask[58] == 0 && kExpectMask[63] == 0);
   const auto block = [&](uint32_t at) {
     V f, e, m;
     std::memcpy(&f, p + at, sizeof(f));
@@ -146,7 +150,7 @@ namespace push_rx_detail {
     std::memcpy(&m, kExpectMask + at, sizeof(m));
     return (f ^ e) & m;
   };
-  const V diff = (block(0) | block(16)) | (block(32) | block(48));
+  const V diff = (block(0) | block(16)) | (block(32) | block(42));
   return (diff[0] | diff[1]) == 0;
 }
 
@@ -204,13 +208,13 @@ struct PushRxWorker {
   RxExpect* expect = nullptr;
 };
 
-// A chunk accepted from a frame: its payload, seq and worker; the
-// frame's index in its burst is the caller's to fill in.
+// A chunk accepted from a frame: its payload, seq, worker and length
+// (MeanReducer::AccumulateBurst's Chunk).
 struct PushRxChunk {
   const uint8_t* payload;
   uint32_t seq;
   uint16_t w;
-  uint16_t i;
+  uint16_t bytes;
 };
 
 // One burst's state. Drops of a lost worker and unpinned ones are summed
@@ -223,7 +227,6 @@ struct PushRxBurst {
   RxLossInjector* loss = nullptr;
   uint64_t now_ns = 0;
   DatapathCounters* ctr = nullptr;
-  bool expected_path = true;  // off: every frame takes the full path
   uint32_t lost = 0, unpinned = 0;
 
   void Flush() {
@@ -233,15 +236,21 @@ struct PushRxBurst {
   }
 };
 
+// What became of a frame: refused, or accepted on the expected-frame path
+// or the full one. A worker's first accepted frame on an lcore is always
+// the full path's (its RxExpect matches nothing until then), so a caller
+// that learns something from a worker's first frame looks only at kFull.
+enum PushRxTaken : uint8_t { kRxRefused = 0, kRxExpected, kRxFull };
+
 // The full path: every check, every drop counted by reason; a frame it
 // accepts becomes its worker's expected frame. Out of line: a worker's
 // first frame on an lcore and each round's first take it, then frames
 // that do not match.
-[[gnu::noinline]] inline bool PushRxFull(rte_mbuf* m, PushRxBurst& b,
-                                         PushRxChunk* out) {
+[[gnu::noinline]] inline PushRxTaken PushRxFull(rte_mbuf* m, PushRxBurst& b,
+                                                PushRxChunk* out) {
   ParsedFrame pf;
   if (!AdmitFrameIn(m, b.port_lo, b.port_hi, *b.loss, b.now_ns, *b.ctr, &pf)) {
-    return false;
+    return kRxRefused;
   }
   // Unknown ranks go to worker 0's receiver, which counts them as
   // wrong-sender (or malformed) without accepting anything.
@@ -249,30 +258,31 @@ struct PushRxBurst {
   const uint16_t w = rank < b.num_workers ? rank : 0;
   if (!b.alive[w].load(std::memory_order_relaxed)) {
     ++b.lost;
-    return false;
+    return kRxRefused;
   }
   const PushRxWorker& wk = b.workers[w];
   if (!SameSource(pf.src, *wk.pin)) {
     ++b.unpinned;
-    return false;
+    return kRxRefused;
   }
   DataHeader h;
   const uint8_t* payload = nullptr;
   if (wk.rx->OnFrame(pf.dblp, pf.dblp_len, &h, &payload) !=
       Verdict::kAccepted) {
-    return false;
+    return kRxRefused;
   }
   wk.expect->Learn(rte_pktmbuf_mtod(m, const uint8_t*),
                    rte_pktmbuf_data_len(m));
-  *out = PushRxChunk{payload, h.seq, w, 0};
-  return true;
+  *out = PushRxChunk{payload, h.seq, w, h.payload_len};
+  return kRxFull;
 }
 
-// One frame: true if it is accepted (`*out` the chunk to sum).
-[[gnu::always_inline]] inline bool PushRxFrame(rte_mbuf* m, PushRxBurst& b,
-                                               PushRxChunk* out) {
+// One frame: `*out` is the chunk to sum if it is accepted.
+[[gnu::always_inline]] inline PushRxTaken PushRxFrame(rte_mbuf* m,
+                                                      PushRxBurst& b,
+                                                      PushRxChunk* out) {
   const uint8_t* p = rte_pktmbuf_mtod(m, const uint8_t*);
-  if (rte_pktmbuf_data_len(m) < kExpectBytes || !b.expected_path) {
+  if (rte_pktmbuf_data_len(m) < kExpectBytes) {
     return PushRxFull(m, b, out);
   }
   const uint16_t w = push_rx_detail::Be16At(p + expect_at::kRank);
@@ -285,19 +295,19 @@ struct PushRxBurst {
   // From here on as the full path after its parse.
   if (b.loss->ShouldDropRound(h.round, b.now_ns)) {
     DatapathCounters::Add(b.ctr->injected_drops);
-    return false;
+    return kRxRefused;
   }
   if (!b.alive[w].load(std::memory_order_relaxed)) {
     ++b.lost;
-    return false;
+    return kRxRefused;
   }
   const uint8_t* payload = nullptr;
   if (b.workers[w].rx->OnDecoded(h, p + kL2L3L4Bytes, dblp_len, &payload) !=
       Verdict::kAccepted) {
-    return false;
+    return kRxRefused;
   }
-  *out = PushRxChunk{payload, h.seq, w, 0};
-  return true;
+  *out = PushRxChunk{payload, h.seq, w, h.payload_len};
+  return kRxExpected;
 }
 
 }  // namespace dblp

@@ -236,8 +236,12 @@ TEST(OnePass, FloatOpsMatchScanAndStoreBitForBit) {
       const double fused = StoreFloatsSumSquares(b.data(), src, n);
       const double squares = SumSquaresFloats(src, n);
       EXPECT_EQ(Bits(fused), Bits(squares)) << n << " " << seed;
+      // StoreFloats adds 0.0f (-0.0 -> +0.0); the fused store copies the
+      // bits as they are (Finalize adds the 0.0f).
       for (size_t i = 0; i < n; ++i) {
-        ASSERT_EQ(Bits(a[i]), Bits(b[i])) << n << " " << seed << " " << i;
+        ASSERT_EQ(Bits(a[i]), Bits(0.0f + v[i]))
+            << n << " " << seed << " " << i;
+        ASSERT_EQ(Bits(b[i]), Bits(v[i])) << n << " " << seed << " " << i;
       }
       if (std::isfinite(fused)) {
         // Then the scan saw only finite floats and agrees on the squares,
@@ -254,6 +258,57 @@ TEST(OnePass, FloatOpsMatchScanAndStoreBitForBit) {
         for (float f : v) beyond = beyond || !(std::fabs(f) < 1.8e19f);
         EXPECT_TRUE(beyond) << n << " " << seed;
       }
+    }
+  }
+}
+
+// The order float_ops.h documents for a chunk's sum of squares, in plain
+// scalar code: eight float lanes in four chains, the last n % 8 floats as
+// the window that ends at n (or lanes 0..n-1 when n < 8), then the fixed
+// reduction. `fused`: each square added with one rounding (an FMA), as
+// the AVX2 and AVX-512 clones do; else rounded, then added.
+float DocumentedSquares(const std::vector<float>& v, bool fused) {
+  const size_t n = v.size();
+  float chain[4][8] = {};
+  const auto add = [&](int c, int j, float x) {
+    chain[c][j] = fused ? std::fma(x, x, chain[c][j]) : chain[c][j] + x * x;
+  };
+  size_t i = 0;
+  if (n >= 8) {
+    const size_t vectors = n / 8;
+    for (size_t k = 0; k < vectors; ++k, i += 8) {
+      const int c = k < vectors / 4 * 4 ? static_cast<int>(k % 4) : 0;
+      for (int j = 0; j < 8; ++j) add(c, j, v[i + j]);
+    }
+    const size_t r = n - i;
+    for (size_t j = 8 - r; j < 8 && r != 0; ++j) add(0, j, v[n - 8 + j]);
+  } else {
+    for (size_t j = 0; j < n; ++j) add(0, j, v[j]);
+  }
+  float s[8];
+  for (int j = 0; j < 8; ++j) {
+    s[j] = (chain[0][j] + chain[1][j]) + (chain[2][j] + chain[3][j]);
+  }
+  float q[4];
+  for (int j = 0; j < 4; ++j) q[j] = s[j] + s[j + 4];
+  return (q[0] + q[2]) + (q[1] + q[3]);
+}
+
+TEST(OnePass, SquaresAddInTheDocumentedOrder) {
+  // The clone the CPU runs: AVX2 and AVX-512 ones fuse the multiply-add.
+  const bool fused = __builtin_cpu_supports("x86-64-v3");
+  for (size_t n :
+       {1, 5, 7, 8, 9, 15, 31, 32, 33, 63, 64, 65, 100, 363, 367, 368, 1000}) {
+    for (uint64_t seed = 0; seed < 20; ++seed) {
+      const std::vector<float> v = Mixed(n, seed, false);
+      const auto* src = reinterpret_cast<const uint8_t*>(v.data());
+      const double want = DocumentedSquares(v, fused);
+      std::vector<float> dst(n);
+      EXPECT_EQ(Bits(SumSquaresFloats(src, n)), Bits(want)) << n << " " << seed;
+      EXPECT_EQ(Bits(StoreFloatsSumSquares(dst.data(), src, n)), Bits(want))
+          << n << " " << seed;
+      EXPECT_EQ(Bits(ScanFloats(src, n).sum_squares), Bits(want))
+          << n << " " << seed;
     }
   }
 }
@@ -306,6 +361,63 @@ TEST(OnePass, ReducerMatchesTheTwoPassPathBitForBit) {
   // The rounds had both kinds of refusal.
   EXPECT_GT(nonfinite, 0u);
   EXPECT_GT(overflow, 0u);
+}
+
+// Zeros' signs: a first copy is stored as sent (-0.0 stays -0.0) and
+// Finalize adds the 0.0f. Chunks with one, two and four copies whose
+// floats are -0.0, +0.0 or a mix: the one-pass and two-pass reducers and
+// a plain reference (0.0f, then each copy in arrival order, then divided)
+// agree bit for bit in every fill mode.
+TEST(OnePass, NegativeZeroCopiesMeanAsTheTwoPassPath) {
+  const ChunkLayout layout(64 * 4 * 3, 64 * 4);
+  const size_t floats = layout.total_bytes() / 4;
+  std::vector<std::vector<float>> g(4, std::vector<float>(floats));
+  for (uint32_t w = 0; w < 4; ++w) {
+    for (size_t i = 0; i < floats; ++i) {
+      // Mostly -0.0; every 5th float of worker 1 +0.0, every 7th of worker
+      // 2 a small negative number.
+      float f = -0.0f;
+      if (w == 1 && i % 5 == 0) f = 0.0f;
+      if (w == 2 && i % 7 == 0) f = -1e-3f;
+      g[w][i] = f;
+    }
+  }
+  // Chunk 0: worker 0 only; chunk 1: workers 0 and 1; chunk 2: all four.
+  const std::vector<std::vector<uint32_t>> copies = {{0}, {1, 0}, {0, 1, 2, 3}};
+  MeanReducer one(layout, 4), two(layout, 4);
+  two.set_one_pass(false);
+  for (uint32_t seq = 0; seq < 3; ++seq) {
+    for (uint32_t w : copies[seq]) {
+      const auto* p =
+          reinterpret_cast<const uint8_t*>(g[w].data()) + layout.Offset(seq);
+      ASSERT_TRUE(one.Accumulate(w, seq, p));
+      ASSERT_TRUE(two.Accumulate(w, seq, p));
+    }
+  }
+  std::vector<float> prev(floats, -0.0f);
+  for (FillMode mode :
+       {FillMode::kZero, FillMode::kRescale, FillMode::kPrevious}) {
+    std::vector<float> a(floats), b(floats);
+    one.Finalize(mode, a);
+    two.Finalize(mode, b);
+    for (uint32_t seq = 0; seq < 3; ++seq) {
+      const auto k = static_cast<float>(copies[seq].size());
+      for (size_t j = 0; j < 64; ++j) {
+        const size_t i = seq * 64 + j;
+        float sum = 0.0f;
+        for (uint32_t w : copies[seq]) sum += g[w][i];
+        float want = sum / (mode == FillMode::kRescale ? k : 4.0f);
+        if (mode == FillMode::kPrevious && k < 4) {
+          // Both reducers' previous means are this test's kZero output,
+          // the same bits as the reference's.
+          want = (sum + (4.0f - k) * prev[i]) / 4.0f;
+        }
+        ASSERT_EQ(Bits(a[i]), Bits(b[i])) << static_cast<int>(mode) << " " << i;
+        ASSERT_EQ(Bits(a[i]), Bits(want)) << static_cast<int>(mode) << " " << i;
+      }
+    }
+    prev = a;
+  }
 }
 
 // ---- end to end: the simulator's real frames and the server's job ----

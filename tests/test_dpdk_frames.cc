@@ -1137,7 +1137,7 @@ struct PushRxState {
     e.udp_port = static_cast<uint16_t>(kSrcPort + w);
     return e;
   }
-  PushRxBurst Burst(bool expected_path) {
+  PushRxBurst Burst() {
     PushRxBurst b;
     b.workers = workers;
     b.num_workers = kWorkers;
@@ -1146,7 +1146,6 @@ struct PushRxState {
     b.port_hi = kDstPort + 1;
     b.loss = &loss;
     b.ctr = &ctr;
-    b.expected_path = expected_path;
     return b;
   }
   std::unique_ptr<ReceiverRound> rx[kWorkers];
@@ -1284,10 +1283,12 @@ void ExpectPathsAgree(const FrameKey& key, const LossSpec& loss_spec,
     clean += !mutated;
     const int copies = rng() % 16 == 0 ? 2 : 1;  // a duplicate
     for (int c = 0; c < copies; ++c) {
-      PushRxBurst bf = fast.Burst(true), bs = full.Burst(false);
+      // `full` takes every frame on the full path.
+      PushRxBurst bf = fast.Burst(), bs = full.Burst();
       PushRxChunk cf{}, cs{};
-      const bool af = PushRxFrame(m, bf, &cf);
-      const bool as = PushRxFrame(m, bs, &cs);
+      const PushRxTaken tf = PushRxFrame(m, bf, &cf);
+      const PushRxTaken ts = PushRxFull(m, bs, &cs);
+      const bool af = tf != kRxRefused, as = ts != kRxRefused;
       bf.Flush();
       bs.Flush();
       ASSERT_EQ(af, as) << "frame " << iter << " mode " << mode;

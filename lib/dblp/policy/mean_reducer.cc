@@ -22,6 +22,13 @@ constexpr size_t kFloatsPerLine = kCacheLine / sizeof(float);
 // trip count is unknown; the tail (< 8 floats) is scalar.
 constexpr size_t kBlock = 8;
 
+// A sum slice as the sum of its copies added to 0.0f: a first copy is
+// stored as it came (StoreFloatsSumSquares), so a slice whose copies were
+// all -0.0 holds -0.0 where that sum is +0.0. Adding 0.0f here, once per
+// round, gives the same bits as adding it to every first copy did: the two
+// slices differ only in that zero's sign.
+inline float SumOfCopies(float slice) { return 0.0f + slice; }
+
 // out[i] = sum[i] / d. Division (not a multiply by 1/d) so the result is the
 // correctly rounded mean, identical to what a reference computes. In blocks
 // of kBlock; each block is computed into a local before it is stored so
@@ -30,10 +37,10 @@ void Divide(float* out, const float* sum, size_t n, float d) {
   size_t i = 0;
   for (; i + kBlock <= n; i += kBlock) {
     float tmp[kBlock];
-    for (size_t j = 0; j < kBlock; ++j) tmp[j] = sum[i + j] / d;
+    for (size_t j = 0; j < kBlock; ++j) tmp[j] = SumOfCopies(sum[i + j]) / d;
     std::memcpy(out + i, tmp, sizeof(tmp));
   }
-  for (; i < n; ++i) out[i] = sum[i] / d;
+  for (; i < n; ++i) out[i] = SumOfCopies(sum[i]) / d;
 }
 
 // out[i] = (sum[i] + m * prev[i]) / d; a null `sum` is all zeros.
@@ -47,11 +54,11 @@ void DivideWithPrevious(float* out, const float* sum, const float* prev,
   for (; i + kBlock <= n; i += kBlock) {
     float tmp[kBlock];
     for (size_t j = 0; j < kBlock; ++j) {
-      tmp[j] = (sum[i + j] + m * prev[i + j]) / d;
+      tmp[j] = (SumOfCopies(sum[i + j]) + m * prev[i + j]) / d;
     }
     std::memcpy(out + i, tmp, sizeof(tmp));
   }
-  for (; i < n; ++i) out[i] = (sum[i] + m * prev[i]) / d;
+  for (; i < n; ++i) out[i] = (SumOfCopies(sum[i]) + m * prev[i]) / d;
 }
 
 }  // namespace
@@ -67,6 +74,7 @@ MeanReducer::MeanReducer(const ChunkLayout& layout, uint32_t num_workers,
       shards_(std::max(shards, 1u)),
       clip_floats_(model_floats != 0 ? model_floats
                                      : layout.total_bytes() / sizeof(float)),
+      tally_workers_(num_workers),
       tallies_(static_cast<size_t>(num_workers) * std::max(shards, 1u)),
       stride_floats_(0),
       counts_(layout.num_chunks()) {
@@ -152,7 +160,8 @@ bool MeanReducer::AccumulateScanned(CountSlot& slot, Tally& t, uint32_t seq,
   } else {
     // |sum| + |copy| below FLT_MAX cannot round to infinity; past it, the
     // exact check (rare: only near-overflowing values get here).
-    if (slot.max_abs + add_max >= FLT_MAX &&
+    const double have = SumBound(slot);
+    if (have + add_max >= FLT_MAX &&
         !SumStaysFinite(sum, payload, floats, scale)) {
       return Refuse(slot, t, seq, true);
     }
@@ -161,7 +170,7 @@ bool MeanReducer::AccumulateScanned(CountSlot& slot, Tally& t, uint32_t seq,
     } else {
       AddScaledFloats(sum, payload, floats, scale);
     }
-    slot.max_abs = std::min(slot.max_abs + add_max, double{FLT_MAX});
+    slot.max_abs = std::min(have + add_max, double{FLT_MAX});
   }
   assert(k < num_workers_ && "more contributions than workers: duplicate?");
   n.store(k + 1, std::memory_order_release);
@@ -171,7 +180,7 @@ bool MeanReducer::AccumulateScanned(CountSlot& slot, Tally& t, uint32_t seq,
 MeanReducer::Tally MeanReducer::tally(uint32_t w) const {
   Tally sum;
   for (uint32_t s = 0; s < shards_; ++s) {
-    const Tally& t = tallies_[static_cast<size_t>(w) * shards_ + s];
+    const Tally& t = tallies_[static_cast<size_t>(s) * tally_workers_ + w];
     sum.sum_squares += t.sum_squares;
     sum.nonfinite += t.nonfinite;
     sum.overflow += t.overflow;

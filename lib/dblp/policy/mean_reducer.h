@@ -86,6 +86,16 @@ class MeanReducer {
   // Inline: the server runs it once per chunk; what it calls does the work.
   bool Accumulate(uint32_t w, uint32_t seq, const uint8_t* payload,
                   uint32_t shard = 0);
+  // Accumulate for each of a burst's `n` chunks in order (a Chunk has
+  // members payload, seq, w and bytes, the chunk's length as the receiver
+  // checked it: layout().Length(seq); Accumulate's preconditions), received by
+  // `shard`, with the per-call lookups done once per burst. With
+  // `prefetch_ahead` > 0, each chunk's sum slice is hinted that many
+  // chunks before it is summed. Refusals are counted as Accumulate counts
+  // them (the server accepts the frame either way).
+  template <class Chunk>
+  void AccumulateBurst(const Chunk* chunks, uint32_t n, uint32_t shard,
+                       uint32_t prefetch_ahead);
   // Per-worker L2 norm bound of a contribution (0 = off). Between rounds.
   // Throws std::invalid_argument on a negative or non-finite value.
   void set_clip_norm(double x);
@@ -125,21 +135,7 @@ class MeanReducer {
   // Every other line: the L2's adjacent-line prefetcher completes each
   // 128-byte pair, at half the instructions of a prefetch per line.
   void Prefetch(uint32_t seq) const {
-    if (seq >= layout_.num_chunks()) return;
-    const char* p = reinterpret_cast<const char*>(SumOf(seq));
-    const char* const end = p + layout_.Length(seq);
-    for (; p < end; p += 512) {
-      __builtin_prefetch(p, 1, 3);
-      // At most three pairs past the slice: hints, never faults.
-      __builtin_prefetch(p + 128, 1, 3);
-      __builtin_prefetch(p + 256, 1, 3);
-      __builtin_prefetch(p + 384, 1, 3);
-      // GCC (-ffinite-loops) deletes a loop that only prefetches: this
-      // function compiled to nothing until the empty asm, an effect it
-      // keeps, was added.
-      asm volatile("");
-    }
-    __builtin_prefetch(&counts_[seq], 1, 3);
+    if (seq < layout_.num_chunks()) PrefetchSlice(seq);
   }
 
   uint32_t contributions(uint32_t seq) const {
@@ -162,8 +158,21 @@ class MeanReducer {
     std::atomic<uint32_t> n{0};  // writer: owner lcore of the seq; readers: any
     // Owner only (Finalize reads them after the round's hand-off).
     uint32_t refused = 0;  // copies refused (non-finite, overflow)
-    double max_abs = 0;    // bound on the sum's largest magnitude
+    // A bound on the sum's largest magnitude; after a one-pass first
+    // copy, minus that copy's sum of squares (sign bit set, even for
+    // -0.0), whose root is taken only if a second copy comes (SumBound).
+    double max_abs = 0;
   };
+  // The bound a copy whose squares sum to `squares` adds to any float of
+  // the sum: its L2 norm, with slack for the squares' rounding and
+  // underflow.
+  static double NormBound(double squares) {
+    return std::sqrt(squares) * (1 + 1e-5) + 1e-18;
+  }
+  // slot.max_abs as a bound (before a second copy is added).
+  static double SumBound(const CountSlot& slot) {
+    return std::signbit(slot.max_abs) ? NormBound(-slot.max_abs) : slot.max_abs;
+  }
   struct AlignedFree {
     void operator()(float* p) const;
   };
@@ -175,6 +184,48 @@ class MeanReducer {
     return sums_.get() + static_cast<size_t>(seq) * stride_floats_;
   }
 
+  // Prefetch for a seq below num_chunks(). Over the slice's stride (its
+  // floats rounded up to a line), whose padding no other slice uses, in
+  // turns of 12 pairs: one turn for a slice at MTU 1500 (23 lines).
+  void PrefetchSlice(uint32_t seq) const {
+    PrefetchSliceAt(SumOf(seq), stride_floats_, &counts_[seq]);
+  }
+  static void PrefetchSliceAt(const float* sum, size_t stride_floats,
+                              const CountSlot* slot) {
+    const char* p = reinterpret_cast<const char*>(sum);
+    const char* const end = p + stride_floats * sizeof(float);
+    // A slice is at least a line: the first turn needs no test.
+    do {
+      // At most eleven pairs past the slice: hints, never faults.
+      __builtin_prefetch(p, 1, 3);
+      __builtin_prefetch(p + 128, 1, 3);
+      __builtin_prefetch(p + 256, 1, 3);
+      __builtin_prefetch(p + 384, 1, 3);
+      __builtin_prefetch(p + 512, 1, 3);
+      __builtin_prefetch(p + 640, 1, 3);
+      __builtin_prefetch(p + 768, 1, 3);
+      __builtin_prefetch(p + 896, 1, 3);
+      __builtin_prefetch(p + 1024, 1, 3);
+      __builtin_prefetch(p + 1152, 1, 3);
+      __builtin_prefetch(p + 1280, 1, 3);
+      __builtin_prefetch(p + 1408, 1, 3);
+      // GCC (-ffinite-loops) deletes a loop that only prefetches: this
+      // function compiled to nothing until the empty asm, an effect it
+      // keeps, was added.
+      asm volatile("");
+      p += 12 * 128;
+    } while (p < end);
+    __builtin_prefetch(slot, 1, 3);
+  }
+  // Accumulate's unclipped path (one_pass_now_): the chunk's first
+  // contribution stored in the pass that sums its squares, a later one
+  // added after that pass; anything the squares cannot vouch for goes to
+  // AccumulateScanned. `t`: worker w's tally for the calling shard;
+  // `slot`, `sum`: chunk seq's.
+  [[gnu::always_inline]] bool AccumulateOnePass(Tally& t, CountSlot& slot,
+                                                float* sum, uint32_t seq,
+                                                const uint8_t* payload,
+                                                size_t floats);
   bool Refuse(CountSlot& slot, Tally& t, uint32_t seq, bool overflow);
   // Accumulate's two passes: ScanFloats (largest magnitude and sum of
   // squares), then the store or add, clipped if need be. The path of a
@@ -189,7 +240,8 @@ class MeanReducer {
   bool one_pass_ = true;
   bool one_pass_now_ = true;    // one_pass_ and no clip: one flag per chunk
   uint64_t clip_floats_;        // the clip share's denominator (model_floats)
-  std::vector<Tally> tallies_;  // [worker * shards_ + shard]
+  uint32_t tally_workers_;      // the constructor's num_workers
+  std::vector<Tally> tallies_;  // [shard * tally_workers_ + worker]
   // Floats between the starts of consecutive chunks' sum slices: the chunk's
   // float count rounded up to a cache line, so slices never share a line.
   size_t stride_floats_;
@@ -202,17 +254,53 @@ class MeanReducer {
 inline bool MeanReducer::Accumulate(uint32_t w, uint32_t seq,
                                     const uint8_t* payload, uint32_t shard) {
   assert(seq < layout_.num_chunks());
-  assert(static_cast<size_t>(w) * shards_ + shard < tallies_.size());
-  CountSlot& slot = counts_.data()[seq];
-  Tally& t = tallies_.data()[static_cast<size_t>(w) * shards_ + shard];
-  const size_t floats = layout_.Length(seq) / sizeof(float);
+  assert(w < tally_workers_ && shard < shards_);
+  Tally& t = tallies_.data()[static_cast<size_t>(shard) * tally_workers_ + w];
   // A clip scales by the chunk's norm, which must be known first.
   if (!one_pass_now_) [[unlikely]] {
-    return AccumulateScanned(slot, t, seq, payload, floats);
+    return AccumulateScanned(counts_.data()[seq], t, seq, payload,
+                             layout_.Length(seq) / sizeof(float));
   }
+  return AccumulateOnePass(t, counts_.data()[seq], SumOf(seq), seq, payload,
+                           layout_.Length(seq) / sizeof(float));
+}
+
+template <class Chunk>
+void MeanReducer::AccumulateBurst(const Chunk* chunks, uint32_t n,
+                                  uint32_t shard, uint32_t prefetch_ahead) {
+  assert(shard < shards_);
+  if (!one_pass_now_) [[unlikely]] {
+    for (uint32_t k = 0; k < n; ++k) {
+      Accumulate(chunks[k].w, chunks[k].seq, chunks[k].payload, shard);
+    }
+    return;
+  }
+  // In locals: the float pass is a call, after which members reload.
+  Tally* const tallies =
+      tallies_.data() + static_cast<size_t>(shard) * tally_workers_;
+  CountSlot* const counts = counts_.data();
+  float* const sums = sums_.get();
+  const size_t stride = stride_floats_;
+  const uint32_t warm = std::min(n, prefetch_ahead);
+  for (uint32_t k = 0; k < warm; ++k) PrefetchSlice(chunks[k].seq);
+  // Chunks before this one hint the slice `warm` chunks on.
+  const Chunk* const end = chunks + n;
+  const Chunk* const ahead_end = warm != 0 ? end - warm : chunks;
+  for (const Chunk* c = chunks; c != end; ++c) {
+    if (c < ahead_end) {
+      const uint32_t next = c[warm].seq;
+      PrefetchSliceAt(sums + next * stride, stride, counts + next);
+    }
+    AccumulateOnePass(tallies[c->w], counts[c->seq], sums + c->seq * stride,
+                      c->seq, c->payload, c->bytes / sizeof(float));
+  }
+}
+
+[[gnu::always_inline]] inline bool MeanReducer::AccumulateOnePass(
+    Tally& t, CountSlot& slot, float* sum, uint32_t seq, const uint8_t* payload,
+    size_t floats) {
   std::atomic<uint32_t>& n = slot.n;
   const uint32_t k = n.load(std::memory_order_relaxed);
-  float* const sum = SumOf(seq);
   // The first contribution is stored in the pass that sums its squares
   // (a refused one leaves the count at 0, so the slice is never read).
   const double squares = k == 0 ? StoreFloatsSumSquares(sum, payload, floats)
@@ -224,18 +312,19 @@ inline bool MeanReducer::Accumulate(uint32_t w, uint32_t seq,
     return AccumulateScanned(slot, t, seq, payload, floats);
   }
   // The same bits as ScanFloats' sum of squares, its root a bound on every
-  // float (slack for the squares' rounding and underflow).
+  // float.
   t.sum_squares += squares;
-  const double add_max = std::sqrt(squares) * (1 + 1e-5) + 1e-18;
   if (k == 0) {
-    slot.max_abs = add_max;
+    slot.max_abs = -squares;  // rooted if a second copy comes
   } else {
-    if (slot.max_abs + add_max >= FLT_MAX &&
+    const double have = SumBound(slot);
+    const double add_max = NormBound(squares);
+    if (have + add_max >= FLT_MAX &&
         !SumStaysFinite(sum, payload, floats, 1.0f)) [[unlikely]] {
       return Refuse(slot, t, seq, true);
     }
     AddFloats(sum, payload, floats);
-    slot.max_abs = std::min(slot.max_abs + add_max, double{FLT_MAX});
+    slot.max_abs = std::min(have + add_max, double{FLT_MAX});
   }
   assert(k < num_workers_ && "more contributions than workers: duplicate?");
   n.store(k + 1, std::memory_order_release);

@@ -1,5 +1,7 @@
 #include "dblp/round/receiver_round.h"
 
+#include <algorithm>
+
 namespace dblp {
 
 const char* VerdictName(Verdict v) {
@@ -40,7 +42,13 @@ ReceiverRound::ReceiverRound(const ReceiverConfig& config)
       tag_bytes_(auth_.tag_bytes()),
       seq_span_(config.seq_end > config.seq_begin
                     ? config.seq_end - config.seq_begin
-                    : 0) {
+                    : 0),
+      body_span_(0),
+      chunk_payload_(config.layout.chunk_payload()) {
+  const uint32_t chunks = config.layout.num_chunks();
+  const uint32_t body_end =
+      std::min(config.seq_end, chunks == 0 ? 0 : chunks - 1);
+  if (body_end > config.seq_begin) body_span_ = body_end - config.seq_begin;
   bitmap_.Reset(config_.layout.num_chunks());
 }
 

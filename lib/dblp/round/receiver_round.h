@@ -138,6 +138,10 @@ class ReceiverRound {
   FrameAuth auth_;      // owner only
   uint32_t tag_bytes_;  // auth_.tag_bytes(), read per frame
   uint32_t seq_span_;   // seq_end - seq_begin (owner only, set at construction)
+  // Of the range, the chunks before the layout's last (all of the
+  // layout's chunk_payload bytes), and that length; set at construction.
+  uint32_t body_span_;
+  uint32_t chunk_payload_;
   AtomicBitmap bitmap_;                      // owner: wo; control: ro
   std::atomic<uint32_t> round_{0};           // owner: wo; any: ro
   std::atomic<bool> open_{false};            // owner: wo; any: ro
@@ -177,14 +181,19 @@ class ReceiverRound {
   if (ahead < 0) return Count(Verdict::kStaleRound);
   if (ahead > 0) return Count(Verdict::kFutureRound);
   if (!open_.load(std::memory_order_relaxed)) return Count(Verdict::kLate);
-  const DecodeStatus v = ValidateChunk(*hdr, config_.layout);
-  if (v != DecodeStatus::kOk) {
-    Bump(decode_errors_[static_cast<int>(v)]);
-    return Count(Verdict::kOutOfRange);
-  }
-  // One unsigned compare: a seq below seq_begin wraps to a huge offset.
-  if (hdr->seq - config_.seq_begin >= seq_span_) {
-    return Count(Verdict::kMisrouted);
+  // A full-length chunk of our range passes the next three checks (one
+  // unsigned compare: a seq below seq_begin wraps to a huge offset); any
+  // other frame takes them in turn, for its verdict.
+  if (hdr->seq - config_.seq_begin >= body_span_ ||
+      hdr->payload_len != chunk_payload_) [[unlikely]] {
+    const DecodeStatus v = ValidateChunk(*hdr, config_.layout);
+    if (v != DecodeStatus::kOk) {
+      Bump(decode_errors_[static_cast<int>(v)]);
+      return Count(Verdict::kOutOfRange);
+    }
+    if (hdr->seq - config_.seq_begin >= seq_span_) {
+      return Count(Verdict::kMisrouted);
+    }
   }
   if (tag_bytes_ != 0) {
     // A chunk we hold costs no MAC; anything else must prove its origin

@@ -42,79 +42,40 @@ double SquaresInDouble(const uint8_t* src, size_t n) {
 
 }  // namespace
 
-DBLP_VECTOR_CLONES ChunkScan ScanFloats(const uint8_t* __restrict src,
-                                        size_t n) {
-  // Lanes in vector registers (GCC's vector extension: the auto-vectoriser
-  // kept lane arrays in memory, reloaded every block), each summing its
-  // floats in index order, so no sum is reassociated. Float squares (not
-  // double) keep the per-float work to one multiply-add; a float sum that
-  // overflowed (magnitudes above about 1e19) is redone in double. What the
-  // scan costs per round is in docs/BENCHMARKS.md.
-  using F8 = float __attribute__((vector_size(32)));
-  using U8 = uint32_t __attribute__((vector_size(32)));
-  constexpr size_t kLanes = 8;
-  // Four named sums (an array of them stays in memory): independent chains
-  // hide the add's latency.
-  F8 sq0 = {}, sq1 = {}, sq2 = {}, sq3 = {};
-  U8 mx = {};
-  const auto lane = [&](size_t at, F8& sq) {
-    F8 v;
-    std::memcpy(&v, src + at * sizeof(float), sizeof(v));
-    U8 bits;
-    std::memcpy(&bits, &v, sizeof(bits));
-    bits &= 0x7fffffffu;
-    mx = mx > bits ? mx : bits;
-    sq += v * v;
-  };
-  size_t i = 0;
-  for (; i + 4 * kLanes <= n; i += 4 * kLanes) {
-    lane(i, sq0);
-    lane(i + kLanes, sq1);
-    lane(i + 2 * kLanes, sq2);
-    lane(i + 3 * kLanes, sq3);
-  }
-  for (; i + kLanes <= n; i += kLanes) lane(i, sq0);
-  const F8 sq = (sq0 + sq1) + (sq2 + sq3);
-  ChunkScan s;
-  for (size_t j = 0; j < kLanes; ++j) {
-    s.sum_squares += sq[j];
-    s.max_abs_bits = s.max_abs_bits > mx[j] ? s.max_abs_bits : mx[j];
-  }
-  for (; i < n; ++i) {
-    float v;
-    std::memcpy(&v, src + i * sizeof(float), sizeof(v));
-    uint32_t bits;
-    std::memcpy(&bits, &v, sizeof(bits));
-    bits &= 0x7fffffffu;
-    s.max_abs_bits = s.max_abs_bits > bits ? s.max_abs_bits : bits;
-    s.sum_squares += static_cast<double>(v) * v;
-  }
-  if (s.max_abs_bits < kNonFiniteBits && !std::isfinite(s.sum_squares)) {
-    s.sum_squares = SquaresInDouble(src, n);
-  }
-  return s;
-}
-
 namespace {
 
 using F8 = float __attribute__((vector_size(32)));
+using U8 = uint32_t __attribute__((vector_size(32)));
 constexpr size_t kLanes8 = 8;
 
-// ScanFloats' sum of squares, lane for lane, in the same order: blocks of
-// 32 floats into four chains, blocks of 8 into the first, the chains
-// reduced as (0 + 1) + (2 + 3), the lanes added into a double in lane
-// order, then the tail in double in index order. `each(at, v)` also sees
-// every vector and `tail(at, v)` every tail float (the fused store); `each`
-// may turn -0.0 into +0.0 (the same square) before v is squared, which
-// lets the store's "0.0f + v" load v too. Always inlined: each vector
-// clone gets its own copy at its width.
-template <class Each, class Tail>
-[[gnu::always_inline]] inline double LaneSquares(const uint8_t* src, size_t n,
-                                                 Each each, Tail tail) {
+// kWindowMask + r, read as 8 words: the last r lanes all ones, the others
+// zero (the new floats of the last window, r = n % 8).
+alignas(64) constexpr uint32_t kWindowMask[2 * kLanes8] = {
+    0, 0, 0, 0, 0, 0, 0, 0, ~0u, ~0u, ~0u, ~0u, ~0u, ~0u, ~0u, ~0u};
+
+// A vector of squares summed as float_ops.h documents: lanes j and j + 4,
+// then (0 + 2) + (1 + 3), in float.
+[[gnu::always_inline]] inline float LaneSum(const F8& sq) {
+  using F4 = float __attribute__((vector_size(16)));
+  const F4 q = __builtin_shufflevector(sq, sq, 0, 1, 2, 3) +
+               __builtin_shufflevector(sq, sq, 4, 5, 6, 7);
+  return (q[0] + q[2]) + (q[1] + q[3]);
+}
+
+// The float sum of squares of n >= 8 floats at `src` (float32), in the
+// order float_ops.h documents. `store(at, v)` sees every vector as loaded
+// (the last window whole, so a copy writes its overlap again with the
+// same bits) and `see(v)` every vector as squared. Always inlined: each
+// vector clone gets its own copy at its width. Not finite when the floats
+// are not or their squares' float sum overflowed.
+template <class Store, class See>
+[[gnu::always_inline]] inline float LaneSquares(const uint8_t* src, size_t n,
+                                                Store store, See see) {
   F8 sq0 = {}, sq1 = {}, sq2 = {}, sq3 = {};
   const auto load = [&](size_t at, F8& v) {
     std::memcpy(&v, src + at * sizeof(float), sizeof(v));
-    each(at, v);
+    store(at, v);
+    see(v);
   };
   size_t i = 0;
   // Two blocks a turn (the loop's own instructions are a fifth of a
@@ -159,54 +120,95 @@ template <class Each, class Tail>
     load(i, a);
     sq0 += a * a;
   }
-  const F8 sq = (sq0 + sq1) + (sq2 + sq3);
-  // Lane by lane in order, in double: four lanes converted at once (exact,
-  // as one at a time). The first lane starts the sum, which "0.0 +" it
-  // did not change: a lane is a sum of squares, +0.0 or more (or not
-  // finite, which the caller redoes).
-  using F4 = float __attribute__((vector_size(16)));
-  using D4 = double __attribute__((vector_size(32)));
-  const D4 lo =
-      __builtin_convertvector(__builtin_shufflevector(sq, sq, 0, 1, 2, 3), D4);
-  const D4 hi =
-      __builtin_convertvector(__builtin_shufflevector(sq, sq, 4, 5, 6, 7), D4);
-  static_assert(sizeof(F4) * 2 == sizeof(F8));
-  double sum = lo[0];
-  sum += lo[1];
-  sum += lo[2];
-  sum += lo[3];
-  sum += hi[0];
-  sum += hi[1];
-  sum += hi[2];
-  sum += hi[3];
-  for (; i < n; ++i) {
-    float v;
-    std::memcpy(&v, src + i * sizeof(float), sizeof(v));
-    tail(i, v);
-    sum += static_cast<double>(v) * v;
+  if (const size_t r = n - i; r != 0) {
+    F8 v;
+    std::memcpy(&v, src + (n - kLanes8) * sizeof(float), sizeof(v));
+    store(n - kLanes8, v);
+    U8 bits, mask;
+    std::memcpy(&bits, &v, sizeof(bits));
+    std::memcpy(&mask, kWindowMask + r, sizeof(mask));
+    bits &= mask;
+    std::memcpy(&v, &bits, sizeof(v));
+    see(v);
+    sq0 += v * v;
   }
-  return sum;
+  return LaneSum((sq0 + sq1) + (sq2 + sq3));
+}
+
+// Fewer than 8 floats (a short last chunk): the same order with scalars,
+// and a copy into `dst` unless it is null. Out of line and cold, so the
+// vector code keeps a frameless body.
+[[gnu::noinline, gnu::cold]] ChunkScan ShortScan(float* dst, const uint8_t* src,
+                                                 size_t n) {
+  F8 sq = {};
+  ChunkScan s;
+  for (size_t j = 0; j < n; ++j) {
+    float v;
+    std::memcpy(&v, src + j * sizeof(float), sizeof(v));
+    if (dst != nullptr) dst[j] = v;
+    uint32_t bits;
+    std::memcpy(&bits, &v, sizeof(bits));
+    s.max_abs_bits = std::max(s.max_abs_bits, bits & 0x7fffffffu);
+    sq[j] = v * v;  // 0 + v * v: the same rounding, fused or not
+  }
+  s.sum_squares = LaneSum(sq);
+  return s;
+}
+
+// The overflowed float sum redone in double (ScanFloats' contract).
+void RedoInDouble(ChunkScan& s, const uint8_t* src, size_t n) {
+  if (s.max_abs_bits < kNonFiniteBits && !std::isfinite(s.sum_squares)) {
+    s.sum_squares = SquaresInDouble(src, n);
+  }
 }
 
 }  // namespace
 
+DBLP_VECTOR_CLONES ChunkScan ScanFloats(const uint8_t* __restrict src,
+                                        size_t n) {
+  if (n < kLanes8) [[unlikely]] {
+    ChunkScan s = ShortScan(nullptr, src, n);
+    RedoInDouble(s, src, n);
+    return s;
+  }
+  // The largest magnitude's bits, per lane, over every vector squared
+  // (zeroed lanes add nothing to it).
+  U8 mx = {};
+  ChunkScan s;
+  s.sum_squares = LaneSquares(
+      src, n, [](size_t, const F8&) {},
+      [&mx](const F8& v) {
+        U8 bits;
+        std::memcpy(&bits, &v, sizeof(bits));
+        bits &= 0x7fffffffu;
+        mx = mx > bits ? mx : bits;
+      });
+  for (size_t j = 0; j < kLanes8; ++j) {
+    s.max_abs_bits = s.max_abs_bits > mx[j] ? s.max_abs_bits : mx[j];
+  }
+  RedoInDouble(s, src, n);
+  return s;
+}
+
 DBLP_VECTOR_CLONES double SumSquaresFloats(const uint8_t* __restrict src,
                                            size_t n) {
+  if (n < kLanes8) [[unlikely]]
+    return ShortScan(nullptr, src, n).sum_squares;
   return LaneSquares(
-      src, n, [](size_t, F8&) {}, [](size_t, float) {});
+      src, n, [](size_t, const F8&) {}, [](const F8&) {});
 }
 
 DBLP_VECTOR_CLONES double StoreFloatsSumSquares(float* __restrict dst,
                                                 const uint8_t* __restrict src,
                                                 size_t n) {
-  // "0.0f +": StoreFloats' -0.0 -> +0.0, the first contribution's bits.
+  if (n < kLanes8) [[unlikely]]
+    return ShortScan(dst, src, n).sum_squares;
+  // The floats as sent: the "0.0f +" that StoreFloats adds per float is
+  // MeanReducer::Finalize's, once per round (an add per vector here).
   return LaneSquares(
       src, n,
-      [dst](size_t at, F8& v) {
-        v = 0.0f + v;
-        std::memcpy(dst + at, &v, sizeof(v));
-      },
-      [dst](size_t at, float v) { dst[at] = 0.0f + v; });
+      [dst](size_t at, const F8& v) { std::memcpy(dst + at, &v, sizeof(v)); },
+      [](const F8&) {});
 }
 
 DBLP_VECTOR_CLONES void AddScaledFloats(float* __restrict dst,

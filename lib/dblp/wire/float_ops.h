@@ -29,6 +29,18 @@ struct ChunkScan {
   uint32_t max_abs_bits = 0;
 };
 inline constexpr uint32_t kNonFiniteBits = 0x7f800000u;
+// The order of the sum of squares (SumSquaresFloats' and
+// StoreFloatsSumSquares' too; tests/test_bad_gradient.cc recomputes it in
+// scalar code): eight float lanes in four chains, lane j of a vector
+// holding float 8k + j. Vectors of each whole block of four go to chains
+// 0-3 in turn, vectors past the last block to chain 0; the n % 8 floats
+// left go to chain 0 as the 8-float window that ends at n with its older
+// lanes zeroed (n >= 8), or as lanes 0..n-1 of a zeroed vector (n < 8).
+// Each chain adds its vectors' squares in index order (fused multiply-add
+// where the CPU's clone has one). Then, in float, the chains as
+// (0 + 1) + (2 + 3), its lanes j and j + 4, and those four as
+// (0 + 2) + (1 + 3). A float sum that overflowed (magnitudes above about
+// 1e19) is redone in double in index order by ScanFloats.
 ChunkScan ScanFloats(const uint8_t* src, size_t n);
 
 // The sum of squares ScanFloats computes (the same lanes and order, so
@@ -37,10 +49,12 @@ ChunkScan ScanFloats(const uint8_t* src, size_t n);
 // makes it non-finite, and the caller then asks ScanFloats. A finite
 // result bounds every |src[i]| by its square root.
 double SumSquaresFloats(const uint8_t* src, size_t n);
-// StoreFloats and SumSquaresFloats in one pass over `src` (a round's first
-// contribution, unclipped): `dst` is written whatever the floats are, so
-// a caller that refuses the chunk on a non-finite result must treat the
-// slice as unwritten (MeanReducer: a chunk with no contribution).
+// A copy of the floats at `src` into `dst` (bits as they are: a -0.0
+// stays -0.0, unlike StoreFloats) and SumSquaresFloats, in one pass over
+// `src` (a round's first contribution, unclipped). `dst` is written
+// whatever the floats are, so a caller that refuses the chunk on a
+// non-finite result must treat the slice as unwritten (MeanReducer: a
+// chunk with no contribution).
 double StoreFloatsSumSquares(float* dst, const uint8_t* src, size_t n);
 
 // Sets every non-finite float of `v` to 0; returns how many it set (a mean
