@@ -1206,7 +1206,7 @@ void ExpectPathsAgree(const FrameKey& key, const LossSpec& loss_spec,
   for (PushRxState* s : {&fast, &full}) {
     for (auto& r : s->rx) r->Begin(round, 0.0);
   }
-  uint64_t matched = 0, clean = 0, accepted = 0;
+  uint64_t matched = 0, clean = 0, accepted = 0, taken_expected = 0;
   std::vector<uint8_t> payload(1452);
   for (int iter = 0; iter < 20000; ++iter) {
     if (iter % 250 == 249) {  // the next iteration's push
@@ -1297,6 +1297,9 @@ void ExpectPathsAgree(const FrameKey& key, const LossSpec& loss_spec,
         ASSERT_EQ(cf.payload, cs.payload);
         ASSERT_EQ(cf.seq, cs.seq);
         ASSERT_EQ(cf.w, cs.w);
+        ASSERT_EQ(cf.bytes, cs.bytes);
+        ASSERT_EQ(ts, kRxFull);
+        taken_expected += tf == kRxExpected;
       }
     }
     rte_pktmbuf_free(m);
@@ -1305,6 +1308,7 @@ void ExpectPathsAgree(const FrameKey& key, const LossSpec& loss_spec,
   EXPECT_GT(accepted, 3000u);
   // Clean frames of the current round match from the second one on.
   EXPECT_GT(matched, clean / 2) << matched << " of " << clean;
+  EXPECT_GT(taken_expected, accepted / 4) << taken_expected;
 }
 
 TEST(PushRxTest, ExpectedFramePathDecidesAsTheFullPath) {

@@ -130,14 +130,6 @@ class MeanReducer {
   // with kPrevious; on again: prev_mean restarts at zeros.
   void set_keep_previous(bool on);
 
-  // Hints the caches to fetch chunk seq's sum slice and count slot (the
-  // server calls it for the chunks a burst sums next while it adds one).
-  // Every other line: the L2's adjacent-line prefetcher completes each
-  // 128-byte pair, at half the instructions of a prefetch per line.
-  void Prefetch(uint32_t seq) const {
-    if (seq < layout_.num_chunks()) PrefetchSlice(seq);
-  }
-
   uint32_t contributions(uint32_t seq) const {
     return counts_[seq].n.load(std::memory_order_acquire);
   }
@@ -184,31 +176,34 @@ class MeanReducer {
     return sums_.get() + static_cast<size_t>(seq) * stride_floats_;
   }
 
-  // Prefetch for a seq below num_chunks(). Over the slice's stride (its
-  // floats rounded up to a line), whose padding no other slice uses, in
-  // turns of 12 pairs: one turn for a slice at MTU 1500 (23 lines).
-  void PrefetchSlice(uint32_t seq) const {
-    PrefetchSliceAt(SumOf(seq), stride_floats_, &counts_[seq]);
-  }
+  // Hints the caches to fetch a chunk's sum slice (`stride_floats` from
+  // `sum`) and count slot, for the chunks a burst sums next while it adds
+  // one. Every other line: the L2's adjacent-line prefetcher completes
+  // each 128-byte pair, at half the instructions of a prefetch per line.
+  // In turns of 12 pairs, one turn for a slice at MTU 1500 (23 lines):
+  // the last turn may hint up to eleven pairs past the slice (hints never
+  // fault; the addresses are integers until each hint).
   static void PrefetchSliceAt(const float* sum, size_t stride_floats,
                               const CountSlot* slot) {
-    const char* p = reinterpret_cast<const char*>(sum);
-    const char* const end = p + stride_floats * sizeof(float);
+    uintptr_t p = reinterpret_cast<uintptr_t>(sum);
+    const uintptr_t end = p + stride_floats * sizeof(float);
+    const auto hint = [](uintptr_t at) {
+      __builtin_prefetch(reinterpret_cast<const void*>(at), 1, 3);
+    };
     // A slice is at least a line: the first turn needs no test.
     do {
-      // At most eleven pairs past the slice: hints, never faults.
-      __builtin_prefetch(p, 1, 3);
-      __builtin_prefetch(p + 128, 1, 3);
-      __builtin_prefetch(p + 256, 1, 3);
-      __builtin_prefetch(p + 384, 1, 3);
-      __builtin_prefetch(p + 512, 1, 3);
-      __builtin_prefetch(p + 640, 1, 3);
-      __builtin_prefetch(p + 768, 1, 3);
-      __builtin_prefetch(p + 896, 1, 3);
-      __builtin_prefetch(p + 1024, 1, 3);
-      __builtin_prefetch(p + 1152, 1, 3);
-      __builtin_prefetch(p + 1280, 1, 3);
-      __builtin_prefetch(p + 1408, 1, 3);
+      hint(p);
+      hint(p + 128);
+      hint(p + 256);
+      hint(p + 384);
+      hint(p + 512);
+      hint(p + 640);
+      hint(p + 768);
+      hint(p + 896);
+      hint(p + 1024);
+      hint(p + 1152);
+      hint(p + 1280);
+      hint(p + 1408);
       // GCC (-ffinite-loops) deletes a loop that only prefetches: this
       // function compiled to nothing until the empty asm, an effect it
       // keeps, was added.
@@ -217,6 +212,10 @@ class MeanReducer {
     } while (p < end);
     __builtin_prefetch(slot, 1, 3);
   }
+  // `sum(chunk, its count slot, its sum slice)` for each of a burst's
+  // chunks in order, each slice hinted `ahead` chunks before it.
+  template <class Chunk, class Sum>
+  void EachPrefetched(const Chunk* chunks, uint32_t n, uint32_t ahead, Sum sum);
   // Accumulate's unclipped path (one_pass_now_): the chunk's first
   // contribution stored in the pass that sums its squares, a later one
   // added after that pass; anything the squares cannot vouch for goes to
@@ -269,20 +268,34 @@ template <class Chunk>
 void MeanReducer::AccumulateBurst(const Chunk* chunks, uint32_t n,
                                   uint32_t shard, uint32_t prefetch_ahead) {
   assert(shard < shards_);
-  if (!one_pass_now_) [[unlikely]] {
-    for (uint32_t k = 0; k < n; ++k) {
-      Accumulate(chunks[k].w, chunks[k].seq, chunks[k].payload, shard);
-    }
+  if (!one_pass_now_) [[unlikely]] {  // a clipped job
+    EachPrefetched(chunks, n, prefetch_ahead,
+                   [&](const Chunk& c, CountSlot&, float*) {
+                     Accumulate(c.w, c.seq, c.payload, shard);
+                   });
     return;
   }
-  // In locals: the float pass is a call, after which members reload.
   Tally* const tallies =
       tallies_.data() + static_cast<size_t>(shard) * tally_workers_;
+  EachPrefetched(chunks, n, prefetch_ahead,
+                 [&](const Chunk& c, CountSlot& slot, float* sum) {
+                   AccumulateOnePass(tallies[c.w], slot, sum, c.seq, c.payload,
+                                     c.bytes / sizeof(float));
+                 });
+}
+
+template <class Chunk, class Sum>
+[[gnu::always_inline]] inline void MeanReducer::EachPrefetched(
+    const Chunk* chunks, uint32_t n, uint32_t ahead, Sum sum) {
+  // In locals: the float pass is a call, after which members reload.
   CountSlot* const counts = counts_.data();
   float* const sums = sums_.get();
   const size_t stride = stride_floats_;
-  const uint32_t warm = std::min(n, prefetch_ahead);
-  for (uint32_t k = 0; k < warm; ++k) PrefetchSlice(chunks[k].seq);
+  const uint32_t warm = std::min(n, ahead);
+  for (uint32_t k = 0; k < warm; ++k) {
+    const uint32_t seq = chunks[k].seq;
+    PrefetchSliceAt(sums + seq * stride, stride, counts + seq);
+  }
   // Chunks before this one hint the slice `warm` chunks on.
   const Chunk* const end = chunks + n;
   const Chunk* const ahead_end = warm != 0 ? end - warm : chunks;
@@ -291,8 +304,7 @@ void MeanReducer::AccumulateBurst(const Chunk* chunks, uint32_t n,
       const uint32_t next = c[warm].seq;
       PrefetchSliceAt(sums + next * stride, stride, counts + next);
     }
-    AccumulateOnePass(tallies[c->w], counts[c->seq], sums + c->seq * stride,
-                      c->seq, c->payload, c->bytes / sizeof(float));
+    sum(*c, counts[c->seq], sums + c->seq * stride);
   }
 }
 
@@ -305,9 +317,10 @@ void MeanReducer::AccumulateBurst(const Chunk* chunks, uint32_t n,
   // (a refused one leaves the count at 0, so the slice is never read).
   const double squares = k == 0 ? StoreFloatsSumSquares(sum, payload, floats)
                                 : SumSquaresFloats(payload, floats);
-  // Non-finite: a NaN or an infinity, or squares past float's range (a
-  // float above about 1.8e19): the two-pass path refuses the chunk, or
-  // sums it with ScanFloats' squares redone in double.
+  // Non-finite: a NaN or an infinity, or squares whose float sum passed
+  // float's range (above 3.4e38: floats near 1e19, or many near 1e18):
+  // the two-pass path refuses the chunk, or sums it with ScanFloats'
+  // squares redone in double.
   if (!std::isfinite(squares)) [[unlikely]] {
     return AccumulateScanned(slot, t, seq, payload, floats);
   }

@@ -21,9 +21,10 @@ void AddFloats(float* dst, const uint8_t* src, size_t n);
 void StoreFloats(float* dst, const uint8_t* src, size_t n);
 
 // One pass over a received chunk before it is summed: the sum of its
-// squares (double, so 3e38 squared is finite) and the largest magnitude's
-// bits. A NaN or an infinity makes max_abs_bits >= kNonFiniteBits (their
-// exponent bits are all ones and sort above every finite magnitude).
+// squares (in float lanes, redone in double when that overflowed, so
+// 3e38 squared is finite) and the largest magnitude's bits. A NaN or an
+// infinity makes max_abs_bits >= kNonFiniteBits (their exponent bits are all
+// ones and sort above every finite magnitude).
 struct ChunkScan {
   double sum_squares = 0;
   uint32_t max_abs_bits = 0;
@@ -36,8 +37,12 @@ inline constexpr uint32_t kNonFiniteBits = 0x7f800000u;
 // 0-3 in turn, vectors past the last block to chain 0; the n % 8 floats
 // left go to chain 0 as the 8-float window that ends at n with its older
 // lanes zeroed (n >= 8), or as lanes 0..n-1 of a zeroed vector (n < 8).
-// Each chain adds its vectors' squares in index order (fused multiply-add
-// where the CPU's clone has one). Then, in float, the chains as
+// Each chain adds its vectors' squares in index order, each with one
+// rounding (a fused multiply-add) or two, as the build compiled it: GCC
+// fuses them at -O2 in the AVX2 and AVX-512 clones, not at -O1 (the
+// sanitizer build) nor in the baseline one. One binary always rounds
+// alike, which is what keeps ScanFloats and the one-pass functions equal;
+// two builds may differ in the last bits. Then, in float, the chains as
 // (0 + 1) + (2 + 3), its lanes j and j + 4, and those four as
 // (0 + 2) + (1 + 3). A float sum that overflowed (magnitudes above about
 // 1e19) is redone in double in index order by ScanFloats.
