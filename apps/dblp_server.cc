@@ -230,6 +230,8 @@ int main(int argc, char** argv) {
     DBLP_LOG(Error, "error: %s", e.what());
   }
   runtime_session.reset();  // the prompt ends, capture stops
-  rte_eal_cleanup();
+  // No rte_eal_cleanup(): it unmaps the EAL's memory under a still-running
+  // interrupt thread (eal_cleanup.h, "Why not rte_eal_cleanup"); exit
+  // reclaims it, and the atexit handler removes the files.
   return rc;
 }

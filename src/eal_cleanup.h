@@ -12,6 +12,16 @@
 // with the same --file-prefix removes those (EAL's own clean-up), and
 // `--huge-unlink` makes even that case leave nothing (no secondary
 // processes then).
+//
+// Why not rte_eal_cleanup: in DPDK 22.11 it unmaps the EAL's memory while
+// EAL's interrupt thread keeps running, and that thread walks every
+// registered interrupt source whenever it wakes. memif frees its listener
+// socket's interrupt handle (in EAL memory) without unregistering it, so a
+// wake-up after the unmap reads unmapped memory (SIGSEGV in
+// rte_intr_fd_get on "eal-intr-thread": 5 of 15 ASan runs of
+// tests/app_behaviour_test.py once the ports closed cleanly). The apps
+// therefore end without it: exit reclaims the memory with the thread, and
+// the handler below removes what the EAL left on disk.
 #pragma once
 
 namespace dblp {

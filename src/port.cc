@@ -1,11 +1,13 @@
 #include "port.h"
 
+#include <rte_alarm.h>
 #include <rte_cycles.h>
 #include <rte_errno.h>
 #include <rte_lcore.h>
 #include <rte_mbuf.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -357,6 +359,62 @@ void AwaitPeerClose(uint16_t port_id, const PortCaps& caps) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
+}
+
+namespace {
+
+struct InterruptThreadClose {
+  std::vector<uint16_t> ports;
+  // Writer: the alarm on the interrupt thread; reader: StopAndClosePorts.
+  std::atomic<bool> done{false};
+};
+
+void StopAndClose(const std::vector<uint16_t>& ports) {
+  for (const uint16_t p : ports) {
+    rte_eth_dev_stop(p);
+    rte_eth_dev_close(p);
+  }
+}
+
+void CloseOnInterruptThread(void* arg) {
+  auto* job = static_cast<InterruptThreadClose*>(arg);
+  StopAndClose(job->ports);
+  job->done.store(true, std::memory_order_release);
+}
+
+bool IsMemif(uint16_t port_id) {
+  rte_eth_dev_info info{};
+  return rte_eth_dev_info_get(port_id, &info) == 0 &&
+         info.driver_name != nullptr &&
+         std::string(info.driver_name) == "net_memif";
+}
+
+}  // namespace
+
+std::string StopAndClosePorts(const std::vector<uint16_t>& ports) {
+  InterruptThreadClose job;
+  std::vector<uint16_t> here;
+  for (const uint16_t p : ports) (IsMemif(p) ? job.ports : here).push_back(p);
+  StopAndClose(here);
+  if (job.ports.empty()) return "";
+  if (rte_eal_alarm_set(1, CloseOnInterruptThread, &job) != 0) {
+    StopAndClose(job.ports);  // no alarm: the old race, but still closed
+    return "";
+  }
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!job.done.load(std::memory_order_acquire) &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (job.done.load(std::memory_order_acquire)) return "";
+  // Cancel waits for a running alarm to return; one that never started is
+  // removed, and the ports close here.
+  rte_eal_alarm_cancel(CloseOnInterruptThread, &job);
+  if (job.done.load(std::memory_order_acquire)) return "";
+  StopAndClose(job.ports);
+  return "EAL's interrupt thread did not close the memif port(s) within "
+         "10 s; closed them from the main thread";
 }
 
 }  // namespace dblp

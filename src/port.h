@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "dblp/wire/chunking.h"  // kMinMtu, kMaxMtu
 
@@ -106,5 +107,16 @@ PortDrops ReadPortDrops(uint16_t port_id);
 // its BYE, waits for the server (which closes its ports right after the
 // job) to close the link first, at most 2 s. Other drivers: returns at once.
 void AwaitPeerClose(uint16_t port_id, const PortCaps& caps);
+
+// Stops and closes `ports`, after the datapath lcores stopped. A memif
+// port's control channel lives on EAL's interrupt thread, which tears the
+// port down by itself when the peer hangs up (memif_disconnect frees the
+// regions and the channel); a close from this thread at that moment frees
+// them twice (DPDK 22.11 under ASan: "EAL: Error: Invalid memory", then a
+// SEGV in the handler, when a worker was killed and the server aborted). An
+// EAL alarm runs on that same thread, so memif ports close there, after any
+// teardown in flight; other drivers close here. Returns an error when the
+// interrupt thread did not run the close within 10 s (then closed here).
+std::string StopAndClosePorts(const std::vector<uint16_t>& ports);
 
 }  // namespace dblp

@@ -5,6 +5,8 @@
 
 #include <cstdio>
 #include <memory>
+#include <numeric>
+#include <string>
 #include <vector>
 
 #include "app_telemetry.h"
@@ -17,6 +19,7 @@
 #include "engine_runtime.h"
 #include "lcore_loop.h"
 #include "numa_placement.h"
+#include "port.h"
 #include "server_control.h"
 #include "server_report.h"
 #include "server_setup.h"
@@ -245,10 +248,11 @@ int ServerRun::Report(const std::string& failure) {
   runtime_.PublishFinal(report.counters, !failure.empty());
   // Workers on memif wait for this close before they close their side
   // (worker_engine.cc, AwaitServerClose): closed right after the job.
-  for (uint16_t p = 0; p < a_.ports.nb_ports; ++p) {
-    rte_eth_dev_stop(p);
-    rte_eth_dev_close(p);
-  }
+  std::vector<uint16_t> ports(a_.ports.nb_ports);
+  std::iota(ports.begin(), ports.end(), uint16_t{0});
+  const std::string close_err = StopAndClosePorts(ports);
+  if (!close_err.empty())
+    DBLP_LOG(Warning, "dblp-server: %s", close_err.c_str());
   report.info = job_->Info();
   report.info.emplace_back("loss", FormatLossSpec(o_.dp.loss));
   report.info.emplace_back("link_gbps", o_.dp.link_gbps > 0

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "app_telemetry.h"
@@ -18,6 +19,7 @@
 #include "engine_runtime.h"
 #include "lcore_loop.h"
 #include "numa_placement.h"
+#include "port.h"
 #include "shard_link.h"
 #include "worker_control.h"
 #include "worker_setup.h"
@@ -435,9 +437,8 @@ int WorkerRun::Report(const std::string& failure) {
     exit_code = 1;
   }
   if (!failure.empty()) source_->Fail(failure);
-  for (const uint16_t p : ports_) {
-    rte_eth_dev_stop(p);
-    rte_eth_dev_close(p);
+  if (const std::string err = StopAndClosePorts(ports_); !err.empty()) {
+    DBLP_LOG(Warning, "dblp-worker: %s", err.c_str());
   }
   return exit_code;
 }
