@@ -1,10 +1,12 @@
 #include "port.h"
 
+#include <pthread.h>
 #include <rte_alarm.h>
 #include <rte_cycles.h>
 #include <rte_errno.h>
 #include <rte_lcore.h>
 #include <rte_mbuf.h>
+#include <signal.h>
 
 #include <algorithm>
 #include <atomic>
@@ -378,7 +380,19 @@ void StopAndClose(const std::vector<uint16_t>& ports) {
 
 void CloseOnInterruptThread(void* arg) {
   auto* job = static_cast<InterruptThreadClose*>(arg);
+  // memif's close sends the peer a DISCONNECT without MSG_NOSIGNAL; to a
+  // peer that died (a killed worker whose hang-up this thread has not read
+  // yet) that raises SIGPIPE, which would end the process before its
+  // summary. Blocked here and taken back below, on this thread only.
+  sigset_t pipe_set, old_set;
+  sigemptyset(&pipe_set);
+  sigaddset(&pipe_set, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &pipe_set, &old_set);
   StopAndClose(job->ports);
+  const timespec now{0, 0};
+  while (sigtimedwait(&pipe_set, nullptr, &now) == SIGPIPE) {
+  }
+  pthread_sigmask(SIG_SETMASK, &old_set, nullptr);
   job->done.store(true, std::memory_order_release);
 }
 
