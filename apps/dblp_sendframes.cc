@@ -184,8 +184,9 @@ int Run() {
       sent, FLAGS_count, static_cast<unsigned long long>(bytes),
       static_cast<unsigned long long>(st.opackets),
       static_cast<unsigned long long>(st.oerrors));
-  rte_eth_dev_stop(opts.port_id);
-  rte_eth_dev_close(opts.port_id);
+  if (const std::string err = StopAndClosePorts({opts.port_id}); !err.empty()) {
+    DBLP_LOG(Warning, "dblp-sendframes: %s", err.c_str());
+  }
   if (timed_out) {
     DBLP_LOG(Error,
                  "dblp-sendframes: the device refused frames for %.1f s. "
@@ -209,7 +210,6 @@ int main(int argc, char** argv) {
   gflags::SetVersionString(dblp::Version());
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   dblp::CheckFlagsOrDie();  // a test tool: after the EAL, which it needs first
-  const int rc = dblp::Run();
-  rte_eal_cleanup();
-  return rc;
+  // No rte_eal_cleanup(), as in the other apps (eal_cleanup.h).
+  return dblp::Run();
 }

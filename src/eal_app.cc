@@ -1,21 +1,26 @@
 #include "eal_app.h"
 
 #include <pthread.h>
+#include <rte_alarm.h>
 #include <rte_cycles.h>
 #include <rte_debug.h>
 #include <rte_eal.h>
 #include <rte_errno.h>
+#include <rte_interrupts.h>
 #include <rte_log.h>
 #include <rte_pause.h>
 #include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include "dblp/base/log.h"
 #include "dblp/base/version.h"
@@ -72,7 +77,55 @@ std::string EalFix(int err) {
 }  // namespace
 
 [[noreturn]] void Die(const std::string& what, const std::string& fix) {
-  rte_exit(EXIT_FAILURE, "%s. Try: %s\n", what.c_str(), fix.c_str());
+  // rte_exit's lines without its rte_eal_cleanup (eal_cleanup.h, "Why not
+  // rte_eal_cleanup"): a Die after the ports came up must not unmap the
+  // EAL's memory under its interrupt thread. exit() runs the atexit handler
+  // that removes the EAL's files.
+  RTE_LOG(CRIT, EAL, "Error - exiting with code: %d\n  Cause: ", EXIT_FAILURE);
+  rte_log(RTE_LOG_CRIT, RTE_LOGTYPE_EAL, "%s. Try: %s\n", what.c_str(),
+          fix.c_str());
+  std::exit(EXIT_FAILURE);
+}
+
+namespace {
+
+struct InterruptThreadCall {
+  void (*fn)(void*);
+  void* arg;
+  // Writer: the alarm on the interrupt thread; reader: RunOnInterruptThread.
+  std::atomic<bool> done{false};
+};
+
+void RunCall(void* arg) {
+  auto* call = static_cast<InterruptThreadCall*>(arg);
+  call->fn(call->arg);
+  call->done.store(true, std::memory_order_release);
+}
+
+}  // namespace
+
+std::string RunOnInterruptThread(void (*fn)(void*), void* arg) {
+  if (rte_thread_is_intr()) {
+    fn(arg);
+    return "";
+  }
+  InterruptThreadCall call{fn, arg};
+  if (rte_eal_alarm_set(1, RunCall, &call) != 0) {
+    return std::string("no EAL alarm (rte_eal_alarm_set: ") +
+           rte_strerror(rte_errno) + ")";
+  }
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!call.done.load(std::memory_order_acquire)) {
+    if (std::chrono::steady_clock::now() >= deadline) {
+      // Removes the alarm if it never started; waits for it if it runs.
+      rte_eal_alarm_cancel(RunCall, &call);
+      if (call.done.load(std::memory_order_acquire)) return "";
+      return "EAL's interrupt thread ran no alarm within 10 s";
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return "";
 }
 
 std::vector<char*> AppArguments(int argc, char** argv) {

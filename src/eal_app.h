@@ -28,8 +28,17 @@ int InitEalOrDie(int argc, char** argv);
 // answer at once, without hugepages or ports.
 std::vector<char*> AppArguments(int argc, char** argv);
 
-// rte_exit with a formatted "what failed: why. Try: fix" message.
+// rte_exit's "what failed: why. Try: fix" message and exit code, without
+// its rte_eal_cleanup (eal_cleanup.h).
 [[noreturn]] void Die(const std::string& what, const std::string& fix);
+
+// Runs fn(arg) on EAL's interrupt thread, as an EAL alarm, and waits for it:
+// what runs there is serialized with every interrupt handler (memif's
+// control channel, its teardown of a port whose peer hung up). Called on
+// that thread, runs fn at once. Returns "" once fn ran; else what failed,
+// and fn did not run (no alarm, or none had started within 10 s). A call
+// already running there is waited for, however long it takes.
+std::string RunOnInterruptThread(void (*fn)(void*), void* arg);
 
 // What a reusable part of the apps returns instead of exiting: what
 // failed and the fix (empty `what`: it worked). Only setup code turns it

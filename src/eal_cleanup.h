@@ -15,9 +15,10 @@
 //
 // Why not rte_eal_cleanup: in DPDK 22.11 it unmaps the EAL's memory while
 // EAL's interrupt thread keeps running, and that thread walks every
-// registered interrupt source whenever it wakes. memif frees its listener
-// socket's interrupt handle (in EAL memory) without unregistering it, so a
-// wake-up after the unmap reads unmapped memory (SIGSEGV in
+// registered interrupt source whenever it wakes, reading each source's copy
+// of its handle, which for memif's sources lives in EAL memory. memif never
+// unregisters its listener socket's source, so a wake-up after the unmap
+// reads unmapped memory (SIGSEGV in
 // rte_intr_fd_get on "eal-intr-thread": 5 of 15 ASan runs of
 // tests/app_behaviour_test.py once the ports closed cleanly). The apps
 // therefore end without it: exit reclaims the memory with the thread, and

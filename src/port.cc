@@ -1,15 +1,11 @@
 #include "port.h"
 
-#include <pthread.h>
-#include <rte_alarm.h>
 #include <rte_cycles.h>
 #include <rte_errno.h>
 #include <rte_lcore.h>
 #include <rte_mbuf.h>
-#include <signal.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -365,12 +361,6 @@ void AwaitPeerClose(uint16_t port_id, const PortCaps& caps) {
 
 namespace {
 
-struct InterruptThreadClose {
-  std::vector<uint16_t> ports;
-  // Writer: the alarm on the interrupt thread; reader: StopAndClosePorts.
-  std::atomic<bool> done{false};
-};
-
 void StopAndClose(const std::vector<uint16_t>& ports) {
   for (const uint16_t p : ports) {
     rte_eth_dev_stop(p);
@@ -378,22 +368,8 @@ void StopAndClose(const std::vector<uint16_t>& ports) {
   }
 }
 
-void CloseOnInterruptThread(void* arg) {
-  auto* job = static_cast<InterruptThreadClose*>(arg);
-  // memif's close sends the peer a DISCONNECT without MSG_NOSIGNAL; to a
-  // peer that died (a killed worker whose hang-up this thread has not read
-  // yet) that raises SIGPIPE, which would end the process before its
-  // summary. Blocked here and taken back below, on this thread only.
-  sigset_t pipe_set, old_set;
-  sigemptyset(&pipe_set);
-  sigaddset(&pipe_set, SIGPIPE);
-  pthread_sigmask(SIG_BLOCK, &pipe_set, &old_set);
-  StopAndClose(job->ports);
-  const timespec now{0, 0};
-  while (sigtimedwait(&pipe_set, nullptr, &now) == SIGPIPE) {
-  }
-  pthread_sigmask(SIG_SETMASK, &old_set, nullptr);
-  job->done.store(true, std::memory_order_release);
+void StopAndCloseCall(void* ports) {
+  StopAndClose(*static_cast<const std::vector<uint16_t>*>(ports));
 }
 
 bool IsMemif(uint16_t port_id) {
@@ -406,29 +382,16 @@ bool IsMemif(uint16_t port_id) {
 }  // namespace
 
 std::string StopAndClosePorts(const std::vector<uint16_t>& ports) {
-  InterruptThreadClose job;
-  std::vector<uint16_t> here;
-  for (const uint16_t p : ports) (IsMemif(p) ? job.ports : here).push_back(p);
+  std::vector<uint16_t> memif, here;
+  for (const uint16_t p : ports) (IsMemif(p) ? memif : here).push_back(p);
   StopAndClose(here);
-  if (job.ports.empty()) return "";
-  if (rte_eal_alarm_set(1, CloseOnInterruptThread, &job) != 0) {
-    StopAndClose(job.ports);  // no alarm: the old race, but still closed
-    return "";
-  }
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (!job.done.load(std::memory_order_acquire) &&
-         std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  if (job.done.load(std::memory_order_acquire)) return "";
-  // Cancel waits for a running alarm to return; one that never started is
-  // removed, and the ports close here.
-  rte_eal_alarm_cancel(CloseOnInterruptThread, &job);
-  if (job.done.load(std::memory_order_acquire)) return "";
-  StopAndClose(job.ports);
-  return "EAL's interrupt thread did not close the memif port(s) within "
-         "10 s; closed them from the main thread";
+  if (memif.empty()) return "";
+  const std::string err = RunOnInterruptThread(StopAndCloseCall, &memif);
+  if (err.empty()) return "";
+  StopAndClose(memif);
+  return "memif port(s) closed from this thread, where a peer's hang-up may "
+         "race the close: " +
+         err;
 }
 
 }  // namespace dblp

@@ -115,8 +115,9 @@ void AwaitPeerClose(uint16_t port_id, const PortCaps& caps);
 // them twice (DPDK 22.11 under ASan: "EAL: Error: Invalid memory", then a
 // SEGV in the handler, when a worker was killed and the server aborted). An
 // EAL alarm runs on that same thread, so memif ports close there, after any
-// teardown in flight; other drivers close here. Returns an error when the
-// interrupt thread did not run the close within 10 s (then closed here).
+// teardown in flight (eal_app.h, RunOnInterruptThread); other drivers close
+// here. Returns a warning when the close could not run there (the ports are
+// then closed here).
 std::string StopAndClosePorts(const std::vector<uint16_t>& ports);
 
 }  // namespace dblp

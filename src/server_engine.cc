@@ -250,9 +250,9 @@ int ServerRun::Report(const std::string& failure) {
   // (worker_engine.cc, AwaitServerClose): closed right after the job.
   std::vector<uint16_t> ports(a_.ports.nb_ports);
   std::iota(ports.begin(), ports.end(), uint16_t{0});
-  const std::string close_err = StopAndClosePorts(ports);
-  if (!close_err.empty())
-    DBLP_LOG(Warning, "dblp-server: %s", close_err.c_str());
+  if (const std::string err = StopAndClosePorts(ports); !err.empty()) {
+    DBLP_LOG(Warning, "dblp-server: %s", err.c_str());
+  }
   report.info = job_->Info();
   report.info.emplace_back("loss", FormatLossSpec(o_.dp.loss));
   report.info.emplace_back("link_gbps", o_.dp.link_gbps > 0

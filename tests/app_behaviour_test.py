@@ -206,8 +206,9 @@ def main():
             ws[0].kill()
             wout, wrc = ws[0].communicate()[0], None
         if mode == "abort":
-            # Exit code 1 with its summary printed: a signal (SIGPIPE from
-            # memif's close, a crash) or a hang fails this.
+            # Exit code 1 with its summary printed: a crash (memif's close
+            # raced its own teardown of the dead worker's port) or a hang
+            # fails this.
             check("worker lost, abort: server exits 1 naming it",
                   rc == 1 and
                   re.search(r"^server: \d+ iterations", out, re.M) and

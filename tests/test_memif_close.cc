@@ -3,8 +3,9 @@
 // from the main thread freed its regions twice (DPDK 22.11: "EAL: Error:
 // Invalid memory", then a SEGV; CI's sanitizer run, a server aborting after
 // a worker was killed). Here a memif server and client live in one process:
-// the client closes, which sends the server a DISCONNECT its interrupt
-// thread acts on, and the server is closed at once, many times over. With
+// the client closes, so the server's interrupt thread reads a hang-up and
+// tears the server's port down, and the server is closed at once, many
+// times over. With
 // a close from the main thread this crashes or corrupts the heap within a
 // few rounds (ASan names the double free); closed on the interrupt thread
 // every round ends with both ports gone and the heap intact.
@@ -14,6 +15,7 @@
 #include <rte_dev.h>
 #include <rte_eal.h>
 #include <rte_ethdev.h>
+#include <rte_interrupts.h>
 #include <rte_log.h>
 #include <rte_mbuf.h>
 #include <unistd.h>
@@ -23,6 +25,7 @@
 #include <filesystem>
 #include <string>
 
+#include "eal_app.h"
 #include "eal_test_env.h"
 #include "port.h"
 
@@ -55,7 +58,7 @@ TEST(MemifClose, ServerClosedWhileItsPeerHangsUp) {
   const std::string dir =
       "/tmp/dblp-test-memif-close-" + std::to_string(getpid());
   std::filesystem::create_directories(dir);
-  constexpr int kRounds = 24;
+  constexpr int kRounds = 48;
   for (int i = 0; i < kRounds; ++i) {
     SCOPED_TRACE("round " + std::to_string(i));
     const std::string sock = dir + "/r" + std::to_string(i) + ".sock";
@@ -68,8 +71,8 @@ TEST(MemifClose, ServerClosedWhileItsPeerHangsUp) {
     ASSERT_TRUE(WaitForLink(static_cast<uint16_t>(srv), 5000));
     ASSERT_TRUE(WaitForLink(static_cast<uint16_t>(cli), 5000));
 
-    // The client goes (its DISCONNECT reaches the server's handler), and
-    // the server is closed right behind it.
+    // The client goes (the server's handler reads the hang-up), and the
+    // server is closed right behind it.
     EXPECT_EQ(StopAndClosePorts({static_cast<uint16_t>(cli)}), "");
     EXPECT_EQ(StopAndClosePorts({static_cast<uint16_t>(srv)}), "");
     EXPECT_FALSE(rte_eth_dev_is_valid_port(static_cast<uint16_t>(srv)));
@@ -84,6 +87,33 @@ TEST(MemifClose, ServerClosedWhileItsPeerHangsUp) {
             std::string::npos)
       << std::string(g_eal_log_buf, g_eal_log_len);
   std::filesystem::remove_all(dir);
+}
+
+// RunOnInterruptThread runs its function there, and from there at once
+// (the interrupt thread cannot wait for an alarm of its own).
+TEST(InterruptThread, RunsThereAndNestedCallsRunAtOnce) {
+  struct Seen {
+    bool outer_on_intr = false;
+    bool inner_on_intr = false;
+    std::string inner_err = "not run";
+  } seen;
+  ASSERT_EQ(RunOnInterruptThread(
+                [](void* arg) {
+                  auto* s = static_cast<Seen*>(arg);
+                  s->outer_on_intr = rte_thread_is_intr();
+                  s->inner_err = RunOnInterruptThread(
+                      [](void* a) {
+                        static_cast<Seen*>(a)->inner_on_intr =
+                            rte_thread_is_intr();
+                      },
+                      s);
+                },
+                &seen),
+            "");
+  EXPECT_TRUE(seen.outer_on_intr);
+  EXPECT_TRUE(seen.inner_on_intr);
+  EXPECT_EQ(seen.inner_err, "");
+  EXPECT_FALSE(rte_thread_is_intr());
 }
 
 }  // namespace
