@@ -18,11 +18,11 @@
 // registered interrupt source whenever it wakes, reading each source's copy
 // of its handle, which for memif's sources lives in EAL memory. memif never
 // unregisters its listener socket's source, so a wake-up after the unmap
-// reads unmapped memory (SIGSEGV in
-// rte_intr_fd_get on "eal-intr-thread": 5 of 15 ASan runs of
-// tests/app_behaviour_test.py once the ports closed cleanly). The apps
-// therefore end without it: exit reclaims the memory with the thread, and
-// the handler below removes what the EAL left on disk.
+// reads unmapped memory (SIGSEGV in rte_intr_fd_get on "eal-intr-thread":
+// 5 of 15 ASan runs of tests/app_behaviour_test.py once the ports closed
+// cleanly). The apps and Die() therefore end without it: exit reclaims the
+// memory with the thread, and the handler below removes what the EAL left
+// on disk.
 #pragma once
 
 namespace dblp {

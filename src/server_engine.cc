@@ -247,7 +247,7 @@ int ServerRun::Report(const std::string& failure) {
   }
   runtime_.PublishFinal(report.counters, !failure.empty());
   // Workers on memif wait for this close before they close their side
-  // (worker_engine.cc, AwaitServerClose): closed right after the job.
+  // (port.h, AwaitPeerClose): closed right after the job.
   std::vector<uint16_t> ports(a_.ports.nb_ports);
   std::iota(ports.begin(), ports.end(), uint16_t{0});
   if (const std::string err = StopAndClosePorts(ports); !err.empty()) {
