@@ -106,6 +106,9 @@ PortDrops ReadPortDrops(uint16_t port_id);
 // exit; a server mid-TX when the workers closed first). So a worker, after
 // its BYE, waits for the server (which closes its ports right after the
 // job) to close the link first, at most 2 s. Other drivers: returns at once.
+// (The close itself now runs on the interrupt thread, StopAndClosePorts
+// below, and the apps skip rte_eal_cleanup; the wait still keeps a worker's
+// TX off a port memif is tearing down.)
 void AwaitPeerClose(uint16_t port_id, const PortCaps& caps);
 
 // Stops and closes `ports`, after the datapath lcores stopped. A memif

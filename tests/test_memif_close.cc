@@ -5,10 +5,9 @@
 // a worker was killed). Here a memif server and client live in one process:
 // the client closes, so the server's interrupt thread reads a hang-up and
 // tears the server's port down, and the server is closed at once, many
-// times over. With
-// a close from the main thread this crashes or corrupts the heap within a
-// few rounds (ASan names the double free); closed on the interrupt thread
-// every round ends with both ports gone and the heap intact.
+// times over. With a close from the main thread this crashes or logs a
+// double free within a few rounds (14 of 15 runs); closed on the interrupt
+// thread every round ends with both ports gone and nothing freed twice.
 //
 // Custom main: the EAL runs with --no-huge on its own --file-prefix.
 #include <gtest/gtest.h>
@@ -22,7 +21,6 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <string>
 
 #include "eal_app.h"
@@ -55,13 +53,13 @@ int StartMemif(const std::string& name, const std::string& args) {
 }
 
 TEST(MemifClose, ServerClosedWhileItsPeerHangsUp) {
-  const std::string dir =
-      "/tmp/dblp-test-memif-close-" + std::to_string(getpid());
-  std::filesystem::create_directories(dir);
+  // memif's sockets are abstract by default: the name is never a file.
+  const std::string prefix =
+      "/tmp/dblp-test-memif-close-" + std::to_string(getpid()) + "-r";
   constexpr int kRounds = 48;
   for (int i = 0; i < kRounds; ++i) {
     SCOPED_TRACE("round " + std::to_string(i));
-    const std::string sock = dir + "/r" + std::to_string(i) + ".sock";
+    const std::string sock = prefix + std::to_string(i) + ".sock";
     const std::string srv_name = "net_memif_s" + std::to_string(i);
     const std::string cli_name = "net_memif_c" + std::to_string(i);
     const int srv = StartMemif(srv_name, "role=server,id=0,socket=" + sock);
@@ -86,7 +84,6 @@ TEST(MemifClose, ServerClosedWhileItsPeerHangsUp) {
   EXPECT_EQ(std::string(g_eal_log_buf, g_eal_log_len).find("Invalid memory"),
             std::string::npos)
       << std::string(g_eal_log_buf, g_eal_log_len);
-  std::filesystem::remove_all(dir);
 }
 
 // RunOnInterruptThread runs its function there, and from there at once
