@@ -128,6 +128,7 @@ class Node {
   std::vector<ConnId> accepted_;
   std::vector<std::pair<ConnId, ControlMessage>> messages_;
   std::vector<std::pair<ConnId, std::string>> closed_;
+  std::vector<size_t> messages_at_close_;  // messages_.size() at each close
   std::vector<std::string> logs_;
   int wakeups_ = 0;
   int ticks_ = 0;
@@ -149,7 +150,10 @@ class Node {
       Record([&] { logs_.push_back(line); });
     };
     cb.on_close = [this](ConnId id, const std::string& reason) {
-      Record([&] { closed_.emplace_back(id, reason); });
+      Record([&] {
+        closed_.emplace_back(id, reason);
+        messages_at_close_.push_back(messages_.size());
+      });
     };
     cb.on_wakeup = [this] {
       std::deque<std::function<void()>> tasks;
@@ -651,6 +655,42 @@ TEST(ControlSidecar, SendingToVanishedPeerDoesNotRaiseSigpipe) {
     ASSERT_TRUE(p.server.WaitFor([&] { return p.server.closed_.size() == 1; }));
   }
   std::signal(SIGPIPE, old);
+}
+
+// A worker that fails sends ERROR and exits; if our write meets its reset
+// socket first, the ERROR it sent before must still be delivered, and
+// before the close: otherwise the worker would look merely lost.
+TEST(ControlSidecar, WhatAPeerSentBeforeItsResetIsDeliveredBeforeTheClose) {
+  Pair p;
+  const int raw = RawConnect(p.server.sc().bound_port());
+  ASSERT_TRUE(p.server.WaitFor([&] { return p.server.accepted_.size() == 2; }));
+  const ConnId raw_id = p.server.accepted()[1];
+  const ErrorMsg why{.code = 2, .text = "no data for step 2"};
+  // One task, so the loop cannot read the ERROR before our write fails.
+  const std::string err = p.server.Call([&](ControlSidecar& sc) {
+    RawWrite(raw, EncodeControl(why));
+    EXPECT_TRUE(sc.Send(raw_id, RandomBitmap(10000, 3)));  // left unread
+    linger lg{1, 0};
+    setsockopt(raw, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+    close(raw);  // RST
+    std::this_thread::sleep_for(milliseconds(50));
+    std::string e;
+    EXPECT_FALSE(sc.Send(raw_id, RandomBitmap(10000, 4), &e));
+    EXPECT_FALSE(sc.Send(raw_id, ByeMsg{}));  // still refused, no crash
+    return e;
+  });
+  EXPECT_NE(err.find("failed on write"), std::string::npos) << err;
+  ASSERT_TRUE(p.server.WaitFor([&] { return p.server.closed_.size() == 1; }));
+  const auto msgs = p.server.messages();
+  ASSERT_EQ(msgs.size(), 1u);
+  EXPECT_EQ(msgs[0], std::make_pair(raw_id, ControlMessage(why)));
+  EXPECT_EQ(p.server.messages_at_close_[0], 1u) << "closed before the ERROR";
+  EXPECT_EQ(p.server.closed()[0].first, raw_id);
+  EXPECT_NE(p.server.closed()[0].second.find("reset"), std::string::npos)
+      << p.server.closed()[0].second;
+  // The other connection is unharmed.
+  EXPECT_TRUE(p.client.Send(p.client_conn, ByeMsg{.reason = "still here"}));
+  ASSERT_TRUE(p.server.WaitFor([&] { return p.server.messages_.size() == 2; }));
 }
 
 TEST(ControlSidecar, WakeupFromManyThreadsCoalescesAndStaysResponsive) {

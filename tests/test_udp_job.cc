@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <future>
@@ -32,7 +33,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // The integer source, recording every call; optionally sharing its
-// buffers with the engine, or failing at one step as rank `fail_rank`.
+// buffers with the engine, or failing at one step as rank `fail_rank`
+// (once `fail_after`, if set, has observed every earlier step).
 class RecordingSource : public GradientSource {
  public:
   explicit RecordingSource(uint64_t floats, bool shared = false)
@@ -54,6 +56,15 @@ class RecordingSource : public GradientSource {
   }
   void Compute(uint64_t it, std::span<float> grad) override {
     if (static_cast<int>(rank_) == fail_rank && it == fail_step) {
+      // Without the wait, the failure can reach the other worker while it
+      // still receives the last round's broadcast, and that round has no
+      // row there: the rows would count the scheduler, not the engine.
+      const auto deadline =
+          std::chrono::steady_clock::now() + std::chrono::seconds(5);
+      while (fail_after != nullptr && fail_after->observed < it &&
+             std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
       throw std::runtime_error("no data for step " + std::to_string(it));
     }
     inner_->Compute(it, grad);
@@ -61,6 +72,7 @@ class RecordingSource : public GradientSource {
   void Observe(const IterationRecord& row) override {
     rows.push_back(row);
     order += 'O';
+    observed.fetch_add(1);
   }
   void Apply(uint64_t, std::span<const float> avg) override {
     means.emplace_back(avg.begin(), avg.end());
@@ -74,6 +86,8 @@ class RecordingSource : public GradientSource {
 
   int fail_rank = -1;
   uint64_t fail_step = 0;
+  const RecordingSource* fail_after = nullptr;
+  std::atomic<uint64_t> observed{0};  // rows, readable from other threads
   std::vector<IterationRecord> rows;
   std::vector<std::vector<float>> means;
   std::vector<const float*> applied_from;
@@ -99,6 +113,7 @@ JobRun RunJob(UdpJobServerOptions so, std::vector<UdpJobWorkerOptions> wos,
   const JobSecret secret = JobSecret::FromBytes(RandomAuthBytes());
   so.secret = secret;
   so.workers = static_cast<uint32_t>(sources.size());
+  so.rank_by_name = true;  // rank w is the worker named "w<w>"
   std::promise<uint16_t> port;
   bool told = false;
   so.on_listening = [&](uint16_t c, uint16_t) {
@@ -119,8 +134,6 @@ JobRun RunJob(UdpJobServerOptions so, std::vector<UdpJobWorkerOptions> wos,
     wos[w].name = "w" + std::to_string(w);
     threads.emplace_back(
         [&, w] { run.workers[w] = RunUdpJobWorker(wos[w], *sources[w]); });
-    // Join in order: rank w is sources[w].
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   for (auto& t : threads) t.join();
   server.join();
@@ -244,6 +257,8 @@ TEST(UdpJob, AFailingSourceFailsTheJobNamingTheWorker) {
     s->fail_rank = 1;
     s->fail_step = 2;
   }
+  a.fail_after = &b;
+  b.fail_after = &a;
   const auto t0 = Clock::now();
   const JobRun run =
       RunJob(SmallServer(), {SmallWorker(50), SmallWorker(50)}, {&a, &b});

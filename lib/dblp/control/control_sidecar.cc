@@ -311,7 +311,7 @@ std::string ControlSidecar::PeerAddress(ConnId id) const {
 bool ControlSidecar::Send(ConnId id, const ControlMessage& m,
                           std::string* error) {
   Conn* c = Find(id);
-  if (c == nullptr || c->closing || c->fd < 0) {
+  if (c == nullptr || c->closing || c->fd < 0 || !c->write_failed.empty()) {
     if (error) *error = "connection " + std::to_string(id) + " is closed";
     return false;
   }
@@ -372,8 +372,19 @@ bool ControlSidecar::Flush(Conn& c) {
     }
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-    BeginClose(c, DescribeIoError("write", n < 0 ? errno : EPIPE),
-               /*abort=*/true);
+    const int err = n < 0 ? errno : EPIPE;
+    if (!c.closing && !c.eof && (err == EPIPE || err == ECONNRESET)) {
+      // A reset socket still holds what the peer sent before it went (a
+      // worker's ERROR, then its exit): read that before the close, or a
+      // worker that said why it failed would look merely lost. The socket
+      // is dead, so the read ends at once (EOF or an error).
+      c.write_failed = DescribeIoError("write", err);
+      c.out.clear();
+      c.out_off = 0;
+      Arm(c);
+      return false;
+    }
+    BeginClose(c, DescribeIoError("write", err), /*abort=*/true);
     return false;
   }
   if (c.pending() == 0) {
@@ -599,7 +610,9 @@ void ControlSidecar::HandleReadable(Conn& c) {
     }
     if (n == 0) {
       c.eof = true;
-      if (!c.closing) {
+      if (!c.write_failed.empty()) {
+        BeginClose(c, c.write_failed, /*abort=*/true);
+      } else if (!c.closing) {
         std::string reason = "peer closed the connection";
         if (c.decoder.buffered() > 0) {
           reason += " in the middle of a frame (" +
@@ -614,7 +627,10 @@ void ControlSidecar::HandleReadable(Conn& c) {
     }
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-    BeginClose(c, DescribeIoError("read", errno), /*abort=*/true);
+    BeginClose(c,
+               c.write_failed.empty() ? DescribeIoError("read", errno)
+                                      : c.write_failed,
+               /*abort=*/true);
     return;
   }
   Update(c);

@@ -233,7 +233,8 @@ class ControlSidecar {
   void HandleReadable(Conn& c);
   void HandleWritable(Conn& c);
   // Writes queued output until done or EAGAIN; false on a fatal error (the
-  // connection has then been aborted).
+  // connection has then been aborted, or, reset by the peer, it is read to
+  // its end before it closes: Conn::write_failed).
   bool Flush(Conn& c);
   // Splits received bytes at frame boundaries for the decoder, checking each
   // length prefix against the connection's frame limit as it completes (so

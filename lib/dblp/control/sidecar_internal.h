@@ -98,6 +98,9 @@ struct ControlSidecar::Conn {
   bool closing = false;      // logically closed: on_close queued, no Send
   bool wr_shut = false;      // our FIN sent
   bool eof = false;          // peer's FIN seen
+  // The peer reset the connection while we wrote: the close waits until
+  // what it sent before (its ERROR or BYE) is read, and gives this reason.
+  std::string write_failed;
   Clock::time_point deadline{};  // closing: close the socket by then
   uint32_t armed = 0;            // epoll events currently registered
   // An authenticated channel (Authenticate): each direction's key and
