@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 from dblp_testlib import (check, f32, finish, free_port, integer_value,  # noqa: E402
-                          make_secret, read_f32)
+                          kill_all, make_secret, read_f32)
 from udp_job_test import Job, wait_all  # noqa: E402
 
 WORKERS = 3
@@ -203,10 +203,7 @@ def memif_job(build, tmp, name, server_flags, dump_flags, lie):
                 pass
         return server.returncode, out, d
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        kill_all(procs)
 
 
 def memif_cases(build, tmp):

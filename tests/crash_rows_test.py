@@ -23,7 +23,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from dblp_testlib import check, finish, free_port, make_secret  # noqa: E402
+from dblp_testlib import (check, finish, free_port, kill_all,  # noqa: E402
+                          make_secret)
 
 MIN_ROWS = 3
 CSV_HEADER = ("iteration,rank,send_latency_us,bcast_latency_us,passes,"
@@ -66,10 +67,7 @@ class Procs:
         return p
 
     def cleanup(self):
-        for p in self.all:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
+        kill_all(self.all)
 
 
 def output(p):

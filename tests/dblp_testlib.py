@@ -29,6 +29,18 @@ def finish():
     sys.exit(1 if FAILURES else 0)
 
 
+def kill_all(procs):
+    """SIGKILL every process still running, all before any wait, then reap
+    them. One at a time, a process could see its peer die and begin to
+    exit, and a SIGKILL during its exit's leak check (sanitized builds)
+    cuts that check short."""
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+    for p in procs:
+        p.wait()
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -80,7 +80,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from dblp_testlib import f32, free_port, integer_value, read_bits, read_f32  # noqa: E402
+from dblp_testlib import (f32, free_port, integer_value, kill_all,  # noqa: E402
+                          read_bits, read_f32)
 
 WORKERS = 3
 ITERATIONS = 12
@@ -269,10 +270,7 @@ def launch(a, tmp, server_flags, worker_flags):
                 fail("%s exited with %d" % (name, p.returncode))
         return outputs
     finally:
-        for _, p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        kill_all([p for _, p in procs])
 
 
 def check_worker_lcores(a, w, summary):

@@ -29,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dblp_testlib import check, eal, finish, free_port, make_secret
+from dblp_testlib import check, eal, finish, free_port, kill_all, make_secret
 
 TIMEOUT_S = int(os.environ.get("ROWS_TIMEOUT_S", "60"))
 LONG_JOB = "1000000"  # iterations: far more rows than 64 KiB holds
@@ -72,10 +72,8 @@ class Procs:
             return f.read()
 
     def cleanup(self):
-        for _, p, log in self.procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        kill_all([p for _, p, _ in self.procs])
+        for _, _, log in self.procs:
             log.close()
         self.procs = []
 

@@ -28,7 +28,8 @@ import sys
 import tempfile
 import time
 
-from dblp_testlib import check, finish, free_port, make_secret  # noqa: E402
+from dblp_testlib import (check, finish, free_port, kill_all,  # noqa: E402
+                          make_secret)
 
 OLD_P, NEW_P = 0.008, 0.2
 
@@ -103,10 +104,7 @@ class Job:
         return rcs
 
     def cleanup(self):
-        for p in self.procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
+        kill_all(self.procs)
 
     def text(self, key, stream):
         with open(os.path.join(self.tmp, "%s.%s" % (key, stream)),

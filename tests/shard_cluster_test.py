@@ -56,7 +56,8 @@ import tempfile
 import time
 
 from dblp_testlib import (NetnsTestbed, check, f32, finish, free_port,
-                          integer_value, make_secret, read_bits, read_f32)
+                          integer_value, kill_all, make_secret, read_bits,
+                          read_f32)
 
 WORKERS = 3
 ITERATIONS = 12
@@ -185,10 +186,7 @@ class Job:
         return results
 
     def kill(self):
-        for _, p in self.procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        kill_all([p for _, p in self.procs])
 
 
 class NetnsJob(Job):

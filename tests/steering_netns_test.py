@@ -36,7 +36,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from dblp_testlib import (NetnsTestbed, check, eal, f32, finish,  # noqa
-                          integer_value, make_secret, read_f32)
+                          integer_value, kill_all, make_secret, read_f32)
 
 WORKERS = 2
 FLOATS = 150000
@@ -134,10 +134,7 @@ def run_job(build, tmp, bed, secret, name, lcores, server_extra=()):
             except subprocess.TimeoutExpired:
                 rcs.append(None)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        kill_all(procs)
         # The tap goes with its process; nothing else to undo here.
         out = {"setup": setup_why} if setup_why else {}
         for app, log in logs:

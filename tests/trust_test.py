@@ -19,7 +19,8 @@ import sys
 import tempfile
 import threading
 import time
-from dblp_testlib import check, finish, free_port, make_secret  # noqa: E402
+from dblp_testlib import (check, finish, free_port, kill_all,  # noqa: E402
+                          make_secret)
 from dblp_testlib import eal as testlib_eal  # noqa: E402
 
 
@@ -301,10 +302,7 @@ def main():
               c.get("control_refused_joins", 0) >= 2,
               str({k: v for k, v in c.items() if k.startswith("control")}))
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
+        kill_all(procs)
 
     # ---- fake servers: the WELCOME lies ----
     lies = [

@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 from dblp_testlib import (check, f32, finish, free_port, integer_value,  # noqa: E402
-                          make_secret, read_bits, read_f32)
+                          kill_all, make_secret, read_bits, read_f32)
 
 WORKERS = 3
 ITERATIONS = 8
@@ -86,10 +86,8 @@ class Job:
             return [json.loads(line) for line in f]
 
     def close(self):
-        for _, p, log in self.procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
+        kill_all([p for _, p, _ in self.procs])
+        for _, _, log in self.procs:
             log.close()
 
 

@@ -76,11 +76,28 @@ rc=0
 meson test -C "$BUILD" --print-errorlogs --num-processes 2 \
   --timeout-multiplier 3 "${selection[@]}" || rc=$?
 
-n=$(find "$reports" -type f | wc -l)
+# A process that a test SIGKILLs while its exit's leak check is stopping its
+# threads leaves a file of only "Unable to get registers from thread N"
+# lines (LSan's tracer outlived the threads): the check was cut short and
+# found nothing. Such files are listed, not counted; anything else in a
+# file counts (docs/RELIABILITY.md, "Sanitizers").
+cut_short=()
+while IFS= read -r f; do
+  if [ -s "$f" ] && ! grep -qvE \
+      '^==[0-9]+==Unable to get registers from thread [0-9]+\.$' "$f"; then
+    cut_short+=("$(basename "$f")")
+    mv "$f" "$f.cut-short"
+  fi
+done < <(find "$reports" -type f)
+if [ ${#cut_short[@]} -ne 0 ]; then
+  echo "sanitizers: ${#cut_short[@]} leak check(s) cut short by a kill," \
+       "nothing reported: ${cut_short[*]}"
+fi
+n=$(find "$reports" -type f ! -name '*.cut-short' | wc -l)
 echo "sanitizers: $n report(s) in $reports"
 if [ "$n" -ne 0 ]; then
   rc=1
-  for f in $(find "$reports" -type f | head -5); do
+  for f in $(find "$reports" -type f ! -name '*.cut-short' | head -5); do
     echo "--- $f"
     head -30 "$f"
   done
