@@ -329,8 +329,9 @@ TEST(UdpJob, UnevenIterationsFailFast) {
   EXPECT_LT(Clock::now() - t0, std::chrono::seconds(10));
   EXPECT_EQ(run.workers[0].exit_code, 0) << run.workers[0].error;
   EXPECT_EQ(run.server.exit_code, 1);
-  // Ranks follow the order of the JOINs: w0 may be either.
-  EXPECT_NE(run.server.error.find(" (w0) finished after 3"), std::string::npos)
+  // Ranks by name (RunJob): w0 is rank 0.
+  EXPECT_NE(run.server.error.find("worker 0 (w0) finished after 3"),
+            std::string::npos)
       << run.server.error;
   EXPECT_NE(run.server.error.find("same --iterations"), std::string::npos);
   EXPECT_EQ(run.workers[1].exit_code, 1);

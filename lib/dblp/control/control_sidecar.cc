@@ -578,7 +578,7 @@ bool ControlSidecar::Deliver(Conn& c) {
         BeginClose(c, why, /*abort=*/false);
       }
     }
-    // The callback closed it (or a Send failed): its decoder is gone.
+    // The callback closed it (or a Send failed fatally): its decoder is gone.
     if (c.closing) return false;
   }
 }
@@ -610,16 +610,17 @@ void ControlSidecar::HandleReadable(Conn& c) {
     }
     if (n == 0) {
       c.eof = true;
+      std::string partial;
+      if (c.decoder.buffered() > 0) {
+        partial = " in the middle of a frame (" +
+                  std::to_string(c.decoder.buffered()) +
+                  " bytes of an incomplete message dropped)";
+      }
       if (!c.write_failed.empty()) {
-        BeginClose(c, c.write_failed, /*abort=*/true);
+        BeginClose(c, c.write_failed + partial, /*abort=*/true);
       } else if (!c.closing) {
-        std::string reason = "peer closed the connection";
-        if (c.decoder.buffered() > 0) {
-          reason += " in the middle of a frame (" +
-                    std::to_string(c.decoder.buffered()) +
-                    " bytes of an incomplete message dropped)";
-        }
-        BeginClose(c, std::move(reason), /*abort=*/false);
+        BeginClose(c, "peer closed the connection" + partial,
+                   /*abort=*/false);
       } else {
         Update(c);
       }
@@ -668,7 +669,7 @@ void ControlSidecar::Log(const std::string& line) {
 
 void ControlSidecar::Run() {
   std::array<epoll_event, 64> events;
-  // Closes that happened during setup (a Send failing before Run).
+  // Closes that happened during setup (a Send failing fatally before Run).
   DeliverCloses();
   Reap();
   while (!stop_.load(std::memory_order_acquire)) {

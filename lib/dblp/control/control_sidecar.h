@@ -18,8 +18,11 @@
 // that had on_accept / a successful Connect, whoever ended it (peer, I/O
 // error, protocol error, a limit, or our own Close()), unless the sidecar is
 // destroyed first (the destructor closes sockets without callbacks). After
-// on_close (in fact as soon as the connection is closing) Send() on that id
-// returns false. ConnIds are never reused within one sidecar.
+// on_close (in fact as soon as the connection is closing, or a write to it
+// failed) Send() on that id returns false. A write that fails because the
+// peer reset the connection does not close it at once: what the peer sent
+// before is read and delivered (on_message) first, then on_close follows.
+// ConnIds are never reused within one sidecar.
 //
 // Bounded resources (ControlLimits): anyone who can reach the listening port
 // can open connections, so what a peer can make us hold is capped in
@@ -170,7 +173,8 @@ class ControlSidecar {
   // goes out as the socket drains. Never blocks. Returns false (with *error
   // if non-null) if the connection is unknown/closing, the message is
   // invalid (ValidateControl), or writing failed (then the connection closes
-  // and on_close follows).
+  // and on_close follows; after a reset, once the peer's last messages are
+  // delivered).
   bool Send(ConnId id, const ControlMessage& m, std::string* error = nullptr);
   // Closes a connection after flushing what is queued (bounded by kLinger).
   // on_close(id, reason) follows. No-op if the connection is already
