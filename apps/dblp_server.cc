@@ -204,8 +204,9 @@ int main(int argc, char** argv) {
     dblp::FlagError("--bcast_frames=" + FLAGS_bcast_frames +
                     ": use auto, copy or shared");
   }
-  o.dp = dblp::DatapathOptionsFromFlags();
+  // First: --paper_mode rewrites --send_order, which the datapath reads.
   static_cast<dblp::ServerJobSettings&>(o) = dblp::JobSettingsFromFlags();
+  o.dp = dblp::DatapathOptionsFromFlags();
   // After --paper_mode rewrote the flags it implies: the values the job
   // runs with are the ones every shard must share.
   o.shard_job_flags = ShardJobFlags();

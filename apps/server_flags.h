@@ -132,8 +132,10 @@ DEFINE_string(zero_iters, "",
 DEFINE_bool(paper_mode, false,
             "the DBLP paper's loss handling: --push_fill=zero "
             "--bcast_tolerance=same --resync_every=0 --push_feedback=false "
-            "(each worker applies its own 1-p of a mean divided by W; "
-            "docs/EXPERIMENTS.md measures what it costs)");
+            "and, unless named, --send_order=permuted (each worker applies "
+            "its own 1-p of a mean divided by W; give the workers "
+            "--send_order=permuted too; docs/EXPERIMENTS.md measures what "
+            "it costs)");
 
 namespace dblp {
 
@@ -287,6 +289,12 @@ inline void ApplyPaperMode() {
   FLAGS_bcast_tolerance = "same";
   FLAGS_resync_every = 0;
   FLAGS_push_feedback = false;
+  // The paper's broadcast drops a spread-out share, not the smallest
+  // chunks; a named order is kept (the paper's own was sequential). The
+  // workers' push order is theirs: give them --send_order=permuted too.
+  if (gflags::GetCommandLineFlagInfoOrDie("send_order").is_default) {
+    FLAGS_send_order = "permuted";
+  }
 }
 
 // --bcast_tolerance, the broadcast's and the push's checks.

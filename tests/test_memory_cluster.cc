@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <bit>
 #include <cstdint>
 #include <stdexcept>
@@ -734,6 +735,67 @@ TEST(MemoryClusterTest, ConsistentBroadcastOneSubsetAndConservation) {
     }
     for (size_t j = 0; j < pushed.size(); ++j) {
       ASSERT_NEAR(got[r][j], pushed[j], 1e-3) << "rank " << r << " float " << j;
+    }
+  }
+}
+
+// --send_order=magnitude (the default) on the server: every worker's
+// broadcast walks the mean's chunks largest first, so a clean broadcast
+// cut at 1 - p hands every worker the largest StopThreshold chunks - the
+// same chunks, so the replicas stay together. The permuted order (the
+// control) hands each worker another subset.
+TEST(MemoryClusterTest, MagnitudeBroadcastHandsEveryWorkerTheLargestChunks) {
+  for (SendOrderKind kind :
+       {SendOrderKind::kMagnitude, SendOrderKind::kPermuted}) {
+    SCOPED_TRACE(SendOrderName(kind));
+    ClusterConfig c = SmallConfig(33);
+    c.gradient_floats = 1 << 16;  // 180 chunks: STOP cuts the first pass
+    c.burst = 8;
+    c.policy.kind = PolicyKind::kFixed;
+    c.policy.p_fixed = 0.408;
+    c.send_order = kind;
+    MemoryCluster cluster(c);
+    const ChunkLayout& layout = cluster.layout();
+    const uint32_t n = layout.num_chunks();
+    const uint32_t top = StopThreshold(n, 0.408);
+    for (uint64_t it = 0; it < 6; ++it) {
+      // Chunk c's floats scale with a per-iteration shuffle of 1..n, so
+      // the mean's largest chunks move around from one iteration to the
+      // next.
+      auto grads = IntGrads(c.num_workers, c.gradient_floats, it);
+      std::vector<uint32_t> scale(n);
+      for (uint32_t ch = 0; ch < n; ++ch) scale[ch] = 1 + (ch * 37 + it * 11) % n;
+      for (auto& g : grads) {
+        for (uint32_t ch = 0; ch < n; ++ch) {
+          const size_t first = layout.Offset(ch) / 4, k = layout.Length(ch) / 4;
+          for (size_t j = first; j < first + k; ++j) {
+            g[j] = std::fabs(g[j]) + 1.0f;
+            g[j] *= static_cast<float>(scale[ch]);
+          }
+        }
+      }
+      cluster.RunIteration(grads);
+      const std::vector<float>& mean = cluster.server_mean();
+      std::vector<std::pair<double, uint32_t>> by_size;
+      for (uint32_t ch = 0; ch < n; ++ch) {
+        double sq = 0;
+        const size_t first = layout.Offset(ch) / 4, k = layout.Length(ch) / 4;
+        for (size_t j = first; j < first + k; ++j) sq += double(mean[j]) * mean[j];
+        by_size.emplace_back(-sq, ch);
+      }
+      std::sort(by_size.begin(), by_size.end());
+      for (uint32_t r = 0; r < c.num_workers; ++r) {
+        const Bitmap& got = cluster.bcast_arrived(r);
+        // The cut: the threshold plus what was in flight with the STOP.
+        EXPECT_LE(got.Count(), top + 2 * c.burst);
+        uint32_t largest = 0;
+        for (uint32_t i = 0; i < top; ++i) largest += got.Test(by_size[i].second);
+        if (kind == SendOrderKind::kMagnitude) {
+          EXPECT_EQ(largest, top) << "iteration " << it << " rank " << r;
+        } else {
+          EXPECT_LT(largest, top) << "iteration " << it << " rank " << r;
+        }
+      }
     }
   }
 }

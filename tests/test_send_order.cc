@@ -1,14 +1,18 @@
-// SendOrder: every kind is a permutation, deterministic per seed, and - the
-// point of the module - the default order spreads early-stop loss evenly
-// over the buffer instead of starving its tail.
+// SendOrder: every kind is a permutation, deterministic per seed, the
+// value-free orders spread early-stop loss evenly over the buffer instead
+// of starving its tail, and the default (by magnitude) makes early stop
+// drop the smallest chunks.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "dblp/base/rng.h"
 #include "dblp/round/send_order.h"
 #include "dblp/round/stop_decision.h"
 
@@ -18,7 +22,8 @@ namespace {
 constexpr SendOrderKind kAllKinds[] = {SendOrderKind::kSequential,
                                        SendOrderKind::kRotating,
                                        SendOrderKind::kPermuted,
-                                       SendOrderKind::kBlocked};
+                                       SendOrderKind::kBlocked,
+                                       SendOrderKind::kMagnitude};
 
 ::testing::AssertionResult IsPermutation(const std::vector<uint32_t>& v,
                                          uint32_t n) {
@@ -230,7 +235,10 @@ TEST(SendOrderTest, DefaultOrderDeliversEveryChunkAtTheSameRate) {
   const double expected = static_cast<double>(StopThreshold(kN, kPHigh)) / kN;
   ASSERT_NEAR(expected, 0.592, 0.006);
 
-  for (SendOrderKind kind : {kDefaultSendOrder, SendOrderKind::kRotating}) {
+  // kMagnitude without values (a bench) walks this same permuted order.
+  for (SendOrderKind kind :
+       {SendOrderKind::kPermuted, SendOrderKind::kMagnitude,
+        SendOrderKind::kRotating}) {
     SCOPED_TRACE(SendOrderName(kind));
     const EarlyStopStats s = SimulateEarlyStop(kind, kN, kRounds, kPHigh);
     const auto [lo, hi] = std::minmax_element(s.rate.begin(), s.rate.end());
@@ -250,7 +258,7 @@ TEST(SendOrderTest, DefaultOrderDeliversEveryChunkAtTheSameRate) {
   EXPECT_EQ(*std::min_element(seq.rate.begin(), seq.rate.end()), 0.0);
 }
 
-TEST(SendOrderTest, DefaultOrderGivesTheMeanAContributionForEveryChunk) {
+TEST(SendOrderTest, PermutedOrderGivesTheMeanAContributionForEveryChunk) {
   constexpr double kPHigh = 0.408;
   for (uint32_t n : {12u, 45u, 180u, 1000u}) {
     SCOPED_TRACE("n=" + std::to_string(n));
@@ -258,12 +266,12 @@ TEST(SendOrderTest, DefaultOrderGivesTheMeanAContributionForEveryChunk) {
     const EarlyStopStats seq =
         SimulateEarlyStop(SendOrderKind::kSequential, n, 100, kPHigh);
     const EarlyStopStats def =
-        SimulateEarlyStop(kDefaultSendOrder, n, 100, kPHigh);
+        SimulateEarlyStop(SendOrderKind::kPermuted, n, 100, kPHigh);
     for (uint32_t round = 0; round < 100; ++round) {
       // Sequential: all three senders stop on the same chunk, so 40.8% of
       // the mean has no contribution at all.
       ASSERT_EQ(seq.covered[round], reached) << "round " << round;
-      // Default: the rank offsets make 3 x 59.2% cover the whole buffer.
+      // Permuted: the rank offsets make 3 x 59.2% cover the whole buffer.
       ASSERT_EQ(def.covered[round], n) << "round " << round;
     }
   }
@@ -276,7 +284,8 @@ TEST(SendOrderTest, ParseAndNameRoundTrip) {
   EXPECT_STREQ(SendOrderName(SendOrderKind::kSequential), "sequential");
   EXPECT_STREQ(SendOrderName(SendOrderKind::kRotating), "rotating");
   EXPECT_STREQ(SendOrderName(SendOrderKind::kPermuted), "permuted");
-  EXPECT_EQ(kDefaultSendOrder, SendOrderKind::kPermuted);
+  EXPECT_STREQ(SendOrderName(SendOrderKind::kMagnitude), "magnitude");
+  EXPECT_EQ(kDefaultSendOrder, SendOrderKind::kMagnitude);
   EXPECT_STREQ(SendOrderName(static_cast<SendOrderKind>(200)), "unknown");
 }
 
@@ -290,6 +299,7 @@ TEST(SendOrderTest, ParseRejectsJunkNamingTheChoices) {
       EXPECT_NE(what.find("sequential"), std::string::npos) << what;
       EXPECT_NE(what.find("rotating"), std::string::npos) << what;
       EXPECT_NE(what.find("permuted"), std::string::npos) << what;
+      EXPECT_NE(what.find("magnitude"), std::string::npos) << what;
     }
   }
 }
@@ -302,6 +312,133 @@ TEST(SendOrderTest, ConstructorRejectsBadRank) {
   EXPECT_THROW(SendOrder(SendOrderKind::kSequential, 7, 3, 1),
                std::invalid_argument);
   EXPECT_NO_THROW(SendOrder(SendOrderKind::kRotating, 2, 3, 1));
+}
+
+// ---- by magnitude ----
+
+// A gradient shaped like a network's: layers of very different scales
+// (lognormal per chunk) and Gaussian floats inside each chunk.
+std::vector<float> LayeredGradient(const ChunkLayout& layout, uint64_t seed) {
+  Rng rng(seed);
+  const auto uniform = [&rng] {
+    return (static_cast<double>(rng.NextBelow(1u << 30)) + 0.5) /
+           static_cast<double>(1u << 30);
+  };
+  std::vector<float> v(layout.total_bytes() / sizeof(float));
+  for (uint32_t c = 0; c < layout.num_chunks(); ++c) {
+    const double scale = std::exp(1.5 * std::sqrt(-2 * std::log(uniform())) *
+                                  std::cos(6.283185307 * uniform()));
+    const size_t first = layout.Offset(c) / sizeof(float);
+    for (size_t i = 0; i < layout.Length(c) / sizeof(float); ++i) {
+      v[first + i] = static_cast<float>(
+          scale * std::sqrt(-2 * std::log(uniform())) *
+          std::cos(6.283185307 * uniform()));
+    }
+  }
+  return v;
+}
+
+double ChunkSquares(const std::vector<float>& v, const ChunkLayout& layout,
+                    uint32_t c) {
+  double s = 0;
+  const size_t first = layout.Offset(c) / sizeof(float);
+  for (size_t i = 0; i < layout.Length(c) / sizeof(float); ++i) {
+    s += static_cast<double>(v[first + i]) * v[first + i];
+  }
+  return s;
+}
+
+TEST(SendOrderByMagnitude, LargestChunksFirstTiesInTheGivenOrder) {
+  // 7 chunks of 4 floats, the last one 2 floats long.
+  const ChunkLayout layout(26 * sizeof(float), 4 * sizeof(float));
+  ASSERT_EQ(layout.num_chunks(), 7u);
+  std::vector<float> v(26, 0.0f);
+  v[4 * 3 + 1] = 5.0f;   // chunk 3: 25
+  v[4 * 1 + 0] = -3.0f;  // chunk 1: 9 (the sign does not matter)
+  v[4 * 6 + 1] = 3.0f;   // chunk 6 (short): 9, a tie with chunk 1
+  v[4 * 0 + 2] = 1.0f;   // chunk 0: 1
+  // chunks 2, 4, 5: zero, a three-way tie
+  std::vector<uint32_t> order = {5, 6, 2, 1, 0, 4, 3};
+  std::vector<float> norms;
+  OrderByMagnitude(v, layout, order, norms);
+  EXPECT_EQ(order, (std::vector<uint32_t>{3, 6, 1, 0, 5, 2, 4}));
+}
+
+TEST(SendOrderByMagnitude, ABadChunkGoesFirstSoTheServerCanRefuseIt) {
+  const ChunkLayout layout(12 * sizeof(float), 4 * sizeof(float));
+  std::vector<float> v(12, 1.0f);
+  v[9] = std::numeric_limits<float>::quiet_NaN();
+  v[1] = 1e30f;  // squares overflow float: ranks first as well
+  std::vector<uint32_t> order = {0, 1, 2};
+  std::vector<float> norms;
+  OrderByMagnitude(v, layout, order, norms);
+  EXPECT_EQ(order, (std::vector<uint32_t>{0, 2, 1}));
+}
+
+TEST(SendOrderByMagnitude, RefusesValuesOrChunksThatDoNotFitTheLayout) {
+  const ChunkLayout layout(12 * sizeof(float), 4 * sizeof(float));
+  std::vector<float> norms;
+  std::vector<uint32_t> order = {0, 1, 2};
+  std::vector<float> short_values(11, 1.0f);
+  EXPECT_THROW(OrderByMagnitude(short_values, layout, order, norms),
+               std::invalid_argument);
+  std::vector<float> v(12, 1.0f);
+  order = {0, 3, 1};
+  EXPECT_THROW(OrderByMagnitude(v, layout, order, norms),
+               std::invalid_argument);
+}
+
+// The point of the order: with early stop at 1 - P_high a push keeps far
+// more of the gradient's energy than the same count of chunks picked by
+// the permuted order, and W workers' subsets agree on the chunks that
+// carry it (so the mean averages over W there, not over one).
+TEST(SendOrderByMagnitude, EarlyStopKeepsMostOfTheEnergyAndTheWorkersAgree) {
+  constexpr double kPHigh = 0.408;
+  constexpr uint32_t kWorkers = 3;
+  const ChunkLayout layout(180 * 363 * sizeof(float), 363 * sizeof(float));
+  const uint32_t n = layout.num_chunks();
+  const uint32_t reached = StopThreshold(n, kPHigh);
+  // Shared layer scales, per-worker noise: what data-parallel replicas see.
+  const std::vector<float> shared = LayeredGradient(layout, 7);
+  std::vector<float> norms;
+  std::vector<uint32_t> count(n, 0);
+  double kept_magnitude = 0, kept_permuted = 0, total = 0;
+  for (uint32_t w = 0; w < kWorkers; ++w) {
+    std::vector<float> g = LayeredGradient(layout, 100 + w);
+    for (size_t i = 0; i < g.size(); ++i) g[i] = shared[i] + 0.3f * g[i];
+    const SendOrder magnitude(SendOrderKind::kMagnitude, w, kWorkers, 5);
+    const SendOrder permuted(SendOrderKind::kPermuted, w, kWorkers, 5);
+    std::vector<uint32_t> by_size, shuffled;
+    magnitude.Fill(3, n, by_size);
+    permuted.Fill(3, n, shuffled);
+    EXPECT_EQ(by_size, shuffled) << "without values: the permuted order";
+    OrderByMagnitude(g, layout, by_size, norms);
+    ASSERT_TRUE(IsPermutation(by_size, n));
+    for (uint32_t i = 0; i < n; ++i) {
+      total += ChunkSquares(g, layout, i);
+      if (i < reached) {
+        kept_magnitude += ChunkSquares(g, layout, by_size[i]);
+        kept_permuted += ChunkSquares(g, layout, shuffled[i]);
+        ++count[by_size[i]];
+      }
+      if (i > 0) {
+        ASSERT_GE(ChunkSquares(g, layout, by_size[i - 1]),
+                  ChunkSquares(g, layout, by_size[i]) * (1 - 1e-5));
+      }
+    }
+  }
+  EXPECT_NEAR(kept_permuted / total, 0.592, 0.15);
+  EXPECT_GT(kept_magnitude / total, 0.97)
+      << "permuted kept " << kept_permuted / total;
+  // Most delivered chunks came from every worker (the permuted order's
+  // rank offsets give none: 3 x 59.2% starting a third apart).
+  uint32_t all = 0, delivered = 0;
+  for (uint32_t c : count) {
+    all += c == kWorkers;
+    delivered += c > 0;
+  }
+  EXPECT_GT(static_cast<double>(all) / delivered, 0.5)
+      << all << " of " << delivered;
 }
 
 }  // namespace

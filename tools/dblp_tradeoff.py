@@ -19,15 +19,23 @@ import dblp_report
 # name -> (launcher policy, dblp-server flags, what it is). Every flag is
 # explicit, so a change of the apps' defaults cannot change a measurement.
 CONFIGS = {
-    "fixed": ("fixed", ["--paper_mode"],
+    "reliable": ("reliable", [],
+                 "every chunk of both rounds: the accuracy reference"),
+    "fixed": ("fixed", ["--paper_mode", "--send_order=permuted"],
               "MLT-like fixed p = P_low; zero fill, lossy broadcast"),
-    "dblp-paper": ("dblp", ["--paper_mode"],
+    "dblp-paper": ("dblp", ["--paper_mode", "--send_order=permuted"],
                    "the paper: zero fill (mean / W), broadcast under the "
                    "same p, each worker its own subset"),
     "resync": ("dblp", ["--push_fill=rescale", "--bcast_tolerance=same",
-                        "--resync_every=10"],
+                        "--resync_every=10", "--send_order=permuted"],
                "rescaled push, lossy broadcast, replicas re-synchronised "
-               "(parameters averaged, reliably) every 10 steps"),
+               "(parameters averaged, reliably) every 10 steps, both rounds "
+               "in the permuted order: the defaults before issue #31"),
+    "magnitude": ("dblp", ["--push_fill=rescale", "--bcast_tolerance=same",
+                           "--resync_every=10", "--send_order=magnitude"],
+                  "the resync configuration with both rounds sending the "
+                  "largest chunks first, so early stop drops the smallest "
+                  "(the defaults since issue #31)"),
     "resync5": ("dblp", ["--push_fill=rescale", "--bcast_tolerance=same",
                          "--resync_every=5"],
                 "the same, re-synchronised every 5 steps"),
@@ -44,8 +52,8 @@ CONFIGS = {
 }
 # The configuration dblp-server runs with no flags (its defaults); the
 # table names it "dblp (new defaults)".
-DEFAULT_CONFIG = "resync"
-DEFAULT_CONFIGS = "fixed,dblp-paper,resync,consistent,feedback"
+DEFAULT_CONFIG = "magnitude"
+DEFAULT_CONFIGS = "reliable,fixed,dblp-paper,resync,magnitude"
 CONDITIONS = (("bursts", "with bursts"), ("clean", "no bursts"))
 
 
@@ -58,6 +66,18 @@ def run_name(model: str, cond: str, seed: int, config: str,
 def _mean(xs: Sequence[float]) -> Optional[float]:
     xs = [x for x in xs if x is not None]
     return sum(xs) / len(xs) if xs else None
+
+
+def interval95(xs: Sequence[float]) -> float:
+    """Half-width of the 95% Student-t interval of the mean."""
+    n = len(xs)
+    if n < 2:
+        return float("nan")
+    m = sum(xs) / n
+    sd = (sum((x - m) ** 2 for x in xs) / (n - 1)) ** 0.5
+    t = {2: 12.71, 3: 4.30, 4: 3.18, 5: 2.78, 6: 2.57, 7: 2.45, 8: 2.36,
+         9: 2.31}.get(n, 2.26 if n == 10 else 2.0)
+    return t * sd / n ** 0.5
 
 
 def _p99(xs: Sequence[float]) -> Optional[float]:
@@ -131,7 +151,7 @@ def collect(runs: Dict[tuple, Any]) -> Dict[tuple, Dict[str, Any]]:
             curves.append(X.accuracy_curve(tr))
             lats.append(round_latencies(pdir))
         out[key] = {
-            "acc": _mean(accs), "acc_min": min(accs, default=None),
+            "acc": _mean(accs), "accs": accs, "acc_min": min(accs, default=None),
             "acc_max": max(accs, default=None), "seeds": len(accs),
             "time": _mean(times), "times": times,
             "push": latency_summary(lats, "push"),
@@ -147,6 +167,7 @@ def table_rows(results: Dict[tuple, Dict[str, Any]], model: str,
     rows = []
     for cond, cond_label in CONDITIONS:
         fx = results.get((model, cond, "fixed")) or {}
+        rel = results.get((model, cond, "reliable")) or {}
         for config in configs:
             v = results.get((model, cond, config))
             if not v:
@@ -160,11 +181,15 @@ def table_rows(results: Dict[tuple, Dict[str, Any]], model: str,
             ratio = dblp_report.ratio(v["time"], fx.get("time"))
             acc_cell = X.fmt(v["acc"], "{:.2f}")
             if v["seeds"] > 1:
-                acc_cell += (f" ({v['acc_min']:.2f}-{v['acc_max']:.2f})")
+                acc_cell += (f" ± {interval95(v['accs']):.2f} "
+                             f"({v['acc_min']:.2f}-{v['acc_max']:.2f})")
+            vs_rel = (None if v["acc"] is None or rel.get("acc") is None
+                      else v["acc"] - rel["acc"])
             fx_push = (fx.get("push") or {}).get("spike")
             rows.append([
                 cond_label, name, acc_cell,
                 "" if config == "fixed" else X.fmt(pts, "{:+.2f}"),
+                "" if config == "reliable" else X.fmt(vs_rel, "{:+.2f}"),
                 X.fmt(v["time"]),
                 X.fmt(ratio, "{:.3f}"),
                 X.fmt(v["push"]["mean"], "{:.0f}"),
@@ -179,8 +204,9 @@ def table_rows(results: Dict[tuple, Dict[str, Any]], model: str,
     return rows
 
 
-TABLE_HEADERS = ["bursts", "configuration", "final acc (%)",
-                 "points vs fixed", "train time (s)", "time / fixed",
+TABLE_HEADERS = ["bursts", "configuration",
+                 "final acc (%): mean ± 95% (range)",
+                 "points vs fixed", "points vs reliable", "train time (s)", "time / fixed",
                  "push mean (us)", "push p99", "push spike",
                  "fixed / this push spike", "bcast mean (us)", "bcast p99",
                  "bcast spike"]

@@ -80,8 +80,9 @@ struct ReducedPush {
   // summed in order (float_ops.h); a server shard's is the whole job's.
   double norm = 0;
   RoundTolerance broadcast;  // the broadcast of this mean
-  // The consistent broadcast's chunks, in send order (empty: the usual
-  // per-worker order). Valid until the next Reduce.
+  // The consistent broadcast's chunks, or (ServerJob, --send_order=
+  // magnitude) the mean's chunks by size: one send order for every worker
+  // (empty: each worker's own order). Valid until the next Reduce.
   std::span<const uint32_t> subset;
   RoundTolerance next;  // the policy's tolerance after this iteration
   // Per worker, what the reducer refused or clipped of this push and the

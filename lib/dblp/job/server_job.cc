@@ -49,6 +49,16 @@ const ReducedPush& ServerJob::ClosePush(uint64_t it, const ClosedPush& c,
                                         AcceptedSlots* accepted,
                                         std::vector<ControlRequest>* post) {
   reduced_ = iteration_.Reduce(it, c.now_ns - push_open_ns_);
+  // A consistent broadcast already has its one subset; a resync's round is
+  // reliable and carries parameters, whose size means nothing.
+  if (orders_[0].kind() == SendOrderKind::kMagnitude &&
+      reduced_.subset.empty() && !reduced_.resync && !s_.push_only) {
+    orders_[0].Fill(BroadcastRound(it), layout_.num_chunks(),
+                    magnitude_order_);
+    OrderByMagnitude(iteration_.mean(), layout_, magnitude_order_,
+                     chunk_norms_);
+    reduced_.subset = magnitude_order_;
+  }
   // The phase's failure (a lost server shard) comes first.
   std::string bad = CheckContributions(it, reduced_);
   if (reduced_.failure.empty()) reduced_.failure = std::move(bad);

@@ -151,6 +151,11 @@ class ServerJob {
   const std::string app_;
   ServerIteration iteration_;
   std::vector<SendOrder> orders_;  // per worker, the broadcast's
+  // --send_order=magnitude: the mean's chunks, largest first, the same
+  // for every worker (a clean broadcast cut at 1 - p then leaves every
+  // replica the same chunks). Written by ClosePush, read by the lcores.
+  std::vector<uint32_t> magnitude_order_;
+  std::vector<float> chunk_norms_;
   RoundTolerance next_;            // the next push's, before resync
   RoundTolerance push_tol_;        // the open push's
   uint64_t push_open_ns_ = 0;

@@ -98,6 +98,7 @@ class WorkerJob {
   WorkerModel model_;
   SendOrder order_;
   std::vector<uint32_t> order_buf_;
+  std::vector<float> chunk_norms_;  // OrderByMagnitude's scratch
   std::vector<IterationRecord> rows_;
   RowStream* stream_ = nullptr;
 };
@@ -115,6 +116,10 @@ std::string WorkerJob::Iterate(uint64_t it, T& t, Control& control,
     return e;
   }
   order_.Fill(PushRound(it), layout_.num_chunks(), order_buf_);
+  // A resync pushes parameters, reliably: their size means nothing.
+  if (order_.kind() == SendOrderKind::kMagnitude && !model_.IsResync(it)) {
+    OrderByMagnitude(model_.grad(), layout_, order_buf_, chunk_norms_);
+  }
   if (std::string e = t.Exchange(it, order_buf_); !e.empty()) return e;
   WorkerExchange x = t.Exchanged(it);
   x.resync = model_.IsResync(it);

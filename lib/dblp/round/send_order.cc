@@ -1,11 +1,14 @@
 #include "dblp/round/send_order.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <numeric>
 #include <stdexcept>
 #include <string>
 
 #include "dblp/base/rng.h"
+#include "dblp/wire/float_ops.h"
 
 namespace dblp {
 
@@ -14,9 +17,10 @@ SendOrderKind ParseSendOrder(std::string_view name) {
   if (name == "rotating") return SendOrderKind::kRotating;
   if (name == "permuted") return SendOrderKind::kPermuted;
   if (name == "blocked") return SendOrderKind::kBlocked;
+  if (name == "magnitude") return SendOrderKind::kMagnitude;
   throw std::invalid_argument("unknown send order '" + std::string(name) +
-                              "': use sequential, rotating, permuted or "
-                              "blocked");
+                              "': use magnitude, sequential, rotating, "
+                              "permuted or blocked");
 }
 
 const char* SendOrderName(SendOrderKind kind) {
@@ -29,6 +33,8 @@ const char* SendOrderName(SendOrderKind kind) {
       return "permuted";
     case SendOrderKind::kBlocked:
       return "blocked";
+    case SendOrderKind::kMagnitude:
+      return "magnitude";
   }
   return "unknown";
 }
@@ -67,7 +73,8 @@ void SendOrder::Fill(uint32_t round, uint32_t n,
       }
       return;
     }
-    case SendOrderKind::kPermuted: {
+    case SendOrderKind::kPermuted:
+    case SendOrderKind::kMagnitude: {
       // Fisher-Yates with a per-round seed shared by all ranks, then rotated
       // by the rank's offset: same shuffle, disjoint starting stretches.
       std::iota(out.begin(), out.end(), 0u);
@@ -97,6 +104,37 @@ void SendOrder::Fill(uint32_t round, uint32_t n,
       return;
     }
   }
+}
+
+void OrderByMagnitude(std::span<const float> values, const ChunkLayout& layout,
+                      std::vector<uint32_t>& order, std::vector<float>& norms) {
+  if (values.size() * sizeof(float) != layout.total_bytes()) {
+    throw std::invalid_argument(
+        "send order by magnitude: " + std::to_string(values.size()) +
+        " floats for a layout of " + std::to_string(layout.total_bytes()) +
+        " bytes");
+  }
+  norms.resize(layout.num_chunks());
+  const auto* bytes = reinterpret_cast<const uint8_t*>(values.data());
+  for (uint32_t c = 0; c < layout.num_chunks(); ++c) {
+    const double sq = SumSquaresFloats(bytes + layout.Offset(c),
+                                       layout.Length(c) / sizeof(float));
+    // NaN (or an overflowing square) ranks first: the server's reducer
+    // must see the bad chunk to refuse it and name the worker.
+    norms[c] = std::isfinite(sq) ? static_cast<float>(sq)
+                                 : std::numeric_limits<float>::infinity();
+  }
+  for (uint32_t c : order) {
+    if (c >= layout.num_chunks()) {
+      throw std::invalid_argument("send order by magnitude: chunk " +
+                                  std::to_string(c) + " of " +
+                                  std::to_string(layout.num_chunks()));
+    }
+  }
+  std::stable_sort(order.begin(), order.end(), [&norms](uint32_t a,
+                                                        uint32_t b) {
+    return norms[a] > norms[b];
+  });
 }
 
 }  // namespace dblp

@@ -9,8 +9,11 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string_view>
 #include <vector>
+
+#include "dblp/wire/chunking.h"
 
 namespace dblp {
 
@@ -24,11 +27,21 @@ enum class SendOrderKind : uint8_t {
   // memory, which the caches, TLB and prefetchers handle far better than
   // single chunks scattered over the gradient (docs/BENCHMARKS.md).
   kBlocked,
+  // The chunks of largest L2 norm first (OrderByMagnitude), ties in the
+  // permuted order; the default. Early stop at 1 - p then drops the
+  // smallest chunks, as MLT drops by magnitude, instead of a random 41%:
+  // the lost share of the gradient's energy is far below p, the workers'
+  // subsets of a push overlap on the chunks that matter (so the mean is
+  // over both there), and on a clean link every worker's broadcast holds
+  // the same chunks, so the replicas do not drift apart
+  // (docs/EXPERIMENTS.md, "Where the accuracy goes"). A sender that has no
+  // values to rank (a bench) walks the permuted order.
+  kMagnitude,
 };
 inline constexpr uint32_t kSendBlockChunks = 32;
-inline constexpr SendOrderKind kDefaultSendOrder = SendOrderKind::kPermuted;
+inline constexpr SendOrderKind kDefaultSendOrder = SendOrderKind::kMagnitude;
 
-// "sequential" | "rotating" | "permuted" | "blocked"; throws
+// "sequential" | "rotating" | "permuted" | "blocked" | "magnitude"; throws
 // std::invalid_argument naming the choices.
 SendOrderKind ParseSendOrder(std::string_view name);
 const char* SendOrderName(SendOrderKind kind);
@@ -42,7 +55,8 @@ class SendOrder {
             uint64_t seed);
 
   // Writes the first-pass order of `round` for `n` chunks into `out`
-  // (resized to n): a permutation of 0..n-1.
+  // (resized to n): a permutation of 0..n-1. kMagnitude writes the
+  // permuted order: its ties, before OrderByMagnitude ranks the values.
   void Fill(uint32_t round, uint32_t n, std::vector<uint32_t>& out) const;
 
   SendOrderKind kind() const { return kind_; }
@@ -57,5 +71,14 @@ class SendOrder {
   uint32_t num_senders_;
   uint64_t seed_;
 };
+
+// Reorders `order` (chunk indices of `layout`, e.g. a first pass from
+// Fill) stably by descending L2 norm of each chunk of `values`
+// (layout.total_bytes() / 4 floats, else std::invalid_argument). A chunk
+// with a NaN ranks first: the receiver must see it to refuse it.
+// `norms` is scratch (one float per chunk of the layout). One pass over
+// the values and a sort of the chunk indices: ~1% of a round's cost.
+void OrderByMagnitude(std::span<const float> values, const ChunkLayout& layout,
+                      std::vector<uint32_t>& order, std::vector<float>& norms);
 
 }  // namespace dblp
