@@ -68,10 +68,12 @@ DEFINE_uint64(seed, 1,
               "job seed, the same on every app: loss injector, "
               "send order and, for dblp-worker --gradient=train, the model's "
               "initial weights, the data shards and the batch order");
-DEFINE_string(send_order, "permuted",
-              "sequential | rotating | permuted | "
-              "blocked (shuffled blocks of 32 chunks: faster for large "
-              "gradients)");
+DEFINE_string(send_order, "magnitude",
+              "magnitude (the chunks of largest L2 norm first, so early "
+              "stop drops the smallest; the server's broadcast sends every "
+              "worker the mean's in one such order) | sequential | rotating "
+              "| permuted | blocked (shuffled blocks of 32 chunks: faster "
+              "for large gradients)");
 DEFINE_uint32(round_timeout_ms, 30000,
               "fail with a clear error when a round "
               "makes no progress for this long");

@@ -577,10 +577,12 @@ class RunnerAnalysis(unittest.TestCase):
             self.assertEqual(len(list(csv.reader(f))), 5)
 
     def test_tradeoff_summary(self):
-        # fixed and consistent, seeds 1 and 2, with and without bursts.
+        # reliable, fixed and consistent, seeds 1 and 2, with and without
+        # bursts.
         for cond in ("bursts", "clean"):
             for seed, top in ((1, 80.0), (2, 82.0)):
                 for config, policy, dacc, wall, lat in (
+                        ("reliable", "reliable", 1.0, (110.0, 130.0), 9000.0),
                         ("fixed", "fixed", 0.0, (100.0, 120.0), 5000.0),
                         ("consistent", "dblp", -0.5, (80.0, 90.0), 2000.0)):
                     run = os.path.join(self.out, "tradeoff", "runs",
@@ -602,23 +604,29 @@ class RunnerAnalysis(unittest.TestCase):
                     write_jsonl(os.path.join(pdir, "server",
                                              "iterations.jsonl"), srows)
         p = self.run_runner("tradeoff", "--models", "mlp", "--configs",
-                            "fixed,consistent", "--seeds", "1,2",
+                            "reliable,fixed,consistent", "--seeds", "1,2",
                             "--long_epochs", "0")
         self.assertEqual(p.returncode, 0, p.stderr)
         s = self.read("tradeoff", "summary.md")
-        # Accuracy: seed means 80.5 and 82.5 (fixed), 80.0 and 82.0.
+        # Accuracy: seed means 81.5 and 83.5 (reliable), 80.5 and 82.5
+        # (fixed), 80.0 and 82.0; the 95% interval of two seeds 2 apart:
+        # t(1) = 12.71 times sd / sqrt(2) = 1.
         # Push mean: 39 clean iterations at 1100 us and the burst (5100,
         # 2100); bcast: 300 + i (the resync row's 1e9 left out), its spike
         # at the burst iteration 15.
-        self.assertIn("| with bursts | fixed | 81.50 (80.50-82.50) |  | "
-                      "120.0 | 1.000 | 1200 | 5100 | 5100 | 1.00x | 320 | "
+        self.assertIn("| with bursts | fixed | 81.50 ± 12.71 (80.50-82.50) "
+                      "|  | -1.00 | 120.0 | 1.000 | 1200 | 5100 | 5100 | 1.00x | 320 | "
                       "339 | 315 |", s)
         self.assertIn("| with bursts | consistent | "
-                      "81.00 (80.00-82.00) | -0.50 | 90.0 | 0.750 | 1125 | "
+                      "81.00 ± 12.71 (80.00-82.00) | -0.50 | -1.50 | 90.0 | "
+                      "0.750 | 1125 | "
                       "2100 | 2100 | 2.43x | 320 | 339 | 315 |", s)
         self.assertIn("| no bursts | consistent | "
-                      "81.00 (80.00-82.00) | -0.50 | 90.0 | 0.750 | 1100 | "
+                      "81.00 ± 12.71 (80.00-82.00) | -0.50 | -1.50 | 90.0 | "
+                      "0.750 | 1100 | "
                       "1100 | 1100 | 1.00x |", s)
+        self.assertIn("| no bursts | reliable | 82.50 ± 12.71 (81.50-83.50) "
+                      "| +1.00 |  | 130.0 | 1.083 |", s)
         self.assertIn("`--push_fill=rescale --bcast_tolerance=consistent`",
                       s)
         self.assertTrue(os.path.isfile(os.path.join(
