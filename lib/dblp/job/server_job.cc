@@ -50,9 +50,11 @@ const ReducedPush& ServerJob::ClosePush(uint64_t it, const ClosedPush& c,
                                         std::vector<ControlRequest>* post) {
   reduced_ = iteration_.Reduce(it, c.now_ns - push_open_ns_);
   // A consistent broadcast already has its one subset; a resync's round is
-  // reliable and carries parameters, whose size means nothing.
+  // reliable and carries parameters, whose size means nothing; a reliable
+  // broadcast loses nothing whatever its order.
   if (orders_[0].kind() == SendOrderKind::kMagnitude &&
-      reduced_.subset.empty() && !reduced_.resync && !s_.push_only) {
+      reduced_.subset.empty() && !reduced_.resync && !s_.push_only &&
+      reduced_.broadcast.p > 0) {
     orders_[0].Fill(BroadcastRound(it), layout_.num_chunks(),
                     magnitude_order_);
     OrderByMagnitude(iteration_.mean(), layout_, magnitude_order_,
