@@ -132,12 +132,15 @@ def latency_summary(per_seed: Sequence[Dict[str, Any]], key: str
 def collect(runs: Dict[tuple, Any]) -> Dict[tuple, Dict[str, Any]]:
     """{(model, cond, config): accuracy, time and latency over seeds}."""
     grouped: Dict[tuple, List[Any]] = {}
+    seeds: Dict[tuple, List[int]] = {}
     for (model, cond, seed, config), run in runs.items():
         grouped.setdefault((model, cond, config), []).append(run)
+        seeds.setdefault((model, cond, config), []).append(seed)
     out = {}
     for key, group in grouped.items():
         accs, times, lats, curves, failed = [], [], [], [], False
-        for run in group:
+        by_seed = {}
+        for seed, run in zip(seeds[key], group):
             run.load()
             failed = failed or bool(run.failed)
             pdir = run.policy_dir(run.policies[0])
@@ -146,12 +149,13 @@ def collect(runs: Dict[tuple, Any]) -> Dict[tuple, Dict[str, Any]]:
             t, _ = X.training_time(tr, run.seconds(run.policies[0]))
             if acc is not None:
                 accs.append(acc)
+                by_seed[seed] = acc
             if t is not None:
                 times.append(t)
             curves.append(X.accuracy_curve(tr))
             lats.append(round_latencies(pdir))
         out[key] = {
-            "acc": _mean(accs), "accs": accs, "acc_min": min(accs, default=None),
+            "acc": _mean(accs), "accs": accs, "by_seed": by_seed, "acc_min": min(accs, default=None),
             "acc_max": max(accs, default=None), "seeds": len(accs),
             "time": _mean(times), "times": times,
             "push": latency_summary(lats, "push"),
@@ -183,13 +187,17 @@ def table_rows(results: Dict[tuple, Dict[str, Any]], model: str,
             if v["seeds"] > 1:
                 acc_cell += (f" ± {interval95(v['accs']):.2f} "
                              f"({v['acc_min']:.2f}-{v['acc_max']:.2f})")
-            vs_rel = (None if v["acc"] is None or rel.get("acc") is None
-                      else v["acc"] - rel["acc"])
+            # Paired by seed: the same data order and initial weights.
+            diffs = [a - rel["by_seed"][sd] for sd, a in v["by_seed"].items()
+                     if sd in rel.get("by_seed", {})]
             fx_push = (fx.get("push") or {}).get("spike")
             rows.append([
                 cond_label, name, acc_cell,
                 "" if config == "fixed" else X.fmt(pts, "{:+.2f}"),
-                "" if config == "reliable" else X.fmt(vs_rel, "{:+.2f}"),
+                "" if config == "reliable" else (
+                    f"{_mean(diffs):+.2f}" + (f" ± {interval95(diffs):.2f}"
+                                              if len(diffs) > 1 else "")
+                    if diffs else "-"),
                 X.fmt(v["time"]),
                 X.fmt(ratio, "{:.3f}"),
                 X.fmt(v["push"]["mean"], "{:.0f}"),
@@ -206,7 +214,7 @@ def table_rows(results: Dict[tuple, Dict[str, Any]], model: str,
 
 TABLE_HEADERS = ["bursts", "configuration",
                  "final acc (%): mean ± 95% (range)",
-                 "points vs fixed", "points vs reliable", "train time (s)", "time / fixed",
+                 "points vs fixed", "points vs reliable (paired) ± 95%", "train time (s)", "time / fixed",
                  "push mean (us)", "push p99", "push spike",
                  "fixed / this push spike", "bcast mean (us)", "bcast p99",
                  "bcast spike"]
