@@ -169,6 +169,7 @@ class SimFrames {
   void set_buffer(std::span<const float> v) {
     frames_.set_buffer(reinterpret_cast<const uint8_t*>(v.data()));
   }
+  const ChunkLayout& layout() const { return *layout_; }
 
  private:
   PacketFrames<LoopbackPort> frames_;
@@ -182,10 +183,14 @@ struct SimSender {
   SimSender(const SendSideConfig& c, SendOrder o, SimFrames f)
       : side(c), frames(std::move(f)), order(o) {}
 
-  // The first pass in this sender's order.
+  // The first pass in this sender's order; `rank`: --send_order=magnitude
+  // ranks `data`'s chunks, as WorkerJob does for a training push.
   void Begin(uint32_t round, std::span<const float> data, uint32_t num_chunks,
-             uint64_t now_ns) {
+             uint64_t now_ns, bool rank) {
     order.Fill(round, num_chunks, order_buf);
+    if (rank && order.kind() == SendOrderKind::kMagnitude) {
+      OrderByMagnitude(data, frames.layout(), order_buf, norms);
+    }
     Begin(round, data, order_buf, num_chunks, now_ns);
   }
   // ... or in `first_pass` (the server job's broadcast order).
@@ -200,6 +205,7 @@ struct SimSender {
   SimFrames frames;
   SendOrder order;
   std::vector<uint32_t> order_buf;
+  std::vector<double> norms;  // OrderByMagnitude's scratch
 };
 
 // No PROBE retry (probe_retry_ns = 0). A retry recovers a BITMAP lost on
@@ -850,7 +856,8 @@ struct MemoryCluster::Impl {
       for (uint32_t k = 0; k < shards.size(); ++k) {
         wk.push[k]->Begin(out.push_round,
                           Slice(std::span<const float>(wk.model->grad()), k),
-                          shards[k]->layout.num_chunks(), clock.ns());
+                          shards[k]->layout.num_chunks(), clock.ns(),
+                          !wk.model->IsResync(iteration));
         // Open the broadcast receiver now, so no early broadcast frame is
         // lost. Its p is unknown until the broadcast's ROUND_BEGIN lands
         // (the policy may switch after this push), so until then it may

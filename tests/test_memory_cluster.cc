@@ -739,12 +739,13 @@ TEST(MemoryClusterTest, ConsistentBroadcastOneSubsetAndConservation) {
   }
 }
 
-// --send_order=magnitude (the default) on the server: every worker's
-// broadcast walks the mean's chunks largest first, so a clean broadcast
+// --send_order=magnitude (the default): every worker pushes its own
+// gradient's largest chunks first, and every worker's broadcast walks the
+// mean's chunks largest first, so a clean broadcast
 // cut at 1 - p hands every worker the largest StopThreshold chunks - the
 // same chunks, so the replicas stay together. The permuted order (the
 // control) hands each worker another subset.
-TEST(MemoryClusterTest, MagnitudeBroadcastHandsEveryWorkerTheLargestChunks) {
+TEST(MemoryClusterTest, MagnitudeOrderSendsTheLargestChunksFirstBothWays) {
   for (SendOrderKind kind :
        {SendOrderKind::kMagnitude, SendOrderKind::kPermuted}) {
     SCOPED_TRACE(SendOrderName(kind));
@@ -775,6 +776,29 @@ TEST(MemoryClusterTest, MagnitudeBroadcastHandsEveryWorkerTheLargestChunks) {
         }
       }
       cluster.RunIteration(grads);
+      // Each worker's push: its own largest chunks first, as WorkerJob
+      // ranks them.
+      for (uint32_t r = 0; r < c.num_workers; ++r) {
+        std::vector<std::pair<double, uint32_t>> mine;
+        for (uint32_t ch = 0; ch < n; ++ch) {
+          double sq = 0;
+          const size_t first = layout.Offset(ch) / 4, k = layout.Length(ch) / 4;
+          for (size_t j = first; j < first + k; ++j) {
+            sq += double(grads[r][j]) * grads[r][j];
+          }
+          mine.emplace_back(-sq, ch);
+        }
+        std::sort(mine.begin(), mine.end());
+        uint32_t largest = 0;
+        for (uint32_t i = 0; i < top; ++i) {
+          largest += cluster.push_arrived(r).Test(mine[i].second);
+        }
+        if (kind == SendOrderKind::kMagnitude) {
+          EXPECT_EQ(largest, top) << "push, iteration " << it << " rank " << r;
+        } else {
+          EXPECT_LT(largest, top) << "push, iteration " << it << " rank " << r;
+        }
+      }
       const std::vector<float>& mean = cluster.server_mean();
       std::vector<std::pair<double, uint32_t>> by_size;
       for (uint32_t ch = 0; ch < n; ++ch) {

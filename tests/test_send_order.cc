@@ -359,7 +359,7 @@ TEST(SendOrderByMagnitude, LargestChunksFirstTiesInTheGivenOrder) {
   v[4 * 0 + 2] = 1.0f;   // chunk 0: 1
   // chunks 2, 4, 5: zero, a three-way tie
   std::vector<uint32_t> order = {5, 6, 2, 1, 0, 4, 3};
-  std::vector<float> norms;
+  std::vector<double> norms;
   OrderByMagnitude(v, layout, order, norms);
   EXPECT_EQ(order, (std::vector<uint32_t>{3, 6, 1, 0, 5, 2, 4}));
 }
@@ -370,14 +370,14 @@ TEST(SendOrderByMagnitude, ABadChunkGoesFirstSoTheServerCanRefuseIt) {
   v[9] = std::numeric_limits<float>::quiet_NaN();
   v[1] = 1e30f;  // squares overflow float: ranks first as well
   std::vector<uint32_t> order = {0, 1, 2};
-  std::vector<float> norms;
+  std::vector<double> norms;
   OrderByMagnitude(v, layout, order, norms);
   EXPECT_EQ(order, (std::vector<uint32_t>{0, 2, 1}));
 }
 
 TEST(SendOrderByMagnitude, RefusesValuesOrChunksThatDoNotFitTheLayout) {
   const ChunkLayout layout(12 * sizeof(float), 4 * sizeof(float));
-  std::vector<float> norms;
+  std::vector<double> norms;
   std::vector<uint32_t> order = {0, 1, 2};
   std::vector<float> short_values(11, 1.0f);
   EXPECT_THROW(OrderByMagnitude(short_values, layout, order, norms),
@@ -400,7 +400,7 @@ TEST(SendOrderByMagnitude, EarlyStopKeepsMostOfTheEnergyAndTheWorkersAgree) {
   const uint32_t reached = StopThreshold(n, kPHigh);
   // Shared layer scales, per-worker noise: what data-parallel replicas see.
   const std::vector<float> shared = LayeredGradient(layout, 7);
-  std::vector<float> norms;
+  std::vector<double> norms;
   std::vector<uint32_t> count(n, 0);
   double kept_magnitude = 0, kept_permuted = 0, total = 0;
   for (uint32_t w = 0; w < kWorkers; ++w) {

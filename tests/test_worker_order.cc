@@ -1,6 +1,5 @@
 // The worker's push order as WorkerJob hands it to its transport: by
-// magnitude (the default), the gradient's largest chunks first, ranked on
-// what the push sends (a push-feedback carry included); a resync's
+// magnitude (the default), the gradient's largest chunks first; a resync's
 // parameters and the other kinds go in their value-free order.
 #include <gtest/gtest.h>
 

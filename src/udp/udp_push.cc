@@ -82,6 +82,9 @@ UdpJobWorkerOptions JobOptions(const UdpPushWorkerOptions& o) {
   j.burst = o.burst;
   j.iterations = o.iterations;
   j.seed = o.seed;
+  // The bench's push is a fixed synthetic gradient: ranking it each round
+  // would measure the sort, not the push (the apps' own default ranks).
+  j.send_order = SendOrderKind::kPermuted;
   j.push_only = true;
   j.round_timeout_ms = o.round_timeout_ms;
   j.join_timeout_ms = o.join_timeout_ms;

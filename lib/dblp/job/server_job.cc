@@ -17,6 +17,7 @@ ServerJob::ServerJob(const ServerJobSettings& s,
                      SendOrderKind order, uint64_t seed, std::string app,
                      uint32_t shards)
     : s_(s),
+      order_kind_(order),
       layout_(layout),
       names_(std::move(names)),
       app_(std::move(app)),
@@ -49,21 +50,23 @@ const ReducedPush& ServerJob::ClosePush(uint64_t it, const ClosedPush& c,
                                         AcceptedSlots* accepted,
                                         std::vector<ControlRequest>* post) {
   reduced_ = iteration_.Reduce(it, c.now_ns - push_open_ns_);
-  // A consistent broadcast already has its one subset; a resync's round is
-  // reliable and carries parameters, whose size means nothing; a reliable
-  // broadcast loses nothing whatever its order.
-  if (orders_[0].kind() == SendOrderKind::kMagnitude &&
+  // The phase's failure (a lost server shard) comes first.
+  std::string bad = CheckContributions(it, reduced_);
+  if (reduced_.failure.empty()) reduced_.failure = std::move(bad);
+  // After CheckContributions zeroed what was not finite, and only for a
+  // broadcast that can be cut (by p, or by an LTP deadline): a consistent
+  // broadcast already has its one subset, and a resync carries parameters,
+  // whose size means nothing.
+  const RoundTolerance& bt = reduced_.broadcast;
+  if (order_kind_ == SendOrderKind::kMagnitude && reduced_.failure.empty() &&
       reduced_.subset.empty() && !reduced_.resync && !s_.push_only &&
-      reduced_.broadcast.p > 0) {
+      (bt.p > 0 || bt.deadline_ns != 0)) {
     orders_[0].Fill(BroadcastRound(it), layout_.num_chunks(),
                     magnitude_order_);
     OrderByMagnitude(iteration_.mean(), layout_, magnitude_order_,
                      chunk_norms_);
     reduced_.subset = magnitude_order_;
   }
-  // The phase's failure (a lost server shard) comes first.
-  std::string bad = CheckContributions(it, reduced_);
-  if (reduced_.failure.empty()) reduced_.failure = std::move(bad);
   const ReducedPush& r = reduced_;
   const double n = layout_.num_chunks();
   const uint64_t clr_nonfinite = iteration_.policy()->nonfinite_norms();

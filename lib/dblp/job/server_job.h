@@ -146,6 +146,7 @@ class ServerJob {
 
  private:
   const ServerJobSettings s_;
+  const SendOrderKind order_kind_;
   const ChunkLayout layout_;
   const std::vector<std::string> names_;
   const std::string app_;
@@ -155,7 +156,7 @@ class ServerJob {
   // for every worker (a clean broadcast cut at 1 - p then leaves every
   // replica the same chunks). Written by ClosePush, read by the lcores.
   std::vector<uint32_t> magnitude_order_;
-  std::vector<float> chunk_norms_;
+  std::vector<double> chunk_norms_;
   RoundTolerance next_;            // the next push's, before resync
   RoundTolerance push_tol_;        // the open push's
   uint64_t push_open_ns_ = 0;

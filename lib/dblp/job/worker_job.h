@@ -98,7 +98,7 @@ class WorkerJob {
   WorkerModel model_;
   SendOrder order_;
   std::vector<uint32_t> order_buf_;
-  std::vector<float> chunk_norms_;  // OrderByMagnitude's scratch
+  std::vector<double> chunk_norms_;  // OrderByMagnitude's scratch
   std::vector<IterationRecord> rows_;
   RowStream* stream_ = nullptr;
 };

@@ -107,7 +107,8 @@ void SendOrder::Fill(uint32_t round, uint32_t n,
 }
 
 void OrderByMagnitude(std::span<const float> values, const ChunkLayout& layout,
-                      std::vector<uint32_t>& order, std::vector<float>& norms) {
+                      std::vector<uint32_t>& order,
+                      std::vector<double>& norms) {
   if (values.size() * sizeof(float) != layout.total_bytes()) {
     throw std::invalid_argument(
         "send order by magnitude: " + std::to_string(values.size()) +
@@ -121,8 +122,7 @@ void OrderByMagnitude(std::span<const float> values, const ChunkLayout& layout,
                                        layout.Length(c) / sizeof(float));
     // NaN (or an overflowing square) ranks first: the server's reducer
     // must see the bad chunk to refuse it and name the worker.
-    norms[c] = std::isfinite(sq) ? static_cast<float>(sq)
-                                 : std::numeric_limits<float>::infinity();
+    norms[c] = std::isfinite(sq) ? sq : std::numeric_limits<double>::infinity();
   }
   for (uint32_t c : order) {
     if (c >= layout.num_chunks()) {

@@ -34,8 +34,8 @@ enum class SendOrderKind : uint8_t {
   // subsets of a push overlap on the chunks that matter (so the mean is
   // over both there), and on a clean link every worker's broadcast holds
   // the same chunks, so the replicas do not drift apart
-  // (docs/EXPERIMENTS.md, "Where the accuracy goes"). A sender that has no
-  // values to rank (a bench) walks the permuted order.
+  // (docs/EXPERIMENTS.md, "Where the accuracy goes"). Fill alone gives the
+  // permuted order; OrderByMagnitude then ranks the values.
   kMagnitude,
 };
 inline constexpr uint32_t kSendBlockChunks = 32;
@@ -76,9 +76,10 @@ class SendOrder {
 // Fill) stably by descending L2 norm of each chunk of `values`
 // (layout.total_bytes() / 4 floats, else std::invalid_argument). A chunk
 // with a NaN ranks first: the receiver must see it to refuse it.
-// `norms` is scratch (one float per chunk of the layout). One pass over
+// `norms` is scratch (one per chunk of the layout; double: float squares
+// of tiny gradients would all round to 0 and tie). One pass over
 // the values and a sort of the chunk indices: ~1% of a round's cost.
 void OrderByMagnitude(std::span<const float> values, const ChunkLayout& layout,
-                      std::vector<uint32_t>& order, std::vector<float>& norms);
+                      std::vector<uint32_t>& order, std::vector<double>& norms);
 
 }  // namespace dblp
