@@ -34,6 +34,62 @@ std::vector<double> Squares(std::span<const float> v, uint32_t chunk_floats) {
   return out;
 }
 
+// The lanes as float_ops.h defines them, written out in scalar code: float
+// i to lane i % 8, each lane in index order, then the fixed pairwise tree.
+double ReferenceBlockSquares(std::span<const float> v) {
+  double lanes[kSquareLanes] = {};
+  for (size_t i = 0; i < v.size(); ++i) {
+    lanes[i % kSquareLanes] += static_cast<double>(v[i]) * v[i];
+  }
+  for (size_t width = kSquareLanes / 2; width > 0; width /= 2) {
+    for (size_t j = 0; j < width; ++j) lanes[j] += lanes[j + width];
+  }
+  return lanes[0];
+}
+
+// The vector clone this CPU runs gives the scalar definition's bits, and
+// squaring as the buffer fills (the server's fused reduce) gives
+// BlockSquares' bits, whatever the steps; a block is never squared before
+// its last float is final.
+TEST(PhaseNorm, BlockSquaresMatchTheirDefinitionInAnyStepping) {
+  const size_t per = 1000;  // blocks of 1000 floats, the last one shorter
+  auto g = Gradient(10 * per + 123, 3);
+  g[17] = 1e30f;  // a large value: any reassociation would show
+  std::vector<double> whole(NormBlocks(g.size(), per));
+  BlockSquares(g, per, whole);
+  for (size_t b = 0; b < whole.size(); ++b) {
+    const size_t lo = b * per;
+    const size_t n = std::min(per, g.size() - lo);
+    EXPECT_EQ(std::bit_cast<uint64_t>(whole[b]),
+              std::bit_cast<uint64_t>(ReferenceBlockSquares(
+                  std::span<const float>(g).subspan(lo, n))))
+        << "block " << b;
+  }
+  for (size_t step : {size_t{1}, size_t{363}, size_t{999}, size_t{4096}}) {
+    std::vector<float> v(g.size(), 0.0f);
+    std::vector<double> out(whole.size(), -1.0);
+    IncrementalBlockSquares inc(v, per, out);
+    for (size_t done = 0; done < v.size();) {
+      const size_t next = std::min(v.size(), done + step);
+      std::copy(g.begin() + done, g.begin() + next, v.begin() + done);
+      done = next;
+      inc.Advance(done);
+      // Only complete blocks so far: the rest untouched.
+      for (size_t b = done / per; b < out.size(); ++b) {
+        if ((b + 1) * per > done && done < v.size()) {
+          EXPECT_EQ(out[b], -1.0) << "step " << step << " block " << b;
+        }
+      }
+    }
+    inc.Finish();
+    for (size_t b = 0; b < out.size(); ++b) {
+      EXPECT_EQ(std::bit_cast<uint64_t>(out[b]),
+                std::bit_cast<uint64_t>(whole[b]))
+          << "step " << step << " block " << b;
+    }
+  }
+}
+
 // Partitions cut by ShardMap hold whole blocks, so their blocks in shard
 // order are the whole gradient's: the same norm, bit for bit.
 TEST(PhaseNorm, PartitionsGiveTheWholeNormBits) {

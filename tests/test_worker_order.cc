@@ -87,11 +87,12 @@ struct QuietControl {
   std::string failure() const { return ""; }
 };
 
-std::vector<std::vector<uint32_t>> RunOrders(SendOrderKind kind,
-                                             uint32_t resync_every,
-                                             uint64_t iterations) {
+std::vector<std::vector<uint32_t>> RunOrders(
+    SendOrderKind kind, uint32_t resync_every, uint64_t iterations,
+    const std::string& policy = "dblp") {
   LayeredSource source;
   WelcomeMsg wel;
+  wel.policy = policy;
   wel.rank = 1;
   wel.num_workers = 2;
   wel.resync_every = resync_every;
@@ -139,6 +140,19 @@ TEST(WorkerOrder, AResyncPushesParametersInTheValueFreeOrder) {
   ASSERT_EQ(orders.size(), 4u);
   EXPECT_EQ(orders[2], permuted[2]) << "the resync's order";
   EXPECT_NE(orders[3], permuted[3]) << "training again: by magnitude";
+}
+
+TEST(WorkerOrder, AReliableJobSkipsTheRanking) {
+  // Every chunk arrives whatever the order: the value-free order, with no
+  // pass over the gradient first.
+  const auto reliable = RunOrders(SendOrderKind::kMagnitude, 0, 3, "reliable");
+  const auto permuted = RunOrders(SendOrderKind::kPermuted, 0, 3, "reliable");
+  const auto lossy = RunOrders(SendOrderKind::kMagnitude, 0, 3, "fixed");
+  ASSERT_EQ(reliable.size(), 3u);
+  for (size_t it = 0; it < reliable.size(); ++it) {
+    EXPECT_EQ(reliable[it], permuted[it]) << "iteration " << it;
+    EXPECT_NE(lossy[it], permuted[it]) << "iteration " << it;
+  }
 }
 
 }  // namespace

@@ -38,6 +38,9 @@ def _secret_flags(secret_file, insecure):
     return ["--insecure"] if insecure else [f"--secret_file={secret_file}"]
 
 
+MEMIF_LOG2_RING = 14
+
+
 def memif_eal(socket_path, prefix, lcore=None, client=True, vdevs=None,
               claims=None):
     """EAL options of one process on the local memif cluster (no NIC, no
@@ -45,16 +48,28 @@ def memif_eal(socket_path, prefix, lcore=None, client=True, vdevs=None,
     CPU (_lcores.py); its claim goes into `claims`, for the caller to
     release when the process ends."""
     if lcore is None:
-        claim = claim_lcore()
+        claim = claim_lcore(server=not client)
         if claims is not None:
             claims.append(claim)
         lcore = claim.cpu
     eal = ["-l", str(lcore), "--no-huge", "-m", "256", "--no-pci",
            f"--file-prefix={prefix}", "--log-level=*:warning"]
     if client:
-        eal.append(f"--vdev=net_memif0,role=client,socket={socket_path},id=0")
+        # One port per server shard, in shard order (port k to shard k).
+        paths = [socket_path] if isinstance(socket_path, str) else socket_path
+        for k, path in enumerate(paths):
+            eal.append(f"--vdev=net_memif{k},role=client,socket={path},id=0")
     for v in vdevs or []:
         eal.append(v)
+    # Rings of 2^14 frames (net_memif's largest; 1024 by default): a 25 MiB
+    # round is 18,256 frames, and where the poll-mode processes outnumber
+    # the cores a receiver that is not running leaves the sender waiting
+    # on a full ring. W = 2 on two cores, exchange of 25 MiB: 33.7 ms
+    # against 39.7-48.5 ms with the default (docs/BENCHMARKS.md "The whole
+    # exchange"). The memory is the client's: 64 MiB of shared memory per
+    # port (2 rings of 2^14 2-KiB buffers).
+    eal = [e + f",rsize={MEMIF_LOG2_RING}"
+           if e.startswith("--vdev=net_memif") else e for e in eal]
     return eal
 
 
@@ -127,14 +142,23 @@ class LocalServer:
     """A dblp-server (transport="dpdk": memif, one socket per worker, no NIC)
     or dblp-udp-server (transport="udp") on this host, with a fresh job
     secret, for `workers` trainers. Use as a context manager; each trainer
-    gets its Worker arguments from worker_kwargs(rank)."""
+    gets its Worker arguments from worker_kwargs(rank).
+
+    shards: dpdk only: this many dblp-server processes, each adding and
+    broadcasting its slice of the chunks (--shards), each on a core of its
+    own where the host has one; a worker then has one memif port per shard."""
 
     def __init__(self, workers, transport="dpdk", server_flags=(),
                  out_dir=None, ready_timeout=30.0, secret_file=None,
                  host="127.0.0.1", memory_mb=512, lcore=None,
-                 timeout=1800.0, idle_deep_sleep_us=IDLE_DEEP_SLEEP_US):
+                 timeout=1800.0, idle_deep_sleep_us=IDLE_DEEP_SLEEP_US,
+                 shards=1):
+        if shards < 1 or (shards > 1 and transport != "dpdk"):
+            raise ValueError(f"shards={shards}: a local server has 1 shard, "
+                             "or more with transport='dpdk'")
         self.workers = workers
         self.transport = transport
+        self.shards = shards
         self.dir = tempfile.mkdtemp(prefix="dblp-job-")
         # Whatever ends this process short of SIGKILL removes the directory
         # (and the secret in it).
@@ -149,10 +173,9 @@ class LocalServer:
             with os.fdopen(fd, "wb") as f:
                 f.write(os.urandom(32))
         self._claims = []
-        self.prefix = None
+        self.prefixes = []
+        self.procs = []
         self.host = host
-        self.port = free_port(host)
-        self.address = f"{host}:{self.port}"
         self.out_dir = out_dir
         flags = [f"--workers={workers}", f"--secret_file={self.secret_file}"]
         if not any(f.startswith("--round_timeout_ms") for f in server_flags):
@@ -161,48 +184,83 @@ class LocalServer:
             flags.append(f"--round_timeout_ms={int(timeout * 1000)}")
         # Sleep through the trainers' steps (docs/PYTORCH.md, CPU).
         flags.append(f"--idle_deep_sleep_us={idle_deep_sleep_us}")
-        if out_dir:
-            flags.append(f"--out_dir={os.path.join(out_dir, 'server')}")
         flags += list(server_flags)
-        if transport == "udp":
+        self.commands = []
+        self.log_paths = []
+        try:
+            for k in range(shards):
+                self._start_shard(k, flags, lcore, memory_mb)
+                # Shard 0 is the directory the others register with.
+                self._await_listening(self.procs[k], self.ports[k],
+                                      self.log_paths[k], ready_timeout)
+        except BaseException:
+            self.close()  # no server left polling its lcore
+            raise
+
+    def _start_shard(self, k, flags, lcore, memory_mb):
+        host = self.host
+        port = free_port(host)
+        if k == 0:
+            self.ports = []
+            self.port = port
+            self.address = f"{host}:{port}"
+        self.ports.append(port)
+        name = "server" if k == 0 else f"server-shard{k}"
+        flags = list(flags)
+        if self.out_dir:
+            flags.append(f"--out_dir={os.path.join(self.out_dir, name)}")
+        if self.shards > 1:
+            flags += [f"--shards={self.shards}", f"--shard_index={k}"]
+            if k:
+                flags.append(f"--directory={self.address}")
+        if self.transport == "udp":
             cmd = [find_app("dblp-udp-server"),
                    f"--control={self.address}",
                    f"--data={host}:{free_port(host)}"] + flags
         else:
             vdevs = [f"--vdev=net_memif{i},role=server,"
-                     f"socket={self.socket(i)},id=0" for i in range(workers)]
-            self.prefix = f"dblp-{os.getpid()}-srv-{self.port}"
-            eal = memif_eal(None, self.prefix, lcore=lcore, client=False,
+                     f"socket={self._socket(k, i)},id=0"
+                     for i in range(self.workers)]
+            prefix = f"dblp-{os.getpid()}-srv-{port}"
+            self.prefixes.append(prefix)
+            eal = memif_eal(None, prefix, lcore=lcore, client=False,
                             vdevs=vdevs, claims=self._claims)
             eal[eal.index("-m") + 1] = str(memory_mb)
             cmd = [find_app("dblp-server")] + eal + ["--",
-                                                     f"--listen={self.address}"]
+                                                     f"--listen={host}:{port}"]
             cmd += flags
-        self.command = cmd
-        self.log_path = os.path.join(out_dir or self.dir, "server.log")
-        os.makedirs(os.path.dirname(self.log_path), exist_ok=True)
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log,
-                                         stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL)
-        try:
-            self._await_listening(ready_timeout)
-        except BaseException:
-            self.close()  # no server left polling its lcore
-            raise
+        log_path = os.path.join(self.out_dir or self.dir, name + ".log")
+        os.makedirs(os.path.dirname(log_path), exist_ok=True)
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL)
+        self.commands.append(cmd)
+        self.log_paths.append(log_path)
+        self.procs.append(proc)
+        if k == 0:
+            self.command, self.log_path, self.proc = cmd, log_path, proc
+
+    def _socket(self, shard, rank):
+        if shard == 0:
+            return os.path.join(self.dir, f"w{rank}.sock")
+        return os.path.join(self.dir, f"s{shard}w{rank}.sock")
 
     def socket(self, rank):
-        return os.path.join(self.dir, f"w{rank}.sock")
+        """Worker `rank`'s memif socket: one path, or with shards a list
+        (shard order)."""
+        if self.shards == 1:
+            return self._socket(0, rank)
+        return [self._socket(k, rank) for k in range(self.shards)]
 
-    def _await_listening(self, timeout):
+    def _await_listening(self, proc, port, log_path, timeout):
         host = self.host if self.host not in ("0.0.0.0", "") else "127.0.0.1"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the server exited ({self.proc.returncode})"
-                                   f": {self.log_tail()}")
+            if proc.poll() is not None:
+                raise RuntimeError(f"the server exited ({proc.returncode})"
+                                   f": {self._tail(log_path)}")
             try:
-                with socket.create_connection((host, self.port), 0.2):
+                with socket.create_connection((host, port), 0.2):
                     pass
                 # The probe is a stranger that said nothing; the server
                 # closes it at its join deadline. No JOIN, no slot taken.
@@ -212,8 +270,12 @@ class LocalServer:
         raise RuntimeError(f"the server did not listen in {timeout} s")
 
     def log_tail(self, lines=10):
+        return "\n".join(self._tail(p, lines) for p in self.log_paths)
+
+    @staticmethod
+    def _tail(log_path, lines=10):
         try:
-            with open(self.log_path, "rb") as f:
+            with open(log_path, "rb") as f:
                 text = f.read().decode(errors="replace").strip().splitlines()
         except OSError:
             return ""
@@ -230,18 +292,23 @@ class LocalServer:
         return kw
 
     def wait(self, timeout=60.0):
-        """The server's exit code once every worker ended."""
+        """The server's exit code once every worker ended (with shards, the
+        first nonzero one)."""
+        deadline = time.monotonic() + timeout
         try:
-            return self.proc.wait(timeout=timeout)
+            rcs = [p.wait(timeout=max(0.0, deadline - time.monotonic()))
+                   for p in self.procs]
+            return next((rc for rc in rcs if rc), 0)
         except subprocess.TimeoutExpired:
             self.close()
             raise RuntimeError(f"the server did not exit in {timeout} s: "
                                f"{self.log_tail()}")
 
     def close(self):
-        stop(self.proc)
-        if self.prefix:
-            remove_runtime_dir(self.prefix)
+        for proc in self.procs:
+            stop(proc)
+        for prefix in self.prefixes:
+            remove_runtime_dir(prefix)
         for c in self._claims:
             c.release()
         self._cleanup()

@@ -1,11 +1,16 @@
 """Which CPU a poll-mode process this package starts runs on.
 
-Each process takes the allowed CPU with the fewest DBLP processes already
-claimed on it, so two jobs on one host spread out rather than all taking
-CPUs 0 and 1. A claim is a file under /dev/shm/dblp-lcores named
-CPU-PID-...; the owner removes it when its process ends, and a reader
-removes those of dead pids. Claims are advice: when the directory cannot
-be used, the first allowed CPU is taken and nothing fails.
+Each process takes the allowed CPU with the fewest server processes
+claimed on it, then the fewest DBLP processes of any kind, so two jobs on
+one host spread out rather than all taking CPUs 0 and 1, and a server
+keeps a core of its own while there are cores to spare: it adds and sends
+for every worker, so on a small host a worker polling beside it slows the
+whole exchange (W = 2 on two cores: a broadcast of 84 ms with a worker on
+the server's core, 25 ms with both workers on the other; docs/BENCHMARKS.md
+"The whole exchange"). A claim is a file under /dev/shm/dblp-lcores named
+CPU-PID-SERIAL[-server]; the owner removes it when its process ends, and a
+reader removes those of dead pids. Claims are advice: when the directory
+cannot be used, the first allowed CPU is taken and nothing fails.
 """
 
 import atexit
@@ -34,8 +39,9 @@ class Claim:
         self.path = None
 
 
-def claim_lcore():
-    """A Claim on the least-claimed allowed CPU (its .cpu)."""
+def claim_lcore(server=False):
+    """A Claim on the allowed CPU with the fewest servers, then the fewest
+    claims (its .cpu). `server`: the claim is a server's."""
     cpus = sorted(os.sched_getaffinity(0))
     try:
         _ensure_dir()
@@ -43,12 +49,15 @@ def claim_lcore():
             # Ranks that start together must not all pick the same CPU.
             fcntl.flock(lock, fcntl.LOCK_EX)
             counts = {c: 0 for c in cpus}
-            for cpu in _live_claims():
+            servers = {c: 0 for c in cpus}
+            for cpu, is_server in _live_claims():
                 if cpu in counts:
                     counts[cpu] += 1
-            best = min(cpus, key=lambda c: (counts[c], c))
+                    servers[cpu] += is_server
+            best = min(cpus, key=lambda c: (servers[c], counts[c], c))
             path = os.path.join(CLAIM_DIR, f"{best}-{os.getpid()}-"
-                                f"{next(_serial)}")
+                                f"{next(_serial)}" +
+                                ("-server" if server else ""))
             with open(path, "w"):
                 pass
     except OSError:
@@ -72,16 +81,16 @@ def _live_claims():
         if name.startswith("."):
             continue
         try:
-            cpu, pid, _ = name.split("-", 2)
+            cpu, pid, rest = name.split("-", 2)
             os.kill(int(pid), 0)
-            out.append(int(cpu))
+            out.append((int(cpu), rest.endswith("-server")))
         except (ValueError, ProcessLookupError):
             try:
                 os.unlink(os.path.join(CLAIM_DIR, name))
             except OSError:
                 pass
         except PermissionError:  # another user's live process
-            out.append(int(cpu))
+            out.append((int(cpu), rest.endswith("-server")))
     return out
 
 

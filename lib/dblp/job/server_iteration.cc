@@ -52,15 +52,19 @@ ReducedPush ServerIteration::Reduce(uint64_t it, uint64_t push_ns) {
   // training steps.
   r.resync = resync_.IsResync(it);
   const uint64_t step = resync_.TrainStep(it);
-  reducer_.Finalize(s_.push_fill, mean_);
+  const bool zeroing = !r.resync && s_.zero_fraction > 0 &&
+                       step >= s_.zero_first && step <= s_.zero_last;
+  // The norm's squares as the mean is written (one pass over memory, not
+  // two), unless chunks are zeroed after it.
+  IncrementalBlockSquares squares(mean_, block_floats_, squares_);
+  reducer_.Finalize(s_.push_fill, mean_, zeroing ? nullptr : &squares);
   for (uint32_t w = 0; w < tallies_.size(); ++w)
     tallies_[w] = reducer_.tally(w);
   r.workers = tallies_;
-  if (!r.resync && s_.zero_fraction > 0 && step >= s_.zero_first &&
-      step <= s_.zero_last) {
+  if (zeroing) {
     ZeroRandomChunks(mean_, layout_, s_.zero_fraction, HashMix(seed_, step));
+    BlockSquares(mean_, block_floats_, squares_);
   }
-  BlockSquares(mean_, block_floats_, squares_);
   if (s_.phase != nullptr) {
     // A server shard: the job's phase decides from every shard's blocks.
     PhaseDecision d = s_.phase->Decide(it, r.resync, squares_, push_ns);

@@ -15,7 +15,9 @@ WorkerJob::WorkerJob(GradientSource& source, const WelcomeMsg& wel,
       layout_(layout),
       s_(s),
       model_(source, wel, layout, s.bcast_fill),
-      order_(s.send_order, wel.rank, wel.num_workers, s.seed) {}
+      order_(s.send_order, wel.rank, wel.num_workers, s.seed),
+      rank_by_magnitude_(s.send_order == SendOrderKind::kMagnitude &&
+                         wel.policy != "reliable") {}
 
 // The trainer reads the row with the mean, so it goes first.
 std::string WorkerJob::Observe(uint64_t it, const IterationRecord& row) {

@@ -99,6 +99,12 @@ class WorkerJob {
   SendOrder order_;
   std::vector<uint32_t> order_buf_;
   std::vector<double> chunk_norms_;  // OrderByMagnitude's scratch
+  // The magnitude order only matters where a round can stop short of
+  // every chunk: under "reliable" every chunk arrives whatever the order,
+  // and the ranking (a pass over the gradient and a sort of its chunks:
+  // 2-3 ms a 25 MiB push here, docs/BENCHMARKS.md "The whole exchange")
+  // would only delay the first frame.
+  bool rank_by_magnitude_;
   std::vector<IterationRecord> rows_;
   RowStream* stream_ = nullptr;
 };
@@ -117,7 +123,7 @@ std::string WorkerJob::Iterate(uint64_t it, T& t, Control& control,
   }
   order_.Fill(PushRound(it), layout_.num_chunks(), order_buf_);
   // A resync pushes parameters, reliably: their size means nothing.
-  if (order_.kind() == SendOrderKind::kMagnitude && !model_.IsResync(it)) {
+  if (rank_by_magnitude_ && !model_.IsResync(it)) {
     OrderByMagnitude(model_.grad(), layout_, order_buf_, chunk_norms_);
   }
   if (std::string e = t.Exchange(it, order_buf_); !e.empty()) return e;

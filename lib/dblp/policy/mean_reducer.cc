@@ -190,7 +190,8 @@ MeanReducer::Tally MeanReducer::tally(uint32_t w) const {
   return sum;
 }
 
-void MeanReducer::Finalize(FillMode mode, std::span<float> mean_out) {
+void MeanReducer::Finalize(FillMode mode, std::span<float> mean_out,
+                           IncrementalBlockSquares* squares) {
   const size_t floats = layout_.total_bytes() / sizeof(float);
   if (mean_out.size() != floats) {
     throw std::invalid_argument(
@@ -223,6 +224,7 @@ void MeanReducer::Finalize(FillMode mode, std::span<float> mean_out) {
       } else {
         std::fill_n(out + first, n, 0.0f);
       }
+      if (squares != nullptr) squares->Advance(first + n);
       continue;
     }
     const float w = static_cast<float>(members);
@@ -256,7 +258,9 @@ void MeanReducer::Finalize(FillMode mode, std::span<float> mean_out) {
         }
         break;
     }
+    if (squares != nullptr) squares->Advance(first + n);
   }
+  if (squares != nullptr) squares->Finish();
   if (keep_previous_) {
     std::copy(mean_out.begin(), mean_out.end(), prev_mean_.begin());
   }

@@ -124,7 +124,10 @@ class MeanReducer {
   // The output is remembered as prev_mean for the next Finalize whatever the
   // mode, so a job can switch modes between rounds (unless keep_previous is
   // off: then kPrevious throws std::logic_error).
-  void Finalize(FillMode mode, std::span<float> mean_out);
+  // With `squares` (over mean_out), it is advanced chunk by chunk and
+  // finished: the norm's blocks squared while the mean is in the cache.
+  void Finalize(FillMode mode, std::span<float> mean_out,
+                IncrementalBlockSquares* squares = nullptr);
   // Between rounds. Off: Finalize stops remembering its output (a copy of
   // the whole mean per round) and frees it, for a job that never fills
   // with kPrevious; on again: prev_mean restarts at zeros.

@@ -251,29 +251,47 @@ size_t NormBlocks(size_t floats, size_t block_floats) {
   return block_floats == 0 ? 0 : (floats + block_floats - 1) / block_floats;
 }
 
+namespace {
+
+// One block's sum of squares. Independent lanes: one chain in index order
+// waited on the add's latency for every float (a sixth of the server's
+// time per iteration at 25 MiB, docs/BENCHMARKS.md). Vector clones without
+// FMA (AVX2 has none; the default build neither): each lane is a multiply
+// then an add in index order, so every clone and every CPU gives the same
+// bits.
+__attribute__((target_clones("avx2", "default"))) double SquaresOfBlock(
+    const float* __restrict v, size_t n) {
+  double lanes[kSquareLanes] = {};
+  size_t i = 0;
+  for (; i + kSquareLanes <= n; i += kSquareLanes) {
+    for (size_t j = 0; j < kSquareLanes; ++j) {
+      lanes[j] += static_cast<double>(v[i + j]) * v[i + j];
+    }
+  }
+  for (size_t j = 0; i < n; ++i, ++j) {
+    lanes[j] += static_cast<double>(v[i]) * v[i];
+  }
+  for (size_t width = kSquareLanes / 2; width > 0; width /= 2) {
+    for (size_t j = 0; j < width; ++j) lanes[j] += lanes[j + width];
+  }
+  return lanes[0];
+}
+
+}  // namespace
+
 void BlockSquares(std::span<const float> v, size_t block_floats,
                   std::span<double> out) {
-  for (size_t b = 0; b < out.size(); ++b) {
-    const size_t lo = std::min(v.size(), b * block_floats);
-    const size_t hi = std::min(v.size(), lo + block_floats);
-    // Independent lanes: one chain in index order waited on the add's
-    // latency for every float (a sixth of the server's time per iteration
-    // at 25 MiB, docs/BENCHMARKS.md). Built without FMA (no clones), so
-    // every CPU rounds alike.
-    double lanes[kSquareLanes] = {};
-    size_t i = lo;
-    for (; i + kSquareLanes <= hi; i += kSquareLanes) {
-      for (size_t j = 0; j < kSquareLanes; ++j) {
-        lanes[j] += static_cast<double>(v[i + j]) * v[i + j];
-      }
-    }
-    for (size_t j = 0; i < hi; ++i, ++j) {
-      lanes[j] += static_cast<double>(v[i]) * v[i];
-    }
-    for (size_t width = kSquareLanes / 2; width > 0; width /= 2) {
-      for (size_t j = 0; j < width; ++j) lanes[j] += lanes[j + width];
-    }
-    out[b] = lanes[0];
+  IncrementalBlockSquares squares(v, block_floats, out);
+  squares.Finish();
+}
+
+void IncrementalBlockSquares::Advance(size_t ready_floats) {
+  ready_floats = std::min(ready_floats, v_.size());
+  for (; next_ < out_.size(); ++next_) {
+    const size_t lo = std::min(v_.size(), next_ * block_floats_);
+    const size_t hi = std::min(v_.size(), lo + block_floats_);
+    if (hi > ready_floats) return;  // the block is not final yet
+    out_[next_] = SquaresOfBlock(v_.data() + lo, hi - lo);
   }
 }
 

@@ -97,4 +97,24 @@ void BlockSquares(std::span<const float> v, size_t block_floats,
 // sqrt of the blocks' sum, added in order.
 double NormOfBlockSquares(std::span<const double> squares);
 
+// BlockSquares of a buffer that is written front to back (the server's
+// mean, chunk by chunk): Advance(n) once its first n floats are final
+// squares every block they complete, while those floats are still in the
+// cache, so the norm costs no second pass over memory. Finish() squares
+// the rest. The same bits as BlockSquares.
+class IncrementalBlockSquares {
+ public:
+  IncrementalBlockSquares(std::span<const float> v, size_t block_floats,
+                          std::span<double> out)
+      : v_(v), block_floats_(block_floats), out_(out) {}
+  void Advance(size_t ready_floats);
+  void Finish() { Advance(v_.size()); }
+
+ private:
+  std::span<const float> v_;
+  size_t block_floats_;
+  std::span<double> out_;
+  size_t next_ = 0;  // the first block not yet squared
+};
+
 }  // namespace dblp
