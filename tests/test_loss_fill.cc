@@ -261,6 +261,51 @@ TEST(MeanReducer, MatchesReferenceForEachMode) {
   }
 }
 
+// 2 and 4 workers divide by a multiply (exact for a power of two): the
+// bits of a true division, on the floats where a shortcut would show
+// (subnormals, the smallest normals, the largest finite, signed zeros).
+TEST(MeanReducer, PowerOfTwoWorkersGiveTheDivisionsBits) {
+  const ChunkLayout layout(4 * 1000, 4 * 100);
+  const float edge[] = {1e-45f,   -1e-45f, 3e-45f,  FLT_MIN,     -FLT_MIN,
+                        FLT_MIN * 1.5f,    1e-39f,  FLT_MAX,     -FLT_MAX,
+                        0.0f,     -0.0f,   1.0f / 3, 7.0e-38f,   -2.5e-38f};
+  for (const uint32_t workers : {1u, 2u, 4u, 3u}) {
+    MeanReducer red(layout, workers);
+    std::vector<std::vector<float>> grads(workers,
+                                          std::vector<float>(FloatsOf(layout)));
+    Rng rng(workers);
+    for (uint32_t w = 0; w < workers; ++w) {
+      for (size_t i = 0; i < grads[w].size(); ++i) {
+        const uint32_t r = rng.NextBelow(1000);
+        grads[w][i] = r < 400 ? edge[(i + w) % std::size(edge)] * (w ? 1 : -1)
+                              : (static_cast<float>(r) - 500) * 1e-3f;
+      }
+      // FLT_MAX twice overflows the sum: keep one worker's large values
+      // finite in the sum by halving the others'.
+      if (w != 0) {
+        for (float& x : grads[w]) {
+          if (std::abs(x) > 1e38f) x = 0.5f;
+        }
+      }
+      for (uint32_t s = 0; s < layout.num_chunks(); ++s) {
+        ASSERT_TRUE(red.Accumulate(
+            w, s, reinterpret_cast<const uint8_t*>(grads[w].data()) +
+                      layout.Offset(s)));
+      }
+    }
+    std::vector<float> mean(FloatsOf(layout));
+    red.Finalize(FillMode::kZero, mean);
+    for (size_t i = 0; i < mean.size(); ++i) {
+      float sum = 0.0f;
+      for (uint32_t w = 0; w < workers; ++w) sum += grads[w][i];
+      const float want = sum / static_cast<float>(workers);
+      ASSERT_EQ(std::bit_cast<uint32_t>(mean[i]), std::bit_cast<uint32_t>(want))
+          << workers << " workers, float " << i << ": " << mean[i] << " vs "
+          << want;
+    }
+  }
+}
+
 TEST(MeanReducer, ModesDifferWhereChunksAreMissing) {
   // Guards against a reducer that ignores the mode: with k < W the three
   // means must differ (kPrevious against a non-zero previous mean).

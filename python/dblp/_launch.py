@@ -189,7 +189,9 @@ class LocalServer:
         self.log_paths = []
         try:
             for k in range(shards):
-                self._start_shard(k, flags, lcore, memory_mb)
+                # `lcore` pins the first shard; the others claim their own.
+                self._start_shard(k, flags, lcore if k == 0 else None,
+                                  memory_mb)
                 # Shard 0 is the directory the others register with.
                 self._await_listening(self.procs[k], self.ports[k],
                                       self.log_paths[k], ready_timeout)

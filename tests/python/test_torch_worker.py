@@ -80,14 +80,16 @@ def exact_trainer(rank, kw, q, n, iterations, zero_copy):
         q.put((rank, repr(e)))
 
 
-@pytest.mark.parametrize("transport,zero_copy",
-                         [("dpdk", False), ("dpdk", True), ("dpdk", "buckets"),
-                          ("udp", False)])
-def test_exact_mean_three_trainers(transport, zero_copy):
+@pytest.mark.parametrize("transport,zero_copy,shards",
+                         [("dpdk", False, 1), ("dpdk", True, 1),
+                          ("dpdk", "buckets", 1), ("udp", False, 1),
+                          ("dpdk", False, 2)])
+def test_exact_mean_three_trainers(transport, zero_copy, shards):
     if transport == "udp":
         skip_without("dblp-udp-worker")
     n, iterations = 50_000, 6
-    with dblp.LocalServer(W, transport, ["--policy=reliable"]) as srv:
+    with dblp.LocalServer(W, transport, ["--policy=reliable"],
+                          shards=shards) as srv:
         res = run_trainers(srv, exact_trainer, n, iterations, zero_copy)
         assert srv.wait(60) == 0, srv.log_tail()
     for rank, rows in res.items():

@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "dblp/base/vector_clones.h"
 #include "dblp/wire/float_ops.h"
 
 namespace dblp {
@@ -29,11 +30,26 @@ constexpr size_t kBlock = 8;
 // slices differ only in that zero's sign.
 inline float SumOfCopies(float slice) { return 0.0f + slice; }
 
+// out[i] = sum[i] * r, r an exact power of two.
+DBLP_VECTOR_CLONES void ScaleExact(float* out, const float* sum, size_t n,
+                                   float r) {
+  size_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) {
+    float tmp[kBlock];
+    for (size_t j = 0; j < kBlock; ++j) tmp[j] = SumOfCopies(sum[i + j]) * r;
+    std::memcpy(out + i, tmp, sizeof(tmp));
+  }
+  for (; i < n; ++i) out[i] = SumOfCopies(sum[i]) * r;
+}
+
 // out[i] = sum[i] / d. Division (not a multiply by 1/d) so the result is the
 // correctly rounded mean, identical to what a reference computes. In blocks
 // of kBlock; each block is computed into a local before it is stored so
-// that `out` and `sum` need no overlap check.
-void Divide(float* out, const float* sum, size_t n, float d) {
+// that `out` and `sum` need no overlap check. Vector clones are safe here:
+// a quotient is correctly rounded at any width, and there is no product to
+// fuse.
+DBLP_VECTOR_CLONES void DivideBy(float* out, const float* sum, size_t n,
+                                 float d) {
   size_t i = 0;
   for (; i + kBlock <= n; i += kBlock) {
     float tmp[kBlock];
@@ -41,6 +57,20 @@ void Divide(float* out, const float* sum, size_t n, float d) {
     std::memcpy(out + i, tmp, sizeof(tmp));
   }
   for (; i < n; ++i) out[i] = SumOfCopies(sum[i]) / d;
+}
+
+// For d a power of two (1, 2, 4 ... workers), x * (1 / d) is exact and so
+// the same bits as x / d: both are x / d correctly rounded. A multiply costs
+// a fraction of a divide, which dominated the server's reduce (25 MiB:
+// 1.35 ms of divides at two workers, docs/BENCHMARKS.md "The whole
+// exchange").
+void Divide(float* out, const float* sum, size_t n, float d) {
+  int exp = 0;
+  if (std::frexp(d, &exp) == 0.5f) {
+    ScaleExact(out, sum, n, std::ldexp(1.0f, 1 - exp));
+  } else {
+    DivideBy(out, sum, n, d);
+  }
 }
 
 // out[i] = (sum[i] + m * prev[i]) / d; a null `sum` is all zeros.

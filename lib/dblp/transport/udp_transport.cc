@@ -34,6 +34,26 @@ constexpr size_t kMaxSegmentedBytes = 65507;
 constexpr uint16_t kCoalescedMessages = 8;
 constexpr size_t kCoalescedBytes = 65536;
 
+// A received message's cmsgs: the socket's drop counter (true if it came,
+// *drops raised to it) and, with `seg`, UDP_GRO's datagram size.
+bool ReadControl(msghdr& h, uint64_t* drops, uint32_t* seg) {
+  bool saw_drops = false;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&h); c != nullptr; c = CMSG_NXTHDR(&h, c)) {
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SO_RXQ_OVFL) {
+      uint32_t v;
+      std::memcpy(&v, CMSG_DATA(c), sizeof v);
+      *drops = std::max<uint64_t>(*drops, v);
+      saw_drops = true;
+    } else if (seg != nullptr && c->cmsg_level == SOL_UDP &&
+               c->cmsg_type == UDP_GRO) {
+      int size;
+      std::memcpy(&size, CMSG_DATA(c), sizeof size);
+      if (size > 0) *seg = static_cast<uint32_t>(size);
+    }
+  }
+  return saw_drops;
+}
+
 bool SameAddr(const sockaddr_in& a, const sockaddr_in& b) {
   return a.sin_addr.s_addr == b.sin_addr.s_addr && a.sin_port == b.sin_port;
 }
@@ -245,6 +265,20 @@ uint16_t UdpSocketPort::TxBurst(Packet* pkts, uint16_t n) {
   return taken;
 }
 
+// Message i of the next recvmmsg(): `len` bytes at `buf`, the source's
+// address and the cmsgs in their per-message slots.
+void UdpSocketPort::ArmRx(uint16_t i, uint8_t* buf, size_t len) {
+  rx_iov_[i] = {buf, len};
+  msghdr& h = rx_msgs_[i].msg_hdr;
+  h.msg_name = &rx_names_[i];
+  h.msg_namelen = sizeof(sockaddr_in);
+  h.msg_iov = &rx_iov_[i];
+  h.msg_iovlen = 1;
+  h.msg_control = &rx_control_[i * kControlSpace];
+  h.msg_controllen = kControlSpace;
+  h.msg_flags = 0;
+}
+
 uint16_t UdpSocketPort::RxBurst(Packet* out, uint16_t max) {
   if (fd_ < 0 || max == 0) return 0;
   max = std::min(max, kMaxBurst);
@@ -253,15 +287,7 @@ uint16_t UdpSocketPort::RxBurst(Packet* out, uint16_t max) {
     // No allocation once capacity is there; no zero-fill either while the
     // previous datagram in this slot was full-sized.
     out[i].bytes.resize(max_datagram_);
-    rx_iov_[i] = {out[i].bytes.data(), max_datagram_};
-    msghdr& h = rx_msgs_[i].msg_hdr;
-    h.msg_name = &rx_names_[i];
-    h.msg_namelen = sizeof(sockaddr_in);
-    h.msg_iov = &rx_iov_[i];
-    h.msg_iovlen = 1;
-    h.msg_control = &rx_control_[i * kControlSpace];
-    h.msg_controllen = kControlSpace;
-    h.msg_flags = 0;
+    ArmRx(i, out[i].bytes.data(), max_datagram_);
   }
   const int got = recvmmsg(fd_, rx_msgs_.data(), max, MSG_DONTWAIT, nullptr);
   if (got <= 0) return 0;
@@ -270,14 +296,7 @@ uint16_t UdpSocketPort::RxBurst(Packet* out, uint16_t max) {
   bool saw_drops = false;
   for (int j = 0; j < got; ++j) {
     msghdr& h = rx_msgs_[j].msg_hdr;
-    for (cmsghdr* c = CMSG_FIRSTHDR(&h); c != nullptr; c = CMSG_NXTHDR(&h, c)) {
-      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SO_RXQ_OVFL) {
-        uint32_t v;
-        std::memcpy(&v, CMSG_DATA(c), sizeof v);
-        drops = std::max<uint64_t>(drops, v);
-        saw_drops = true;
-      }
-    }
+    saw_drops |= ReadControl(h, &drops, nullptr);
     if (h.msg_flags & MSG_TRUNC) {
       Add(rx_truncated_, 1);
       continue;
@@ -302,15 +321,7 @@ uint16_t UdpSocketPort::RxBurstCoalesced(Packet* out, uint16_t max) {
   uint16_t kept = DrainCoalesced(out, max);
   while (kept < max) {
     for (uint16_t m = 0; m < kCoalescedMessages; ++m) {
-      rx_iov_[m] = {gro_msgs_[m].bytes.data(), kCoalescedBytes};
-      msghdr& h = rx_msgs_[m].msg_hdr;
-      h.msg_name = &rx_names_[m];
-      h.msg_namelen = sizeof(sockaddr_in);
-      h.msg_iov = &rx_iov_[m];
-      h.msg_iovlen = 1;
-      h.msg_control = &rx_control_[m * kControlSpace];
-      h.msg_controllen = kControlSpace;
-      h.msg_flags = 0;
+      ArmRx(m, gro_msgs_[m].bytes.data(), kCoalescedBytes);
     }
     const int got = recvmmsg(fd_, rx_msgs_.data(), kCoalescedMessages,
                              MSG_DONTWAIT, nullptr);
@@ -322,19 +333,7 @@ uint16_t UdpSocketPort::RxBurstCoalesced(Packet* out, uint16_t max) {
       Coalesced& c = gro_msgs_[j];
       c.len = rx_msgs_[j].msg_len;
       c.seg = c.len;
-      for (cmsghdr* cm = CMSG_FIRSTHDR(&h); cm != nullptr;
-           cm = CMSG_NXTHDR(&h, cm)) {
-        if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SO_RXQ_OVFL) {
-          uint32_t v;
-          std::memcpy(&v, CMSG_DATA(cm), sizeof v);
-          drops = std::max<uint64_t>(drops, v);
-          saw_drops = true;
-        } else if (cm->cmsg_level == SOL_UDP && cm->cmsg_type == UDP_GRO) {
-          int size;
-          std::memcpy(&size, CMSG_DATA(cm), sizeof size);
-          if (size > 0) c.seg = static_cast<uint32_t>(size);
-        }
-      }
+      saw_drops |= ReadControl(h, &drops, &c.seg);
       if (h.msg_flags & MSG_TRUNC) {  // past 64 KB: nothing of it is whole
         Add(rx_truncated_, 1);
         ++datagrams;

@@ -111,7 +111,7 @@ class UdpSocketPort {
     c.store(c.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
   }
   uint32_t Lookup(const sockaddr_in& sa);
-  uint16_t TxBurstSegmented(Packet* pkts, uint16_t n);
+  void ArmRx(uint16_t i, uint8_t* buf, size_t len);
   uint16_t RxBurstCoalesced(Packet* out, uint16_t max);
   // Hands out datagrams of the coalesced messages received so far.
   uint16_t DrainCoalesced(Packet* out, uint16_t max);
