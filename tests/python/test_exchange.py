@@ -82,7 +82,8 @@ def test_exchange_bench_runs_every_configuration(tmp_path):
         if row["config"] != "gloo":
             assert row["exact"] and row["max_abs_error"] == 0, row
             assert row["push_ms"] > 0 and row["bcast_ms"] > 0, row
-            assert row["server_cpu_s"] > 0 and row["worker_cpu_s"] > 0, row
+            # /proc counts in clock ticks (10 ms): a 1 MiB run may show 0.
+            assert row["server_cpu_s"] >= 0 and row["worker_cpu_s"] >= 0, row
     assert "exact means: every run" in r.stdout
     assert "at W=2 / gloo all_reduce" in r.stdout
     assert "broadcast at W=2 / at W=1" in r.stdout
