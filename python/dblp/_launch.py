@@ -38,7 +38,7 @@ def _secret_flags(secret_file, insecure):
     return ["--insecure"] if insecure else [f"--secret_file={secret_file}"]
 
 
-MEMIF_LOG2_RING = 14
+MEMIF_LOG2_RING = 12
 
 
 def memif_eal(socket_path, prefix, lcore=None, client=True, vdevs=None,
@@ -61,13 +61,14 @@ def memif_eal(socket_path, prefix, lcore=None, client=True, vdevs=None,
             eal.append(f"--vdev=net_memif{k},role=client,socket={path},id=0")
     for v in vdevs or []:
         eal.append(v)
-    # Rings of 2^14 frames (net_memif's largest; 1024 by default): a 25 MiB
-    # round is 18,256 frames, and where the poll-mode processes outnumber
-    # the cores a receiver that is not running leaves the sender waiting
-    # on a full ring. W = 2 on two cores, exchange of 25 MiB: 33.7 ms
-    # against 39.7-48.5 ms with the default (docs/BENCHMARKS.md "The whole
-    # exchange"). The memory is the client's: 64 MiB of shared memory per
-    # port (2 rings of 2^14 2-KiB buffers).
+    # Rings of 2^12 frames (1024 by default): where the poll-mode processes
+    # outnumber the cores, a receiver that is not running leaves its sender
+    # waiting on a full ring. W = 2 on two cores, exchange of 25 MiB:
+    # 36.2-36.3 ms, 2^14 35.7-36.7 ms, the default 39.7-48.5 ms
+    # (docs/BENCHMARKS.md "The whole exchange"). The memory is the
+    # client's: 16 MiB of shared memory per port (2 rings of 2^12 2-KiB
+    # buffers), whose pages fault in at first use: the first 5 exchanges of
+    # a 1 MiB gradient take 11 ms instead of 0.8 here (22 with 2^14).
     eal = [e + f",rsize={MEMIF_LOG2_RING}"
            if e.startswith("--vdev=net_memif") else e for e in eal]
     return eal
