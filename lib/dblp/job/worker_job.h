@@ -102,7 +102,8 @@ class WorkerJob {
   // The magnitude order only matters where a round can stop short of
   // every chunk: under "reliable" every chunk arrives whatever the order,
   // and the ranking (a pass over the gradient and a sort of its chunks:
-  // 2-3 ms a 25 MiB push here, docs/BENCHMARKS.md "The whole exchange")
+  // about 2.5 ms a 25 MiB push here, docs/BENCHMARKS.md "The whole
+  // exchange")
   // would only delay the first frame.
   bool rank_by_magnitude_;
   std::vector<IterationRecord> rows_;

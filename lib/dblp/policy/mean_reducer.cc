@@ -62,8 +62,8 @@ DBLP_VECTOR_CLONES void DivideBy(float* out, const float* sum, size_t n,
 // For d a power of two (1, 2, 4 ... workers), x * (1 / d) is exact and so
 // the same bits as x / d: both are x / d correctly rounded. A multiply costs
 // a fraction of a divide, which dominated the server's reduce (25 MiB:
-// 1.35 ms of divides at two workers, docs/BENCHMARKS.md "The whole
-// exchange").
+// about 1.35 ms of divides at two workers, from perf samples;
+// docs/BENCHMARKS.md "The whole exchange").
 void Divide(float* out, const float* sum, size_t n, float d) {
   int exp = 0;
   if (std::frexp(d, &exp) == 0.5f) {
