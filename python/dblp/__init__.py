@@ -134,7 +134,9 @@ class Worker:
     transport:    "dpdk" (dblp-worker, poll-mode) or "udp" (dblp-udp-worker,
                   kernel sockets: where DPDK cannot run).
     memif_socket: dpdk: join a local memif cluster through this socket (the
-                  EAL options are built for you); or give `eal` yourself.
+                  EAL options are built for you), or these sockets, one per
+                  server shard (LocalServer(shards=).worker_kwargs gives
+                  them); or give `eal` yourself.
     eal:          dpdk: EAL arguments (e.g. ["-l", "1", "-a", "0000:3b:00.0"]).
     secret_file / insecure: the job secret (docs/SECURITY.md).
     worker_flags: extra dblp-worker flags (e.g. ["--bcast_fill=prev"]).

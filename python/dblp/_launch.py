@@ -44,9 +44,11 @@ MEMIF_LOG2_RING = 12
 def memif_eal(socket_path, prefix, lcore=None, client=True, vdevs=None,
               claims=None):
     """EAL options of one process on the local memif cluster (no NIC, no
-    hugepages, its own --file-prefix). Without `lcore`, the least-claimed
-    CPU (_lcores.py); its claim goes into `claims`, for the caller to
-    release when the process ends."""
+    hugepages, its own --file-prefix). Without `lcore`, the CPU _lcores.py
+    picks (fewest servers, then fewest claims; `client=False` claims as a
+    server); its claim goes into `claims`, for the caller to release when
+    the process ends. `socket_path`: one path, or a list (a port per server
+    shard, in shard order)."""
     if lcore is None:
         claim = claim_lcore(server=not client)
         if claims is not None:
