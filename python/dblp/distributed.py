@@ -24,6 +24,9 @@ Configuration, from the environment (torchrun's, plus):
                       starts one on this host (one host only for dpdk)
   DBLP_SERVER_FLAGS   extra flags of the server rank 0 starts, e.g.
                       "--policy=reliable" (exact; the default is dblp)
+  DBLP_SHARDS         server shards rank 0 starts (dpdk, one host): each
+                      dblp-server adds and broadcasts 1/S of the chunks;
+                      default 1 (docs/BENCHMARKS.md, "The whole exchange")
   DBLP_WORKER_FLAGS   extra dblp-worker flags
   DBLP_EAL            dblp-worker's EAL options ("{local_rank}" is
                       replaced), for a NIC
@@ -175,7 +178,9 @@ class ProcessGroupDBLP(dist.ProcessGroup):
                 kw["eal"] = shlex.split(env["DBLP_EAL"].replace(
                     "{local_rank}", local))
             elif sockets:
-                kw["memif_socket"] = sockets.split(",")[rank]
+                # One socket, or one per server shard joined by ";".
+                mine = sockets.split(",")[rank]
+                kw["memif_socket"] = mine.split(";") if ";" in mine else mine
             else:
                 raise DblpError(
                     "DBLP_SERVER names a dblp-server: give this rank's port "
@@ -211,7 +216,8 @@ class ProcessGroupDBLP(dist.ProcessGroup):
             self._server = LocalServer(
                 size, transport, flags, out_dir=out, secret_file=secret,
                 host=host, memory_mb=_server_memory_mb(floats),
-                timeout=self._timeout.total_seconds())
+                timeout=self._timeout.total_seconds(),
+                shards=_shards_from_env())
         except Exception as e:
             self._store.set("server", f"error:{e}")
             raise
@@ -221,7 +227,9 @@ class ProcessGroupDBLP(dist.ProcessGroup):
         if not secret:
             with open(self._server.secret_file, "rb") as f:
                 self._store.set("secret", f.read())
-        sockets = ",".join(self._server.socket(r) for r in range(size)) \
+        sockets = ",".join(
+            ";".join(p) if isinstance(p, list) else p
+            for p in (self._server.socket(r) for r in range(size))) \
             if transport == "dpdk" else ""
         self._store.set("server", f"{self._server.address} {sockets}")
 
@@ -281,6 +289,18 @@ def _delegate(name):
 
 for _name in _DELEGATED:
     setattr(ProcessGroupDBLP, _name, _delegate(_name))
+
+
+def _shards_from_env():
+    text = os.environ.get("DBLP_SHARDS", "1")
+    try:
+        shards = int(text)
+    except ValueError:
+        shards = 0
+    if shards < 1:
+        raise DblpError(f"DBLP_SHARDS={text}: give the number of server "
+                        "shards, 1 or more (more with DBLP_TRANSPORT=dpdk)")
+    return shards
 
 
 def _resolve(host):

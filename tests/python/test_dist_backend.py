@@ -31,6 +31,9 @@ def backend_rank(rank, kind, port, env):
         out["exchanges"] = len(w.history)
         out["delivered_min"] = min(i["delivered_fraction"] for i in w.history)
         out["dblp_rank"] = w.rank
+        # The server shards rank 0 started (DBLP_SHARDS).
+        if pg._server is not None:
+            out["server_procs"] = len(pg._server.procs)
         # Other collectives: exact, through gloo.
         t = torch.tensor([rank + 1.0, 10.0 * rank])
         dist.all_reduce(t)
@@ -67,21 +70,24 @@ def skip_without(app):
         pytest.skip(app + " not built")
 
 
-@pytest.mark.parametrize("transport,kind", [("dpdk", "several"),
-                                            ("dpdk", "many"),
-                                            ("udp", "many")])
-def test_backend_reliable_equals_gloo(transport, kind):
+@pytest.mark.parametrize("transport,kind,shards", [("dpdk", "several", 1),
+                                                   ("dpdk", "many", 1),
+                                                   ("udp", "many", 1),
+                                                   ("dpdk", "many", 2)])
+def test_backend_reliable_equals_gloo(transport, kind, shards):
     if transport == "udp":
         skip_without("dblp-udp-worker")
     ref = reference(kind)
     env = {"DBLP_TRANSPORT": transport,
+           "DBLP_SHARDS": str(shards),
            "DBLP_SERVER_FLAGS": "--policy=reliable" +
            (" --resync_every=0" if transport == "dpdk" else "")}
     got = ddp_cases.run_ranks(W, backend_rank,
                               (kind, ddp_cases.free_port_pair(), env))
     for r in range(W):
         assert "error" not in got[r], got[r].get("trace")
-    assert_same_bits(got, ref, f"backend {transport}/{kind}")
+    assert_same_bits(got, ref, f"backend {transport}/{kind}/{shards}")
+    assert got[0]["server_procs"] == shards
     for r in range(W):
         g = got[r]
         assert g["dblp_rank"] == r

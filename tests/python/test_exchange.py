@@ -87,3 +87,15 @@ def test_exchange_bench_runs_every_configuration(tmp_path):
     assert "exact means: every run" in r.stdout
     assert "at W=2 / gloo all_reduce" in r.stdout
     assert "broadcast at W=2 / at W=1" in r.stdout
+
+
+def test_dblp_shards_env_is_checked(monkeypatch):
+    import dblp.distributed as dd
+    for bad in ("0", "-1", "two", ""):
+        monkeypatch.setenv("DBLP_SHARDS", bad)
+        with pytest.raises(dblp.DblpError, match="DBLP_SHARDS"):
+            dd._shards_from_env()
+    monkeypatch.setenv("DBLP_SHARDS", "3")
+    assert dd._shards_from_env() == 3
+    monkeypatch.delenv("DBLP_SHARDS")
+    assert dd._shards_from_env() == 1
