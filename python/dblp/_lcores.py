@@ -5,9 +5,9 @@ claimed on it, then the fewest DBLP processes of any kind, so two jobs on
 one host spread out rather than all taking CPUs 0 and 1, and a server
 keeps a core of its own while there are cores to spare: it adds and sends
 for every worker, so on a small host a worker polling beside it slows the
-whole exchange (W = 2 on two cores: a broadcast of 84 ms with a worker on
-the server's core, 25 ms with both workers on the other; docs/BENCHMARKS.md
-"The whole exchange"). A claim is a file under /dev/shm/dblp-lcores named
+whole exchange (W = 2 on two cores, 5 interleaved runs: a broadcast of
+67-94 ms with a worker on the server's core, 19-25 ms with both workers on
+the other; docs/BENCHMARKS.md "The whole exchange"). A claim is a file under /dev/shm/dblp-lcores named
 CPU-PID-SERIAL[-server]; the owner removes it when its process ends, and a
 reader removes those of dead pids. Claims are advice: when the directory
 cannot be used, the first allowed CPU is taken and nothing fails.
