@@ -48,7 +48,8 @@ def parse_args(argv=None):
     ap.add_argument("--model", choices=MODELS, default="mlp",
                     help="mlp (235k parameters), cnn (29k), cnn137k (a CNN "
                     "with a wider head, 140k), mlp12m (11.6M), mlp25m "
-                    "(24.2M); the last two take several DDP buckets")
+                    "(24.2M), resnet18 (torchvision's, 11.2M); the last three "
+                    "take several DDP buckets")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--seed", type=int, default=1)
@@ -102,11 +103,18 @@ def load_split(torch, data_dir, prefix, limit=None):
     return x.unsqueeze(1), y
 
 
-MODELS = ["mlp", "cnn", "cnn137k", "mlp12m", "mlp25m"]
+MODELS = ["mlp", "cnn", "cnn137k", "mlp12m", "mlp25m", "resnet18"]
 
 
 def make_model(torch, kind):
     nn = torch.nn
+    if kind == "resnet18":
+        # torchvision's ResNet-18 (11.2M parameters, no weights), its stem
+        # taking Fashion-MNIST's one channel.
+        import torchvision
+        m = torchvision.models.resnet18(num_classes=10)
+        m.conv1 = nn.Conv2d(1, 64, 7, 2, 3, bias=False)
+        return m
     if kind == "cnn137k":
         return nn.Sequential(
             nn.Conv2d(1, 16, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),

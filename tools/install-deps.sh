@@ -7,6 +7,8 @@ PKGS=(meson ninja-build pkg-config g++ libgtest-dev libgflags-dev
       libgoogle-glog-dev libnuma-dev dpdk dpdk-dev libdpdk-dev python3 iproute2
       zlib1g-dev libssl-dev libipsec-mb-dev libtorch-dev dataset-fashion-mnist python3-matplotlib
       pybind11-dev python3-dev python3-torch python3-numpy python3-pytest)
+# The shaped, lossy testbed and its evaluation (tools/dblp-testbed, -eval).
+PKGS+=(nftables iperf3 ethtool python3-torchvision)
 # The fuzzers (tools/run-fuzz.sh): clang and its libFuzzer/sanitizer runtimes.
 PKGS+=(clang libclang-rt-14-dev)
 PKGS+=("$@")
