@@ -10,8 +10,10 @@ output queue) drops frames independently of every transport:
 
   bernoulli   each frame leaving any port with probability p
   gray        one port's frames, both directions, with probability p
-  burst       a port's frames with probability p for a while (microbursts,
-              switched on and off at run time)
+  burst       every port's frames with probability p for a while
+              (microbursts at the switch, switched on and off at run time:
+              on the server's port alone gloo's ring, which never crosses
+              it in the paper topology, would meet none)
 
 Segmentation offloads are off on every veth, so kernel TCP (gloo) sends
 MTU-sized frames like DPDK's net_af_packet does; the switch counts every
@@ -34,6 +36,7 @@ import os
 import random
 import shutil
 import subprocess
+import sys
 import threading
 import time
 
@@ -43,6 +46,33 @@ SCALE = 1000000
 TOPOLOGIES = ("paper", "symmetric")
 TOOLS = {"ip": "iproute2", "tc": "iproute2", "nft": "nftables",
          "ethtool": "ethtool"}
+
+
+# The background sender: on/off UDP to the discard port of each destination,
+# paced in 1 ms slices at the on-rate.
+BACKGROUND_SENDER = r"""
+import random, socket, sys, time
+dsts, mbit, seed = sys.argv[1].split(","), float(sys.argv[2]), sys.argv[3]
+on_lo, on_hi, off_lo, off_hi, size = map(float, sys.argv[4:9])
+rng = random.Random(seed)
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+data = b"x" * int(size)
+per_ms = max(1, int(mbit * 1e6 / 8 / size / 1000))
+while True:
+    end = time.monotonic() + rng.uniform(on_lo, on_hi) / 1000
+    while time.monotonic() < end:
+        t = time.monotonic()
+        for _ in range(per_ms):
+            for d in dsts:
+                try:
+                    s.sendto(data, (d, 9))
+                except OSError:
+                    pass
+        rest = 0.001 - (time.monotonic() - t)
+        if rest > 0:
+            time.sleep(rest)
+    time.sleep(rng.uniform(off_lo, off_hi) / 1000)
+"""
 
 
 class TestbedError(Exception):
@@ -112,6 +142,9 @@ class Testbed:
 
     def port_rate_mbit(self, host):
         if self.topology == "paper" and host == self.server_host():
+            return self.rate_mbit * self.server_ratio
+        if host == self.background_host():
+            # Other tenants' aggregate: it can overload a worker's port.
             return self.rate_mbit * self.server_ratio
         return self.rate_mbit
 
@@ -260,44 +293,42 @@ class Testbed:
             _run(["ip", "netns", "exec", self.switch, "nft", "-f", "-"],
                  input_text="\n".join(cmds) + "\n")
 
-    def burst(self, port, probability, seconds):
-        """Microburst: `port` drops with `probability` for `seconds`, then
-        its loss chain is emptied again (bursts do not overlap)."""
+    def burst(self, ports, probability, seconds):
+        """Microburst: `ports` drop with `probability` for `seconds`, then
+        their loss chains are emptied again (bursts do not overlap)."""
         with self._burst_lock:
-            self.set_loss(port, probability)
+            for port in ports:
+                self.set_loss(port, probability)
             time.sleep(seconds)
-            self._nft([f"flush chain bridge {TABLE} loss_{port}"])
+            self._nft([f"flush chain bridge {TABLE} loss_{port}"
+                       for port in ports])
+
+    def all_ports(self):
+        return [self.port(h) for h in range(self.hosts)]
 
     # ---- background traffic ---------------------------------------------
-    def background(self, mbit, seed, stop, on_ms=(5, 50), off_ms=(5, 200)):
-        """On/off UDP flows (iperf3) from the background host to the
-        server's host through the server's port until `stop` is set: each
-        burst `mbit` for a uniform on-time, then a uniform off-time, from a
-        seeded generator. Returns the threads' list (join after stop)."""
-        rng = random.Random(seed)
-        bg, dst = self.ns(self.background_host()), self.ip(self.server_host())
-        server = subprocess.Popen(
-            ["ip", "netns", "exec", self.ns(self.server_host()), "iperf3",
-             "-s", "-p", "5299"], stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL)
+    def background(self, mbit, seed, stop, on_ms=(10, 40), off_ms=(100, 400)):
+        """On/off UDP background from the background host into every
+        worker's host until `stop` is set, so it shares the workers' ports
+        with every transport's traffic: `mbit` per worker for a uniform
+        on-time, then silence for a uniform off-time, from a seeded
+        generator (one sender process, no start-up per burst). Returns
+        [stopper]: call join() on it after setting stop."""
+        dsts = ",".join(self.ip(self.worker_host(r))
+                        for r in range(self.workers))
+        proc = subprocess.Popen(
+            ["ip", "netns", "exec", self.ns(self.background_host()),
+             sys.executable, "-c", BACKGROUND_SENDER, dsts, str(mbit),
+             str(seed), str(on_ms[0]), str(on_ms[1]), str(off_ms[0]),
+             str(off_ms[1]), str(self.mtu - 28)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
-        def loop():
-            try:
-                time.sleep(0.3)
-                while not stop.is_set():
-                    on = rng.uniform(*on_ms) / 1000
-                    subprocess.run(
-                        ["ip", "netns", "exec", bg, "timeout", "5", "iperf3",
-                         "-c", dst, "-p", "5299", "-u", "-b", f"{mbit}M",
-                         "-l", str(self.mtu - 28), "-t", f"{max(on, 0.1)}",
-                         "--pacing-timer", "100"],
-                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                    stop.wait(rng.uniform(*off_ms) / 1000)
-            finally:
-                server.terminate()
-                server.wait()
+        def stopper():
+            stop.wait()
+            proc.terminate()
+            proc.wait()
 
-        t = threading.Thread(target=loop, daemon=True)
+        t = threading.Thread(target=stopper, daemon=True)
         t.start()
         return [t]
 
