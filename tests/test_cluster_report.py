@@ -74,7 +74,11 @@ def policy_rows(rank, *, clean_base, p_of, burst_lat, burst_passes,
 def write_policy(root, policy, *, clean_base, p_of, burst_lat, burst_passes,
                  burst_pkts, clean_pkts, us_per_packet, rtts,
                  server_counters=None, worker_counters=None,
-                 flag_bursts=True, summaries=True):
+                 flag_bursts=True, summaries=True, server_phase=None,
+                 server_policy=None, worker_critical=None):
+    """server_phase: i -> (p, critical) writes the server's per-iteration
+    rows (one per worker, as dblp-server does); worker_critical: i -> bool
+    for the workers' rows' `critical` (False without it)."""
     pdir = os.path.join(root, policy)
     for r in range(3):
         wdir = os.path.join(pdir, f"worker{r}")
@@ -83,6 +87,9 @@ def write_policy(root, policy, *, clean_base, p_of, burst_lat, burst_passes,
                            burst_lat=burst_lat, burst_passes=burst_passes,
                            burst_pkts=burst_pkts, clean_pkts=clean_pkts,
                            flag_bursts=flag_bursts)
+        if worker_critical:
+            for row in rows:
+                row["critical"] = worker_critical(row["iteration"])
         with open(os.path.join(wdir, "iterations.jsonl"), "w") as f:
             for row in rows:
                 f.write(json.dumps(row) + "\n")
@@ -96,8 +103,17 @@ def write_policy(root, policy, *, clean_base, p_of, burst_lat, burst_passes,
     sdir = os.path.join(pdir, "server")
     os.makedirs(sdir)
     with open(os.path.join(sdir, "summary.json"), "w") as f:
-        json.dump({"role": "server", "rank": -1, "policy": policy,
+        json.dump({"role": "server", "rank": -1,
+                   "policy": server_policy or policy,
                    "counters": server_counters or {}, "info": {}}, f)
+    if server_phase:
+        with open(os.path.join(sdir, "iterations.jsonl"), "w") as f:
+            for i in range(60):
+                p, critical = server_phase(i)
+                for r in range(3):
+                    f.write(json.dumps({"iteration": i, "rank": r, "p": p,
+                                        "critical": critical,
+                                        "resync": False}) + "\n")
     return pdir
 
 
@@ -401,6 +417,261 @@ class ClusterReport(unittest.TestCase):
 
 
 # ---------------------------------------------------------------------------
+# The CLR phase: which burst fell inside a critical window, and the p in
+# force, from the server's rows; the latency plot shades the windows.
+#
+# dblp's server is critical in 0-9 and 40-49 (p_low 0.008), at p_high 0.408
+# elsewhere: burst 20 falls outside, burst 45 inside. The workers' rows say
+# critical nowhere, so only the server's rows can give these answers.
+# ---------------------------------------------------------------------------
+
+def clr_of(i):
+    return i < 10 or 40 <= i < 50
+
+
+def write_phased(root):
+    write_policy(
+        root, "fixed", clean_base=900.0, p_of=lambda i: 0.008,
+        burst_lat={20: 9000.0, 45: 13000.0}, burst_passes=[14, 14, 14],
+        burst_pkts=[2400, 2400, 2400], clean_pkts=723,
+        us_per_packet=[3.6] * 3, rtts=[25.0] * 3,
+        server_policy="fixed(p=0.008)",
+        server_phase=lambda i: (0.008, False))
+    write_policy(
+        root, "dblp", clean_base=500.0,
+        p_of=lambda i: 0.008 if clr_of(i) else 0.408,
+        burst_lat={20: 1300.0, 45: 9000.0}, burst_passes=[3, 3, 3],
+        burst_pkts=[1430, 1440, 1450], clean_pkts=428,
+        us_per_packet=[1.0] * 3, rtts=[25.0] * 3,
+        server_policy="dblp(p_low=0.008,p_high=0.408,freq=10,eta=0.5)",
+        server_phase=lambda i: (0.008, True) if clr_of(i) else (0.408, False))
+
+
+def span_x(patch):
+    """Data x extent of an axvspan: a Polygon before matplotlib 3.9, a
+    Rectangle since."""
+    if hasattr(patch, "get_width"):
+        return (patch.get_x(), patch.get_x() + patch.get_width())
+    xs = [v[0] for v in patch.get_xy()]
+    return (min(xs), max(xs))
+
+
+class ClrPhase(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="dblp-clr-test-")
+
+    def tearDown(self):
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def report(self):
+        return R.build_report(self.dir, ["fixed", "dblp"], floats=262144,
+                              burst_loss=0.7, configured_bursts=BURSTS,
+                              params={"workers": 3, "iterations": 60})
+
+    def test_windows(self):
+        T, F = True, False
+        self.assertEqual(
+            R.clr_windows({0: T, 1: T, 2: F, 4: T, 5: T, 6: F, 8: T}),
+            [[0, 1], [4, 5], [8, 8]])
+        # A missing number (a resync round) does not split a window; a row
+        # that is not critical, or whose workers disagree (None), does.
+        self.assertEqual(R.clr_windows({0: T, 1: T, 3: T, 4: F}), [[0, 3]])
+        self.assertEqual(R.clr_windows({0: T, 1: None, 2: T}),
+                         [[0, 0], [2, 2]])
+        self.assertEqual(R.clr_windows({0: F, 1: F}), [])
+        self.assertEqual(R.format_ranges([[0, 20], [31, 31]]), "0-20, 31")
+
+    def test_burst_inside_and_outside_a_window(self):
+        write_phased(self.dir)
+        rep = self.report()
+        d = rep["results"]["dblp"]
+        self.assertEqual(d["clr"]["source"], "server rows")
+        self.assertTrue(d["clr"]["detector"])
+        self.assertEqual(d["clr"]["windows"], [[0, 9], [40, 49]])
+        self.assertEqual(d["clr"]["critical_iterations"], 20)
+        self.assertEqual(d["clr"]["p_inside"], [0.008])
+        self.assertEqual(d["clr"]["p_outside"], [0.408])
+        b20, b45 = d["burst_rows"]
+        self.assertEqual((b20["iteration"], b20["clr"]), (20, "outside"))
+        self.assertAlmostEqual(b20["p_in_force"], 0.408)  # p_high
+        self.assertEqual((b45["iteration"], b45["clr"]), (45, "inside"))
+        self.assertAlmostEqual(b45["p_in_force"], 0.008)  # p_low
+        self.assertFalse(b45["p_mixed"])
+        # The model follows the phase: 14 passes inside, 3 outside.
+        self.assertEqual(b45["expected"]["passes"], 14)
+        self.assertEqual(b20["expected"]["passes"], 3)
+        # fixed has no detector: its rows' critical=false is no "outside".
+        f = rep["results"]["fixed"]
+        self.assertFalse(f["clr"]["detector"])
+        self.assertEqual(f["clr"]["windows"], [])
+        self.assertEqual([e["clr"] for e in f["burst_rows"]], [None, None])
+        self.assertAlmostEqual(f["burst_rows"][1]["p_in_force"], 0.008)
+
+        text = R.write_report(self.dir, rep)
+        if os.environ.get("DBLP_SHOW_REPORT"):
+            print("\n" + text)
+        lines = text.splitlines()
+        header = next(l for l in lines if l.startswith("burst  "))
+        self.assertRegex(header, r"^burst +policy +p +CLR +passes")
+
+        def row(it, pol):
+            (l,) = [l for l in lines if l.split()[:2] == [str(it), pol]]
+            return l.split()
+        self.assertEqual(row(20, "dblp")[2:4], ["0.408", "outside"])
+        self.assertEqual(row(45, "dblp")[2:4], ["0.008", "inside"])
+        self.assertEqual(row(45, "fixed")[2:4], ["0.008", "-"])
+        self.assertIn("dblp CLR windows: 0-9, 40-49 (20 iterations at "
+                      "p = 0.008); outside them p = 0.408", lines)
+        self.assertIn("fixed CLR windows: - (no CLR detector; p = 0.008 in "
+                      "every iteration)", lines)
+        with open(os.path.join(self.dir, "report.md")) as fh:
+            md = fh.read()
+        self.assertIn("dblp CLR windows: 0-9, 40-49", md)
+        self.assertIn("inside", md)
+        with open(os.path.join(self.dir, "report.json")) as fh:
+            j = json.load(fh)
+        self.assertEqual(j["results"]["dblp"]["clr"]["windows"],
+                         [[0, 9], [40, 49]])
+        self.assertEqual(j["results"]["dblp"]["burst_rows"][1]["clr"],
+                         "inside")
+
+    def test_server_p_is_the_p_in_force(self):
+        # The workers' rows say 0.408 throughout; the server (the push's
+        # receiver) decided 0.008 in its windows: its p is shown and
+        # modelled, and the disagreement is flagged.
+        write_policy(
+            self.dir, "dblp", clean_base=500.0, p_of=lambda i: 0.408,
+            burst_lat={20: 1300.0, 45: 9000.0}, burst_passes=[3, 3, 3],
+            burst_pkts=[1430] * 3, clean_pkts=428,
+            us_per_packet=[1.0] * 3, rtts=[25.0] * 3,
+            server_phase=lambda i: (0.008, True) if clr_of(i)
+            else (0.408, False))
+        rep = R.build_report(self.dir, ["dblp"], floats=262144,
+                             burst_loss=0.7, configured_bursts=BURSTS)
+        b20, b45 = rep["results"]["dblp"]["burst_rows"]
+        self.assertAlmostEqual(b45["p"], 0.008)
+        self.assertTrue(b45["p_mixed"])
+        self.assertEqual(b45["expected"]["passes"], 14)
+        self.assertAlmostEqual(b20["p"], 0.408)
+        self.assertFalse(b20["p_mixed"])
+        lines = R.format_text(rep).splitlines()
+        (row,) = [l for l in lines if l.split()[:2] == ["45", "dblp"]]
+        self.assertEqual(row.split()[2:4], ["0.008*", "inside"])
+        self.assertTrue(any(l.strip().startswith("* the rows disagree on p")
+                            for l in lines))
+
+    def test_worker_rows_stand_in_for_the_server(self):
+        write_policy(
+            self.dir, "dblp", clean_base=500.0,
+            p_of=lambda i: 0.008 if i < 30 else 0.408,
+            burst_lat={20: 9000.0, 45: 1300.0}, burst_passes=[3, 3, 3],
+            burst_pkts=[1430] * 3, clean_pkts=428,
+            us_per_packet=[1.0] * 3, rtts=[25.0] * 3,
+            worker_critical=lambda i: i < 30)
+        d = R.build_report(self.dir, ["dblp"], floats=262144,
+                           burst_loss=0.7,
+                           configured_bursts=BURSTS)["results"]["dblp"]
+        self.assertEqual(d["clr"]["source"], "worker rows")
+        self.assertTrue(d["clr"]["detector"])  # from the directory's name
+        self.assertEqual(d["clr"]["windows"], [[0, 29]])
+        self.assertEqual([e["clr"] for e in d["burst_rows"]],
+                         ["inside", "outside"])
+        self.assertIn("(from the worker rows: the server wrote none)",
+                      R.format_clr_windows("dblp", d["clr"]))
+
+    def test_resync_rounds_and_disagreeing_rows(self):
+        def rows(it, critical, p=0.008, n=3):
+            return [{"iteration": it, "rank": r, "p": p,
+                     "critical": critical} for r in range(n)]
+        server = rows(0, True) + rows(1, True) + rows(3, True) + \
+            rows(4, False, 0.408) + rows(5, True)[:1] + \
+            rows(5, False, 0.408)[1:]
+        run = {"dir": "/x/fixed", "workers": [], "server_rows": server,
+               "resync_iterations": [2, 6],
+               "server_summary": {"policy": "dblp(p_low=0.008)"}}
+        ph = R.clr_phase(run)
+        self.assertTrue(ph["detector"])  # the summary, not the dir name
+        self.assertEqual(ph["windows"], [[0, 3]])
+        self.assertEqual(ph["resyncs_inside"], [2])
+        self.assertEqual(R.burst_clr(ph, 5), "mixed")
+        self.assertEqual(R.burst_clr(ph, 3), "inside")
+        self.assertIsNone(R.burst_clr(ph, 7))  # no row
+        self.assertEqual(R.format_clr_windows("dblp", ph),
+                         "dblp CLR windows: 0-3 (3 iterations at p = 0.008; "
+                         "resync round 2 between them); outside them "
+                         "p = 0.408")
+        self.assertEqual(R.policy_kind({"dir": "/r/ltp/"}), "ltp")
+
+    def _pyplot(self):
+        try:
+            import matplotlib
+        except ImportError:
+            self.skipTest("no matplotlib in this python")
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        return plt
+
+    def test_latency_plot_shades_the_windows(self):
+        plt = self._pyplot()
+        write_phased(self.dir)
+        clr = {pol: R.clr_phase(R.load_policy_run(
+            os.path.join(self.dir, pol))) for pol in ("fixed", "dblp")}
+        series = {pol: R.push_latency_series(R.load_policy_run(
+            os.path.join(self.dir, pol))) for pol in ("fixed", "dblp")}
+        fig, ax = plt.subplots()
+        try:
+            spans = R.draw_latency(ax, series, BURSTS, clr)
+            self.assertEqual([(s["policy"], s["first"], s["last"], s["p"])
+                              for s in spans],
+                             [("dblp", 0, 9, "0.008"),
+                              ("dblp", 40, 49, "0.008")])
+            shaded = sorted(span_x(p) for p in ax.patches)
+            self.assertEqual(shaded, [(-0.5, 9.5), (39.5, 49.5)])
+            for s in spans:
+                self.assertIn(s["patch"], ax.patches)
+            _, labels = ax.get_legend_handles_labels()
+            self.assertEqual(labels.count("dblp CLR (critical, p = 0.008)"),
+                             1)
+            self.assertIn("microburst", labels)
+            marked = sorted(l.get_xdata()[0] for l in ax.lines
+                            if l.get_color() == "red")
+            self.assertEqual(marked, [20, 45])
+        finally:
+            plt.close(fig)
+        # One policy alone: the legend names no policy.
+        fig, ax = plt.subplots()
+        try:
+            R.draw_latency(ax, {"dblp": series["dblp"]}, (), clr)
+            _, labels = ax.get_legend_handles_labels()
+            self.assertIn("CLR (critical, p = 0.008)", labels)
+        finally:
+            plt.close(fig)
+
+    def test_write_plots_shades_from_the_server_rows(self):
+        self._pyplot()
+        write_phased(self.dir)
+        drawn = []
+        real = R.draw_latency
+
+        def recording(ax, series, bursts, clr):
+            spans = real(ax, series, bursts, clr)
+            drawn.append((sorted(bursts), len(ax.patches), spans))
+            return spans
+        R.draw_latency = recording
+        try:
+            files = R.write_plots(self.dir, ["fixed", "dblp"], BURSTS)
+        finally:
+            R.draw_latency = real
+        self.assertEqual([os.path.basename(f) for f in files],
+                         ["latency.png", "cdf.png"])
+        ((bursts, patches, spans),) = drawn
+        self.assertEqual(bursts, [20, 45])
+        self.assertEqual(patches, 2)
+        self.assertEqual([(s["first"], s["last"]) for s in spans],
+                         [(0, 9), (40, 49)])
+
+
+# ---------------------------------------------------------------------------
 # The launcher, with fake apps (no DPDK): command lines, the run, failures.
 # ---------------------------------------------------------------------------
 
@@ -648,5 +919,17 @@ class Launcher(unittest.TestCase):
             self.assertEqual(p.returncode, 2, bad)
 
 
+SYSTEM_PYTHON = "/usr/bin/python3"
+
 if __name__ == "__main__":
+    # Under a python3 without matplotlib (a pyenv shim, say), re-run with
+    # Debian's, which has python3-matplotlib, so the plot tests run too.
+    if (not R.have_matplotlib() and os.path.isfile(SYSTEM_PYTHON)
+            and not os.environ.get("DBLP_TEST_REEXEC")
+            and os.path.realpath(sys.executable)
+            != os.path.realpath(SYSTEM_PYTHON)
+            and subprocess.run([SYSTEM_PYTHON, "-c", "import matplotlib"],
+                               capture_output=True).returncode == 0):
+        os.execve(SYSTEM_PYTHON, [SYSTEM_PYTHON, os.path.abspath(__file__)]
+                  + sys.argv[1:], dict(os.environ, DBLP_TEST_REEXEC="1"))
     unittest.main(verbosity=2)

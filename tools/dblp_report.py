@@ -6,7 +6,9 @@ synthetic fixture files.
 
 Inputs (one directory per policy, written by the apps' --out_dir):
   <policy_dir>/server/summary.json            counters of the server
-  <policy_dir>/server/iterations.jsonl        (optional) one row per (it, worker)
+  <policy_dir>/server/iterations.jsonl        (optional) one row per (it,
+                                              worker); its `critical` and `p`
+                                              give the CLR phase
   <policy_dir>/worker<i>/iterations.jsonl     one row per iteration
   <policy_dir>/worker<i>/summary.json         us_per_packet_clean, control_rtt_us
 
@@ -18,7 +20,9 @@ Definitions (the same as README / DESIGN.md section 5):
   * percentiles are nearest-rank (the q-th percentile of n samples is the
     ceil(q/100 n)-th smallest), like lib/dblp/obs/latency_stats.h, so p50 is an
     observed value and p99 of 60 samples is the maximum;
-  * analytic model = lib/dblp/policy/analytic.h (see ExpectedPasses below).
+  * analytic model = lib/dblp/policy/analytic.h (see ExpectedPasses below);
+  * CLR window = a maximal run of iterations the server ran critical (dblp
+    at p_low); a burst is inside or outside one (clr_phase below).
 """
 
 from __future__ import annotations
@@ -220,6 +224,8 @@ def load_policy_run(policy_dir: str) -> Dict[str, Any]:
         "server_rows": gradient_rows(os.path.join(server_dir,
                                                   "iterations.jsonl")),
         "resync_rounds": len(resyncs),
+        "resync_iterations": sorted(i for i in resyncs
+                                    if isinstance(i, int)),
     }
 
 
@@ -281,6 +287,94 @@ def _per_iteration(run: Dict[str, Any]) -> Dict[int, List[Dict[str, Any]]]:
         for r in w["rows"]:
             by_it.setdefault(int(r["iteration"]), []).append(r)
     return by_it
+
+
+# --------------------------------------------------------------------------
+# The CLR phase (critical learning regime) of every iteration.
+# --------------------------------------------------------------------------
+
+def policy_kind(run: Dict[str, Any]) -> str:
+    """'dblp', 'fixed', ... from the server's summary.json `policy`
+    ('dblp(p_low=0.008,...)'), else the policy directory's name."""
+    name = (run.get("server_summary") or {}).get("policy")
+    if not isinstance(name, str) or not name:
+        name = os.path.basename(os.path.normpath(run.get("dir") or ""))
+    m = re.match(r"[A-Za-z_]+", name)
+    return m.group(0).lower() if m else ""
+
+
+def clr_windows(phase_by_it: Dict[int, Optional[bool]]) -> List[List[int]]:
+    """[first, last] of every maximal run of critical iterations, in the
+    order the iterations ran. Numbers missing from the map (resync rounds,
+    which carry the model and no phase of their own) do not end a run: a
+    window the detector kept across a resync is one window, as it was."""
+    out: List[List[int]] = []
+    open_ = False
+    for it in sorted(phase_by_it):
+        if phase_by_it[it] is True:
+            if open_:
+                out[-1][1] = it
+            else:
+                out.append([it, it])
+                open_ = True
+        else:
+            open_ = False
+    return out
+
+
+def clr_phase(run: Dict[str, Any]) -> Dict[str, Any]:
+    """Which iterations ran inside a CLR and the p in force, from the
+    server's per-iteration rows (the server decides both; the workers'
+    rows echo them and stand in when the server wrote none).
+
+    by_iteration: it -> {"critical": True/False/None (rows disagree),
+    "p": mean p}. detector: whether the policy has a CLR detector (dblp);
+    without one `critical` is always false and means nothing, so callers
+    show "-" rather than "outside"."""
+    rows = [r for r in run.get("server_rows") or []
+            if isinstance(r.get("critical"), bool)]
+    source = "server rows"
+    if not rows:
+        rows = [r for w in run.get("workers", []) for r in w["rows"]
+                if isinstance(r.get("critical"), bool)]
+        source = "worker rows" if rows else None
+    by_it: Dict[int, List[Dict[str, Any]]] = {}
+    for r in rows:
+        by_it.setdefault(int(r["iteration"]), []).append(r)
+    phase: Dict[int, Dict[str, Any]] = {}
+    for it, rs in by_it.items():
+        flags = {r["critical"] for r in rs}
+        phase[it] = {"critical": flags.pop() if len(flags) == 1 else None,
+                     "p": mean(r.get("p") for r in rs)}
+    windows = clr_windows({i: e["critical"] for i, e in phase.items()})
+
+    def ps(critical: bool) -> List[float]:
+        return sorted({round(e["p"], 6) for e in phase.values()
+                       if e["critical"] is critical and e["p"] is not None})
+
+    return {
+        # A window 0-20 holding 20 iterations needs its resync round named.
+        "resyncs_inside": [i for i in run.get("resync_iterations") or []
+                           if any(a < i < b for a, b in windows)],
+        "detector": (policy_kind(run) == "dblp"
+                     or any(e["critical"] for e in phase.values())),
+        "source": source,
+        "by_iteration": phase,
+        "windows": windows,
+        "critical_iterations": sum(1 for e in phase.values()
+                                   if e["critical"] is True),
+        "p_inside": ps(True),
+        "p_outside": ps(False),
+    }
+
+
+def burst_clr(phase: Dict[str, Any], iteration: int) -> Optional[str]:
+    """'inside' / 'outside' a CLR window, 'mixed' when the rows disagree,
+    None without a detector or without a row of that iteration."""
+    e = phase["by_iteration"].get(iteration)
+    if not phase["detector"] or e is None:
+        return None
+    return {True: "inside", False: "outside"}.get(e["critical"], "mixed")
 
 
 def _us_per_packet_clean(run: Dict[str, Any],
@@ -396,12 +490,17 @@ def analyze_policy(run: Dict[str, Any], *, n: int, burst_loss: float,
     all_lat = [latency[i] for i in its if i in latency]
     us_pkt, us_pkt_src = _us_per_packet_clean(run, burst_set)
     rtt, rtt_src = _control_rtt(run)
+    phase = clr_phase(run)
 
     burst_rows = []
     for b in bursts:
         rows = by_it.get(b, [])
         p_vals = _finite(r.get("p") for r in rows)
-        p = mean(p_vals)
+        # The p the server's rows carry is the one its receiver's STOP
+        # decision used for the push; the workers' mean stands in without
+        # server rows. They should agree: a difference is flagged (*).
+        in_force = (phase["by_iteration"].get(b) or {}).get("p")
+        p = in_force if in_force is not None else mean(p_vals)
         passes = mean(r.get("passes") for r in rows)
         pkts = mean(r.get("packets_sent") for r in rows)
         per_worker = sorted(_finite(r.get("send_latency_us") for r in rows))
@@ -415,7 +514,11 @@ def analyze_policy(run: Dict[str, Any], *, n: int, burst_loss: float,
             "median_worker_us": (per_worker[(len(per_worker) - 1) // 2]
                                  if per_worker else None),
             "p": p,
-            "p_mixed": len(set(p_vals)) > 1,
+            "p_in_force": in_force,
+            "p_mixed": len(set(p_vals)) > 1 or (
+                in_force is not None
+                and any(abs(in_force - v) > 1e-9 for v in p_vals)),
+            "clr": burst_clr(phase, b),
             "passes": passes,
             "passes_max": max(_finite(r.get("passes") for r in rows),
                               default=None),
@@ -459,6 +562,9 @@ def analyze_policy(run: Dict[str, Any], *, n: int, burst_loss: float,
                            for i in its if i not in burst_set
                            for r in by_it[i] if _finite([r.get("p")])}),
         "burst_rows": burst_rows,
+        # The phase, without the per-iteration map (report.json stays small
+        # on long runs; the rows have it).
+        "clr": {k: v for k, v in phase.items() if k != "by_iteration"},
         "counters": summarize_counters(run),
         "latency_by_iteration": {str(i): latency[i] for i in sorted(latency)},
     }
@@ -558,6 +664,42 @@ def _table(rows: List[List[str]], right: Sequence[bool]) -> List[str]:
     return out
 
 
+def _ps(values: Sequence[float]) -> str:
+    return "/".join(f"{p:g}" for p in values) or "-"
+
+
+def _clr_cell(result: Dict[str, Any], entry: Dict[str, Any]) -> str:
+    if not (result.get("clr") or {}).get("detector"):
+        return "-"
+    return entry.get("clr") or "?"  # "?": no row of the server's for it
+
+
+def format_ranges(windows: Sequence[Sequence[int]]) -> str:
+    """[[0, 20], [31, 31]] -> '0-20, 31'."""
+    return ", ".join(f"{a}-{b}" if b != a else f"{a}" for a, b in windows)
+
+
+def format_clr_windows(policy: str, clr: Dict[str, Any]) -> str:
+    """One line: the iterations a policy ran inside a CLR, and its p."""
+    head = f"{policy} CLR windows: "
+    if not clr.get("source"):
+        return head + "unknown (no row carries `critical`)"
+    src = "" if clr["source"] == "server rows" else \
+        f" (from the {clr['source']}: the server wrote none)"
+    if not clr["detector"]:
+        return (head + f"- (no CLR detector; p = {_ps(clr['p_outside'])} "
+                f"in every iteration){src}")
+    if not clr["windows"]:
+        return head + f"none (p = {_ps(clr['p_outside'])} throughout){src}"
+    rs = clr.get("resyncs_inside") or []
+    resync = (f"; resync round{'s' if len(rs) > 1 else ''} "
+              f"{', '.join(map(str, rs))} between them" if rs else "")
+    return (head + f"{format_ranges(clr['windows'])} "
+            f"({clr['critical_iterations']} iterations at p = "
+            f"{_ps(clr['p_inside'])}{resync}); outside them p = "
+            f"{_ps(clr['p_outside'])}{src}")
+
+
 def format_text(report: Dict[str, Any]) -> str:
     """The human report (stdout and, fenced, report.md)."""
     res = report["results"]
@@ -604,7 +746,7 @@ def format_text(report: Dict[str, Any]) -> str:
         lines.append(f"burst iterations: measured vs analytic expectation "
                      f"(L={report['burst_loss']}, measured us/pkt and rtt; "
                      f"flag outside ±{margin * 100:.0f}%)")
-        rows = [["burst", "policy", "p", "passes", "pkts/N", "push us",
+        rows = [["burst", "policy", "p", "CLR", "passes", "pkts/N", "push us",
                  "median us", "|", "exp passes", "exp pkts/N", "exp us",
                  "median/exp", ""]]
         for b in all_bursts:
@@ -626,7 +768,7 @@ def format_text(report: Dict[str, Any]) -> str:
                 passes = _f(e["passes"], "{:.1f}")
                 if e["passes_max"] is not None:
                     passes += f"/{e['passes_max']:g}"
-                rows.append([str(b), pol, ptxt, passes,
+                rows.append([str(b), pol, ptxt, _clr_cell(r, e), passes,
                              _f(e["packets_over_n"], "{:.2f}"),
                              _f(e["latency_us"]),
                              _f(e.get("median_worker_us")), "|",
@@ -635,22 +777,30 @@ def format_text(report: Dict[str, Any]) -> str:
                              _f(exp.get("us")),
                              _f(exp.get("measured_over_expected"), "{:.2f}"),
                              flag])
-        lines += _table(rows, [False, False, True, True, True, True, True,
-                               False, True, True, True, True, False])
+        lines += _table(rows, [False, False, True, False, True, True, True,
+                               True, False, True, True, True, True, False])
         lines.append("  passes = mean/max over workers; pkts/N = mean over "
                      "workers (sends, lost ones included); push us = slowest "
                      "worker, median us = median worker")
         lines.append("  exp us = pkts*us/pkt + (passes-1)*rtt + rtt/2 "
                      "(every send costs a frame: loss is injected at the "
                      "receiver)")
+        lines.append("  CLR = the server's phase in that iteration: inside "
+                     "a CLR window (critical, p = p_low) or outside "
+                     "(p = p_high); - = no CLR detector")
         if any(e["p_mixed"] for r in res.values() if r
                for e in r["burst_rows"]):
-            lines.append("  * workers saw different p in this iteration "
-                         "(mean shown)")
+            lines.append("  * the rows disagree on p in this iteration "
+                         "(the server's shown, else the workers' mean)")
         lines.append("")
     else:
         lines.append("no burst iterations in this run")
         lines.append("")
+    clr_lines = [format_clr_windows(pol, res[pol]["clr"])
+                 for pol in report["policies"]
+                 if res.get(pol) and res[pol].get("clr")]
+    if clr_lines:
+        lines += clr_lines + [""]
 
     for c in report["ratios"]:
         parts = [f"clean p50 {_x(c['clean_p50'])}"]
@@ -739,11 +889,53 @@ def have_matplotlib() -> bool:
     return True
 
 
+# Light enough that the latency lines stay readable on top, as the shaded
+# critical regimes of the DBLP paper's Figure 2.
+CLR_COLOURS = ("#b7e4c7", "#ffe8a3", "#cfe2ff", "#f8d7da")
+
+
+def draw_latency(ax, series: Dict[str, List[Tuple[int, float]]],
+                 bursts: Iterable[int],
+                 clr: Dict[str, Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """The latency plot on `ax`: one line per policy, the CLR windows of
+    every policy with a detector shaded (axvspan over first - 0.5 ..
+    last + 0.5, so a one-iteration window still shows) and the burst
+    iterations marked. `clr` maps policy -> clr_phase() (or analyze_policy's
+    "clr"). Returns the spans drawn: {"policy", "first", "last", "p",
+    "patch"}."""
+    spans: List[Dict[str, Any]] = []
+    shaded = [pol for pol in series
+              if (clr.get(pol) or {}).get("windows")]
+    for k, pol in enumerate(shaded):
+        c = clr[pol]
+        p = _ps(c.get("p_inside") or [])
+        label = f"CLR (critical, p = {p})"
+        if len(series) > 1:  # the other policies ran no such phase
+            label = f"{pol} {label}"
+        for j, (a, b) in enumerate(c["windows"]):
+            patch = ax.axvspan(a - 0.5, b + 0.5, zorder=0, lw=0,
+                               color=CLR_COLOURS[k % len(CLR_COLOURS)],
+                               label=label if j == 0 else None)
+            spans.append({"policy": pol, "first": a, "last": b, "p": p,
+                          "patch": patch})
+    for pol, s in series.items():
+        ax.plot([i for i, _ in s], [v / 1e3 for _, v in s], label=pol, lw=1,
+                zorder=2)
+    for i, b in enumerate(sorted(bursts)):
+        ax.axvline(b, color="red", alpha=0.25, lw=4, zorder=1,
+                   label="microburst" if i == 0 else None)
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("push latency, median over workers (ms)")
+    ax.set_yscale("log")
+    return spans
+
+
 def write_plots(out_dir: str, policies: Sequence[str],
                 configured_bursts: Sequence[int] = ()) -> List[str]:
-    """latency.png (push latency per iteration, bursts marked) and cdf.png
-    (its distribution), every policy on one axis. Returns the files
-    written; [] without matplotlib (the report does not need them)."""
+    """latency.png (push latency per iteration, CLR windows shaded, bursts
+    marked) and cdf.png (its distribution), every policy on one axis.
+    Returns the files written; [] without matplotlib (the report does not
+    need them)."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -751,12 +943,14 @@ def write_plots(out_dir: str, policies: Sequence[str],
     except ImportError:
         return []
     series = {}
+    clr = {}
     bursts = set(int(i) for i in configured_bursts)
     for pol in policies:
         run = load_policy_run(os.path.join(out_dir, pol))
         s = push_latency_series(run)
         if s:
             series[pol] = s
+            clr[pol] = clr_phase(run)
             bursts.update(burst_iterations(run, configured_bursts))
     if not series:
         return []
@@ -764,14 +958,7 @@ def write_plots(out_dir: str, policies: Sequence[str],
     bursts = {b for b in bursts if b <= last}  # configured, but never ran
     written = []
     fig, ax = plt.subplots(figsize=(9, 4.5))
-    for pol, s in series.items():
-        ax.plot([i for i, _ in s], [v / 1e3 for _, v in s], label=pol, lw=1)
-    for i, b in enumerate(sorted(bursts)):
-        ax.axvline(b, color="red", alpha=0.25, lw=4,
-                   label="microburst" if i == 0 else None)
-    ax.set_xlabel("iteration")
-    ax.set_ylabel("push latency, median over workers (ms)")
-    ax.set_yscale("log")
+    draw_latency(ax, series, bursts, clr)
     written.append(_save(plt, fig, ax, os.path.join(out_dir, "latency.png")))
     fig, ax = plt.subplots(figsize=(6, 4.5))
     for pol, s in series.items():
