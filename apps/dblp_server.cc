@@ -62,12 +62,17 @@ namespace {
 // The flags every server shard must share: a shard whose differ is
 // refused, naming the first (ShardRegistry).
 constexpr const char* kShardJobFlags[] = {
-    "workers",      "policy",           "p_fixed",       "p_low",
-    "p_high",       "clr_freq",         "clr_eta",       "ltp_deadline_factor",
-    "ltp_window",   "ltp_min_fraction", "frame_auth",    "push_fill",
-    "resync_every", "bcast_tolerance",  "push_feedback", "on_bad_gradient",
-    "clip_norm",    "on_worker_loss",   "zero_fraction", "zero_iters",
-    "mtu",          "insecure",         "paper_mode",    "max_gradient_mb"};
+    "workers",
+    // The tolerance policy's.
+    "policy", "p_fixed", "p_low", "p_high", "clr_freq", "clr_eta",
+    "ltp_deadline_factor", "ltp_window", "ltp_min_fraction",
+    "deadline_percentile", "deadline_factor", "deadline_window",
+    "deadline_min_fraction",
+    // The rest of the job's.
+    "frame_auth", "push_fill", "resync_every", "bcast_tolerance",
+    "push_feedback", "on_bad_gradient", "clip_norm", "on_worker_loss",
+    "zero_fraction", "zero_iters", "mtu", "insecure", "paper_mode",
+    "max_gradient_mb"};
 
 // Doubles in their shortest exact form ("0.008", not gflags'
 // "0.0080000000000000002"): the same value gives the same text.

@@ -176,6 +176,12 @@ int Run() {
       rows_failed = rows_failed || workers[w]->rows().failed();
     }
   }
+  // As the apps report it (the server's policy, the workers' WELCOME), so
+  // a simulated run's summary names its policy too.
+  const std::string policy =
+      dblp::TolerancePolicy::Create(c.policy)->Describe();
+  server.report().policy = policy;
+  for (auto& w : workers) w->report().policy = policy;
   server.report().rows = cluster.server_rows();
   server.report().counters = cluster.server_counters();
   server.report().info = cluster.server_info();

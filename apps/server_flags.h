@@ -24,23 +24,41 @@
 #include "test_hooks/dumps.h"
 
 DEFINE_uint32(workers, 3, "number of workers in the job");
-DEFINE_string(policy, "dblp", "reliable | fixed | dblp | ltp");
+DEFINE_string(policy, "dblp",
+              "reliable | fixed | dblp | ltp | deadline (bounded time: a "
+              "deadline from a high percentile of recent rounds) | combined "
+              "(dblp's p_low and no deadline inside a critical regime, "
+              "p_high plus ltp's deadline outside)");
 DEFINE_double(p_fixed, 0.008, "fixed (MLT) tolerance");
-DEFINE_double(p_low, 0.008, "dblp: tolerance inside a critical regime");
-DEFINE_double(p_high, 0.408, "dblp: tolerance outside critical regimes");
+DEFINE_double(p_low, 0.008,
+              "dblp, combined: tolerance inside a critical regime");
+DEFINE_double(p_high, 0.408,
+              "dblp, combined: tolerance outside critical regimes");
 DEFINE_uint32(clr_freq, 10,
-              "dblp: check the gradient norm every N "
+              "dblp, combined: check the gradient norm every N "
               "iterations; a detected regime lasts N iterations");
 DEFINE_double(clr_eta, 0.5,
-              "dblp: relative norm change that means a "
+              "dblp, combined: relative norm change that means a "
               "critical regime");
 DEFINE_double(ltp_deadline_factor, 1.5,
-              "ltp: deadline = factor x median "
-              "round time");
-DEFINE_uint32(ltp_window, 16, "ltp: rounds in the median");
+              "ltp, combined outside critical regimes: deadline = factor x "
+              "median round time");
+DEFINE_uint32(ltp_window, 16, "ltp, combined: rounds in the median");
 DEFINE_double(ltp_min_fraction, 0.5,
-              "ltp: fraction needed before a "
+              "ltp, combined: fraction needed before a "
               "deadline may close a round");
+DEFINE_double(deadline_percentile, 95,
+              "deadline: deadline = --deadline_factor x this percentile "
+              "(nearest rank, in (0, 100]) of the recent round times");
+DEFINE_double(deadline_factor, 1.0,
+              "deadline: multiplies the percentile (>= 1; 1 = "
+              "OptiReduce's timeout, no margin)");
+DEFINE_uint32(deadline_window, 20,
+              "deadline: rounds in the percentile (20: the 95th is the "
+              "second-longest, so one burst does not set the deadline)");
+DEFINE_double(deadline_min_fraction, 0.1,
+              "deadline: fraction needed before the deadline may close a "
+              "round (small: the deadline bounds time, not loss)");
 DEFINE_string(frame_auth, "full",
               "tag on every data frame of an "
               "authenticated job, under a key per worker: full (AES-GMAC "
@@ -152,6 +170,10 @@ inline PolicyConfig PolicyFromFlags() {
     p.ltp_deadline_factor = FLAGS_ltp_deadline_factor;
     p.ltp_window = FLAGS_ltp_window;
     p.ltp_min_fraction = FLAGS_ltp_min_fraction;
+    p.deadline_percentile = FLAGS_deadline_percentile;
+    p.deadline_factor = FLAGS_deadline_factor;
+    p.deadline_window = FLAGS_deadline_window;
+    p.deadline_min_fraction = FLAGS_deadline_min_fraction;
     ValidatePolicyConfig(p);
   } catch (const std::invalid_argument& e) {
     FlagError(e.what());
@@ -308,12 +330,13 @@ inline void BroadcastFromFlags(ServerJobSettings* o) {
   o->consistent_broadcast = b == "consistent";
   o->push_only = b == "none";
   if (o->consistent_broadcast && (o->push_fill == FillMode::kPrevious ||
-                                  o->policy.kind == PolicyKind::kLtp)) {
+                                  PolicyMayCloseEarly(o->policy.kind))) {
     FlagError(
         "--bcast_tolerance=consistent carries what it does not "
         "send: not with --push_fill=prev (a carried chunk would "
-        "be filled again) nor --policy=ltp (its deadlines would "
-        "cut the subset); use --bcast_tolerance=same");
+        "be filled again) nor --policy=ltp, deadline or combined "
+        "(their deadlines would cut the subset); use "
+        "--bcast_tolerance=same");
   }
 }
 

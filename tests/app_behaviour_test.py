@@ -89,7 +89,11 @@ def main():
             (server, "--resync_every=-2", "resync_every"),
             (server, "--push_feedback --push_fill=rescale", "push_feedback"),
             (server, "--bcast_tolerance=consistent --policy=ltp",
-             "consistent")]:
+             "consistent"),
+            (server, "--bcast_tolerance=consistent --policy=combined",
+             "consistent"),
+            (server, "--policy=deadline --deadline_factor=0.5",
+             "deadline_factor")]:
         rc, out = run([binary] + eal("flags", "net_null0") + ["--"] +
                       flag.split())
         check("bad flag %s %s" % (os.path.basename(binary), flag),

@@ -104,6 +104,10 @@ def main():
         numbers.append(("dblp-server", "--p_fixed=nan", "p_fixed"))
         numbers.append(("dblp-server", "--ltp_deadline_factor=inf",
                         "ltp_deadline_factor"))
+        numbers.append(("dblp-udp-server", "--deadline_percentile=nan",
+                        "deadline_percentile"))
+        numbers.append(("dblp-sim", "--deadline_min_fraction=inf",
+                        "deadline_min_fraction"))
         for a, flag, name in numbers:
             cases.append((a, [flag], name, True, flag.split("=", 1)[1]))
 

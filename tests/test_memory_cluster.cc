@@ -581,6 +581,112 @@ TEST(MemoryClusterTest, LtpDeadlineClosesWithTheMinimumFraction) {
   EXPECT_GT(closed_early, 0u);
 }
 
+// The deadline policy closes rounds early end to end: p = 0, so a round
+// short of a chunk was closed by its deadline, which after the first round
+// is the 95th percentile of the push times so far (with fewer than 20, the
+// longest: rank ceil(0.95 n) = n).
+TEST(MemoryClusterTest, DeadlinePolicyClosesAtThePercentileOfRoundTimes) {
+  // Per direction: the server closes pushes, the workers broadcasts.
+  uint64_t push_closed_early = 0, bcast_closed_early = 0;
+  for (uint64_t seed = 1; seed <= 10; ++seed) {
+    ClusterConfig c = SmallConfig(seed);
+    c.policy.kind = PolicyKind::kDeadline;
+    c.policy.deadline_initial_ns = 40000;  // shorter than one pass
+    c.policy.deadline_min_fraction = 0.6;
+    c.push_loss = Bernoulli(0.3);
+    c.bcast_loss = Bernoulli(0.3);
+    c.bursts = ParseBurstIterations("3", 0.7);
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    CheckedCluster cc(c);
+    const uint32_t n = cc.cluster().layout().num_chunks();
+    double longest_push_ns = 0;
+    for (int it = 0; it < 6; ++it) {
+      const IterationOutcome out = cc.Step();
+      EXPECT_EQ(out.push_tolerance.p, 0.0);
+      EXPECT_FALSE(out.push_tolerance.critical);
+      EXPECT_EQ(out.push_tolerance.min_fraction, 0.6);
+      if (it == 0) {
+        EXPECT_EQ(out.push_tolerance.deadline_ns, 40000u);
+      } else {
+        // The server's clock reads whole ns; the outcome's is a double.
+        EXPECT_NEAR(static_cast<double>(out.push_tolerance.deadline_ns),
+                    longest_push_ns, 2.0);
+      }
+      longest_push_ns = std::max(longest_push_ns, out.push_round_ns);
+      for (const IterationRecord& r : out.workers) {
+        EXPECT_GE(r.delivered_fraction, 0.6);
+        push_closed_early += r.delivered_fraction < 1.0;
+      }
+      for (double d : out.bcast_delivered) {
+        EXPECT_GE(d * n, FractionFloor(n, 0.6));
+        bcast_closed_early += d < 1.0;
+      }
+      if (HasFailure()) return;
+    }
+  }
+  EXPECT_GT(push_closed_early, 0u);
+  EXPECT_GT(bcast_closed_early, 0u);
+}
+
+// The combined policy end to end: strict rounds (p_low, no deadline) while
+// the CLR detector says critical, and outside it rounds the deadline closed
+// with fewer chunks than p_high alone would allow.
+TEST(MemoryClusterTest, CombinedClosesEarlyOnlyOutsideACriticalRegime) {
+  uint64_t strict = 0, relaxed = 0;
+  uint64_t closed_by_deadline[2] = {0, 0};  // push, broadcast
+  // Checks one direction's deliveries against the tolerance it ran under
+  // (the broadcast's is the policy's after this iteration's CLR check).
+  auto check = [&](const RoundTolerance& t, uint32_t n, double delivered,
+                   int direction) {
+    if (t.critical) {
+      ++strict;
+      EXPECT_EQ(t.p, 0.0);
+      EXPECT_EQ(t.deadline_ns, 0u);
+      EXPECT_EQ(delivered, 1.0);
+      return;
+    }
+    ++relaxed;
+    EXPECT_EQ(t.p, 0.1);
+    EXPECT_GT(t.deadline_ns, 0u);
+    EXPECT_EQ(t.min_fraction, 0.6);
+    EXPECT_GE(delivered * n, FractionFloor(n, 0.6));
+    closed_by_deadline[direction] += delivered * n < StopThreshold(n, 0.1);
+  };
+  for (uint64_t seed = 1; seed <= 10; ++seed) {
+    ClusterConfig c = SmallConfig(seed);
+    c.policy.kind = PolicyKind::kCombined;
+    // IntGrad alternates its range every iteration: checks at odd
+    // iterations compare like with like, so 0..3 are critical and the
+    // rest not, unless the loss moves the norm by half.
+    c.policy.clr = {.freq = 2, .eta = 0.5};
+    c.policy.p_low = 0.0;
+    c.policy.p_high = 0.1;
+    c.policy.ltp_initial_deadline_ns = 40000;  // shorter than one pass
+    c.policy.ltp_min_fraction = 0.6;
+    c.push_loss = Bernoulli(0.3);
+    c.bcast_loss = Bernoulli(0.3);
+    c.bursts = ParseBurstIterations("5", 0.7);
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    CheckedCluster cc(c);
+    const uint32_t n = cc.cluster().layout().num_chunks();
+    for (int it = 0; it < 8; ++it) {
+      const IterationOutcome out = cc.Step();
+      if (it < 4) {
+        EXPECT_TRUE(out.push_tolerance.critical) << "iteration " << it;
+      }
+      for (const IterationRecord& r : out.workers) {
+        check(out.push_tolerance, n, r.delivered_fraction, 0);
+      }
+      for (double d : out.bcast_delivered) check(out.bcast_tolerance, n, d, 1);
+      if (HasFailure()) return;
+    }
+  }
+  EXPECT_GT(strict, 0u);
+  EXPECT_GT(relaxed, 0u);
+  EXPECT_GT(closed_by_deadline[0], 0u);
+  EXPECT_GT(closed_by_deadline[1], 0u);
+}
+
 bool SameOutcome(const IterationOutcome& a, const IterationOutcome& b) {
   if (a.workers.size() != b.workers.size()) return false;
   for (size_t r = 0; r < a.workers.size(); ++r) {

@@ -269,6 +269,22 @@ StateDict PolicyView(const AppState& s) {
       d.push_back({"ltp_window", uint64_t{c.ltp_window}});
       d.push_back({"ltp_min_fraction", FormatDouble(c.ltp_min_fraction)});
       break;
+    case PolicyKind::kDeadline:
+      d.push_back({"deadline_percentile", FormatDouble(c.deadline_percentile)});
+      d.push_back({"deadline_factor", FormatDouble(c.deadline_factor)});
+      d.push_back({"deadline_window", uint64_t{c.deadline_window}});
+      d.push_back(
+          {"deadline_min_fraction", FormatDouble(c.deadline_min_fraction)});
+      break;
+    case PolicyKind::kCombined:
+      d.push_back({"p_low", FormatDouble(c.p_low)});
+      d.push_back({"p_high", FormatDouble(c.p_high)});
+      d.push_back({"clr_freq", uint64_t{c.clr.freq}});
+      d.push_back({"clr_eta", FormatDouble(c.clr.eta)});
+      d.push_back({"ltp_deadline_factor", FormatDouble(c.ltp_deadline_factor)});
+      d.push_back({"ltp_window", uint64_t{c.ltp_window}});
+      d.push_back({"ltp_min_fraction", FormatDouble(c.ltp_min_fraction)});
+      break;
     case PolicyKind::kReliable:
       break;
   }

@@ -1,29 +1,56 @@
 #include "dblp/policy/tolerance.h"
 
-#include <algorithm>
-#include <charconv>
 #include <cmath>
-#include <deque>
-#include <limits>
 #include <stdexcept>
-#include <vector>
+
+#include "dblp/policy/combined_policy.h"
+#include "dblp/policy/deadline_policy.h"
+#include "dblp/policy/policy_text.h"
+#include "dblp/policy/round_time_window.h"
 
 namespace dblp {
 namespace {
 
-// Shortest text that reads back as the same double ("0.008", not
-// "0.008000"), so Describe() lines can be pasted back as flags.
-std::string Num(double v) {
-  char buf[32];
-  const auto res = std::to_chars(buf, buf + sizeof(buf), v);
-  return std::string(buf, res.ptr);
-}
+constexpr const char* kPolicyChoices =
+    "reliable, fixed, dblp, ltp, deadline, combined";
 
 void CheckProbability(const char* flag, double p, const char* role) {
   if (!std::isfinite(p) || p < 0 || p >= 1) {
     throw std::invalid_argument(std::string(flag) +
                                 " must be a finite number in [0, 1) (" + role +
-                                "), got " + Num(p));
+                                "), got " + PolicyNum(p));
+  }
+}
+
+// The deadline policy's flags; its own function so ValidatePolicyConfig
+// stays a list of checks.
+void ValidateDeadlineParams(const PolicyConfig& c) {
+  if (!std::isfinite(c.deadline_percentile) || c.deadline_percentile <= 0 ||
+      c.deadline_percentile > 100) {
+    throw std::invalid_argument(
+        "--deadline_percentile must be in (0, 100] (percentile of the "
+        "recent round times that sets the deadline), got " +
+        PolicyNum(c.deadline_percentile) + ": e.g. 95");
+  }
+  if (!std::isfinite(c.deadline_factor) || c.deadline_factor < 1) {
+    throw std::invalid_argument(
+        "--deadline_factor must be a finite number >= 1, got " +
+        PolicyNum(c.deadline_factor) +
+        ": below 1 the deadline is shorter than the rounds it was set from; "
+        "to close rounds sooner, lower --deadline_percentile instead (e.g. "
+        "--deadline_factor=1 --deadline_percentile=90)");
+  }
+  if (c.deadline_window < 1) {
+    throw std::invalid_argument(
+        "--deadline_window must be >= 1 (completed rounds whose percentile "
+        "sets the deadline), got 0: e.g. 20");
+  }
+  if (!std::isfinite(c.deadline_min_fraction) || c.deadline_min_fraction <= 0 ||
+      c.deadline_min_fraction > 1) {
+    throw std::invalid_argument(
+        "--deadline_min_fraction must be in (0, 1] (fraction of chunks a "
+        "round needs before the deadline may close it), got " +
+        PolicyNum(c.deadline_min_fraction) + ": e.g. 0.1");
   }
 }
 
@@ -45,7 +72,9 @@ class FixedPolicy final : public TolerancePolicy {
   }
   void OnIterationEnd(uint64_t, double, uint64_t) override {}
   PolicyKind kind() const override { return PolicyKind::kFixed; }
-  std::string Describe() const override { return "fixed(p=" + Num(p_) + ")"; }
+  std::string Describe() const override {
+    return "fixed(p=" + PolicyNum(p_) + ")";
+  }
 
  private:
   double p_;
@@ -68,9 +97,9 @@ class DblpPolicy final : public TolerancePolicy {
   PolicyKind kind() const override { return PolicyKind::kDblp; }
   uint64_t nonfinite_norms() const override { return detector_.nonfinite(); }
   std::string Describe() const override {
-    return "dblp(p_low=" + Num(p_low_) + ",p_high=" + Num(p_high_) +
+    return "dblp(p_low=" + PolicyNum(p_low_) + ",p_high=" + PolicyNum(p_high_) +
            ",freq=" + std::to_string(detector_.params().freq) +
-           ",eta=" + Num(detector_.params().eta) + ")";
+           ",eta=" + PolicyNum(detector_.params().eta) + ")";
   }
 
  private:
@@ -83,9 +112,9 @@ class LtpPolicy final : public TolerancePolicy {
  public:
   explicit LtpPolicy(const PolicyConfig& c)
       : factor_(c.ltp_deadline_factor),
-        window_(c.ltp_window),
         initial_deadline_ns_(c.ltp_initial_deadline_ns),
         min_fraction_(c.ltp_min_fraction),
+        history_(c.ltp_window),
         deadline_ns_(c.ltp_initial_deadline_ns) {}
 
   RoundTolerance Current() const override {
@@ -96,49 +125,27 @@ class LtpPolicy final : public TolerancePolicy {
   }
 
   void OnIterationEnd(uint64_t, double, uint64_t round_time_ns) override {
-    // No real round completes in 0 ns: 0 means the caller had no
-    // measurement, and letting it in would drag the median towards a
-    // deadline that closes every round at its floor.
-    if (round_time_ns == 0) return;
-    history_.push_back(round_time_ns);
-    if (history_.size() > window_) history_.pop_front();
-    deadline_ns_ = DeadlineFromHistory();
+    // The median times the factor: the median ignores the very bursts early
+    // close is meant to cut short, where a mean or a max would chase them.
+    if (history_.Add(round_time_ns)) {
+      deadline_ns_ = ScaledDeadlineNs(factor_, history_.Median());
+    }
   }
 
   PolicyKind kind() const override { return PolicyKind::kLtp; }
   std::string Describe() const override {
-    return "ltp(deadline_factor=" + Num(factor_) +
-           ",window=" + std::to_string(window_) +
+    return "ltp(deadline_factor=" + PolicyNum(factor_) +
+           ",window=" + std::to_string(history_.window()) +
            ",initial_deadline_ns=" + std::to_string(initial_deadline_ns_) +
-           ",min_fraction=" + Num(min_fraction_) + ")";
+           ",min_fraction=" + PolicyNum(min_fraction_) + ")";
   }
 
  private:
-  // Median (mean of the two middle values for an even count) times the
-  // factor: the median ignores the very bursts early close is meant to cut
-  // short, where a mean or a max would chase them.
-  uint64_t DeadlineFromHistory() const {
-    std::vector<uint64_t> v(history_.begin(), history_.end());
-    const size_t mid = v.size() / 2;
-    std::nth_element(v.begin(), v.begin() + mid, v.end());
-    double median = static_cast<double>(v[mid]);
-    if (v.size() % 2 == 0) {
-      const uint64_t lower = *std::max_element(v.begin(), v.begin() + mid);
-      median = (median + static_cast<double>(lower)) / 2;
-    }
-    const double d = std::round(factor_ * median);
-    // 0 would read as "no deadline"; beyond 2^64 cannot be represented.
-    if (d < 1) return 1;
-    if (d >= 0x1.0p64) return std::numeric_limits<uint64_t>::max();
-    return static_cast<uint64_t>(d);
-  }
-
   double factor_;
-  uint32_t window_;
   uint64_t initial_deadline_ns_;
   double min_fraction_;
+  RoundTimeWindow history_;
   uint64_t deadline_ns_;
-  std::deque<uint64_t> history_;  // oldest first, at most window_ entries
 };
 
 }  // namespace
@@ -152,8 +159,10 @@ PolicyKind ParsePolicyKind(std::string_view name) {
   if (lower == "fixed") return PolicyKind::kFixed;
   if (lower == "dblp") return PolicyKind::kDblp;
   if (lower == "ltp") return PolicyKind::kLtp;
+  if (lower == "deadline") return PolicyKind::kDeadline;
+  if (lower == "combined") return PolicyKind::kCombined;
   throw std::invalid_argument("unknown --policy \"" + std::string(name) +
-                              "\": choose one of reliable, fixed, dblp, ltp");
+                              "\": choose one of " + kPolicyChoices);
 }
 
 const char* PolicyKindName(PolicyKind kind) {
@@ -166,15 +175,24 @@ const char* PolicyKindName(PolicyKind kind) {
       return "dblp";
     case PolicyKind::kLtp:
       return "ltp";
+    case PolicyKind::kDeadline:
+      return "deadline";
+    case PolicyKind::kCombined:
+      return "combined";
   }
   return "unknown";
+}
+
+bool PolicyMayCloseEarly(PolicyKind kind) {
+  return kind == PolicyKind::kLtp || kind == PolicyKind::kDeadline ||
+         kind == PolicyKind::kCombined;
 }
 
 void ValidatePolicyConfig(const PolicyConfig& c) {
   if (std::string_view(PolicyKindName(c.kind)) == "unknown") {
     throw std::invalid_argument("--policy holds an invalid value (" +
                                 std::to_string(static_cast<unsigned>(c.kind)) +
-                                "): choose one of reliable, fixed, dblp, ltp");
+                                "): choose one of " + kPolicyChoices);
   }
   CheckProbability("--p_fixed", c.p_fixed,
                    "fraction of chunks a fixed-policy round may lose, e.g. "
@@ -185,14 +203,15 @@ void ValidatePolicyConfig(const PolicyConfig& c) {
                    "dblp tolerance outside a critical regime, e.g. 0.408");
   if (c.p_low > c.p_high) {
     throw std::invalid_argument(
-        "--p_low (" + Num(c.p_low) + ") must be <= --p_high (" + Num(c.p_high) +
+        "--p_low (" + PolicyNum(c.p_low) + ") must be <= --p_high (" +
+        PolicyNum(c.p_high) +
         "): critical regimes need the lower loss tolerance; swap the values");
   }
   ValidateClrParams(c.clr);
   if (!std::isfinite(c.ltp_deadline_factor) || c.ltp_deadline_factor < 1) {
     throw std::invalid_argument(
         "--ltp_deadline_factor must be a finite number >= 1, got " +
-        Num(c.ltp_deadline_factor) +
+        PolicyNum(c.ltp_deadline_factor) +
         ": below 1 the deadline is shorter than a typical round and closes "
         "most rounds early (LTP-like runs use about 1.5)");
   }
@@ -206,8 +225,9 @@ void ValidatePolicyConfig(const PolicyConfig& c) {
     throw std::invalid_argument(
         "--ltp_min_fraction must be in (0, 1] (fraction of chunks a round "
         "needs before the deadline may close it), got " +
-        Num(c.ltp_min_fraction) + ": e.g. 0.5");
+        PolicyNum(c.ltp_min_fraction) + ": e.g. 0.5");
   }
+  ValidateDeadlineParams(c);
 }
 
 std::unique_ptr<TolerancePolicy> TolerancePolicy::Create(
@@ -223,6 +243,10 @@ std::unique_ptr<TolerancePolicy> TolerancePolicy::Create(
                                           config.clr);
     case PolicyKind::kLtp:
       return std::make_unique<LtpPolicy>(config);
+    case PolicyKind::kDeadline:
+      return MakeDeadlinePolicy(config);
+    case PolicyKind::kCombined:
+      return MakeCombinedPolicy(config);
   }
   return nullptr;  // unreachable: ValidatePolicyConfig rejected the value
 }
