@@ -112,7 +112,10 @@ def main():
               0.08 <= rate <= 0.12, f"{sent - got} of {sent} lost: "
               f"{100 * rate:.1f}%")
         check("the switch counts what the receiver missed",
-              d["wire_drops"] == sent - got and d["queue_drops"] == 0,
+              # The port also carries a few frames of its own (ARP):
+              # the loss stage may drop one of those too.
+              sent - got <= d["wire_drops"] <= sent - got + 5 and
+              d["queue_drops"] == 0,
               f"wire drops {d['wire_drops']}, queue drops "
               f"{d['queue_drops']}")
         bed.clear_loss()
@@ -129,7 +132,7 @@ def main():
             ["/usr/bin/python3", os.path.join(REPO, "tools", "dblp-eval"),
              "run", "--grid", "smoke", "--only",
              "cnn/gloo/clean,cnn/reliable/burst", "--seeds", "1",
-             "--iterations", "40", "--out", out, "--build", build,
+             "--iterations", "24", "--out", out, "--build", build,
              "--prefix", f"tbe{os.getpid() % 100000}", "--timeout", "240"],
             capture_output=True, text=True, timeout=400)
         print(r.stdout[-2000:] + r.stderr[-2000:])
@@ -139,9 +142,9 @@ def main():
             if os.path.exists(p):
                 with open(p) as f:
                     runs[name] = json.load(f)
-        check("gloo and DBLP both finish 40 steps through the testbed",
+        check("gloo and DBLP both finish 24 steps through the testbed",
               r.returncode == 0 and len(runs) == 2 and all(
-                  len(x["step_s"]) == 40 for x in runs.values()),
+                  len(x["step_s"]) == 24 for x in runs.values()),
               f"exit {r.returncode}, runs {sorted(runs)}")
         if len(runs) == 2:
             rel = runs["cnn-reliable-burst-s1"]
