@@ -15,11 +15,11 @@ class CombinedPolicy final : public TolerancePolicy {
       : p_low_(c.p_low),
         p_high_(c.p_high),
         detector_(c.clr),
-        factor_(c.ltp_deadline_factor),
-        initial_deadline_ns_(c.ltp_initial_deadline_ns),
-        min_fraction_(c.ltp_min_fraction),
-        history_(c.ltp_window),
-        deadline_ns_(c.ltp_initial_deadline_ns) {}
+        // The median, as ltp: it ignores the very bursts early close is
+        // meant to cut short, where a mean or a high percentile would
+        // chase them.
+        close_(0, c.ltp_deadline_factor, c.ltp_window,
+               c.ltp_initial_deadline_ns, c.ltp_min_fraction) {}
 
   RoundTolerance Current() const override {
     RoundTolerance t;
@@ -31,19 +31,15 @@ class CombinedPolicy final : public TolerancePolicy {
       return t;
     }
     t.p = p_high_;
-    t.deadline_ns = deadline_ns_;
-    t.min_fraction = min_fraction_;
+    t.deadline_ns = close_.deadline_ns();
+    t.min_fraction = close_.min_fraction();
     return t;
   }
 
   void OnIterationEnd(uint64_t iteration, double avg_grad_norm,
                       uint64_t round_time_ns) override {
     detector_.Observe(iteration, avg_grad_norm);
-    // The median, as ltp: it ignores the very bursts early close is meant
-    // to cut short, where a mean or a high percentile would chase them.
-    if (history_.Add(round_time_ns)) {
-      deadline_ns_ = ScaledDeadlineNs(factor_, history_.Median());
-    }
+    close_.Add(round_time_ns);
   }
 
   PolicyKind kind() const override { return PolicyKind::kCombined; }
@@ -53,21 +49,15 @@ class CombinedPolicy final : public TolerancePolicy {
            ",p_high=" + PolicyNum(p_high_) +
            ",freq=" + std::to_string(detector_.params().freq) +
            ",eta=" + PolicyNum(detector_.params().eta) +
-           ",deadline_factor=" + PolicyNum(factor_) +
-           ",window=" + std::to_string(history_.window()) +
-           ",initial_deadline_ns=" + std::to_string(initial_deadline_ns_) +
-           ",min_fraction=" + PolicyNum(min_fraction_) + ")";
+           ",deadline_factor=" + PolicyNum(close_.factor()) +
+           close_.DescribeTail() + ")";
   }
 
  private:
   double p_low_;
   double p_high_;
   ClrDetector detector_;
-  double factor_;
-  uint64_t initial_deadline_ns_;
-  double min_fraction_;
-  RoundTimeWindow history_;
-  uint64_t deadline_ns_;
+  EarlyClose close_;
 };
 
 }  // namespace

@@ -10,47 +10,35 @@ namespace {
 
 class DeadlinePolicy final : public TolerancePolicy {
  public:
+  // The nearest rank is a round time that was measured: with no margin
+  // (factor 1) the deadline is exactly as long as a round that happened,
+  // never an interpolation shorter than any of them.
   explicit DeadlinePolicy(const PolicyConfig& c)
       : percentile_(c.deadline_percentile),
-        factor_(c.deadline_factor),
-        initial_deadline_ns_(c.deadline_initial_ns),
-        min_fraction_(c.deadline_min_fraction),
-        history_(c.deadline_window),
-        deadline_ns_(c.deadline_initial_ns) {}
+        close_(c.deadline_percentile, c.deadline_factor, c.deadline_window,
+               c.deadline_initial_ns, c.deadline_min_fraction) {}
 
   RoundTolerance Current() const override {
     RoundTolerance t;
-    t.deadline_ns = deadline_ns_;
-    t.min_fraction = min_fraction_;
+    t.deadline_ns = close_.deadline_ns();
+    t.min_fraction = close_.min_fraction();
     return t;
   }
 
   void OnIterationEnd(uint64_t, double, uint64_t round_time_ns) override {
-    // The nearest rank is a round time that was measured: with no margin
-    // (factor 1) the deadline is exactly as long as a round that happened,
-    // never an interpolation shorter than any of them.
-    if (history_.Add(round_time_ns)) {
-      deadline_ns_ =
-          ScaledDeadlineNs(factor_, history_.Percentile(percentile_));
-    }
+    close_.Add(round_time_ns);
   }
 
   PolicyKind kind() const override { return PolicyKind::kDeadline; }
   std::string Describe() const override {
     return "deadline(percentile=" + PolicyNum(percentile_) +
-           ",factor=" + PolicyNum(factor_) +
-           ",window=" + std::to_string(history_.window()) +
-           ",initial_deadline_ns=" + std::to_string(initial_deadline_ns_) +
-           ",min_fraction=" + PolicyNum(min_fraction_) + ")";
+           ",factor=" + PolicyNum(close_.factor()) + close_.DescribeTail() +
+           ")";
   }
 
  private:
   double percentile_;
-  double factor_;
-  uint64_t initial_deadline_ns_;
-  double min_fraction_;
-  RoundTimeWindow history_;
-  uint64_t deadline_ns_;
+  EarlyClose close_;
 };
 
 }  // namespace

@@ -5,6 +5,8 @@
 #include <limits>
 #include <vector>
 
+#include "dblp/policy/policy_text.h"
+
 namespace dblp {
 
 bool RoundTimeWindow::Add(uint64_t round_time_ns) {
@@ -46,6 +48,20 @@ uint64_t ScaledDeadlineNs(double factor, double statistic_ns) {
   if (d < 1) return 1;
   if (d >= 0x1.0p64) return std::numeric_limits<uint64_t>::max();
   return static_cast<uint64_t>(d);
+}
+
+void EarlyClose::Add(uint64_t round_time_ns) {
+  if (history_.Add(round_time_ns)) {
+    deadline_ns_ = ScaledDeadlineNs(
+        factor_, percentile_ > 0 ? history_.Percentile(percentile_)
+                                 : history_.Median());
+  }
+}
+
+std::string EarlyClose::DescribeTail() const {
+  return ",window=" + std::to_string(history_.window()) +
+         ",initial_deadline_ns=" + std::to_string(initial_deadline_ns_) +
+         ",min_fraction=" + PolicyNum(min_fraction_);
 }
 
 }  // namespace dblp

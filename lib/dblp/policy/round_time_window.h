@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <string>
 
 namespace dblp {
 
@@ -42,5 +43,40 @@ class RoundTimeWindow {
 // round(factor * statistic_ns) as a deadline: at least 1 ns (0 would read
 // as "no deadline"), saturated at the largest uint64_t.
 uint64_t ScaledDeadlineNs(double factor, double statistic_ns);
+
+// The early close a deadline policy carries (ltp, deadline, combined): its
+// window of measured round times, the deadline factor x a statistic of them
+// gives (the median for percentile 0, else that nearest-rank percentile),
+// the floor of chunks a deadline needs, and the deadline in force
+// (initial_deadline_ns until a round was measured).
+class EarlyClose {
+ public:
+  EarlyClose(double percentile, double factor, uint32_t window,
+             uint64_t initial_deadline_ns, double min_fraction)
+      : percentile_(percentile),
+        factor_(factor),
+        initial_deadline_ns_(initial_deadline_ns),
+        min_fraction_(min_fraction),
+        history_(window),
+        deadline_ns_(initial_deadline_ns) {}
+
+  // One round's time (0: not measured, ignored).
+  void Add(uint64_t round_time_ns);
+
+  uint64_t deadline_ns() const { return deadline_ns_; }
+  double min_fraction() const { return min_fraction_; }
+  double factor() const { return factor_; }
+  // ",window=W,initial_deadline_ns=N,min_fraction=F": the tail every
+  // Describe() line of these policies shares.
+  std::string DescribeTail() const;
+
+ private:
+  double percentile_;
+  double factor_;
+  uint64_t initial_deadline_ns_;
+  double min_fraction_;
+  RoundTimeWindow history_;
+  uint64_t deadline_ns_;
+};
 
 }  // namespace dblp

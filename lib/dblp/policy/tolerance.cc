@@ -110,42 +110,31 @@ class DblpPolicy final : public TolerancePolicy {
 
 class LtpPolicy final : public TolerancePolicy {
  public:
+  // The median times the factor: the median ignores the very bursts early
+  // close is meant to cut short, where a mean or a max would chase them.
   explicit LtpPolicy(const PolicyConfig& c)
-      : factor_(c.ltp_deadline_factor),
-        initial_deadline_ns_(c.ltp_initial_deadline_ns),
-        min_fraction_(c.ltp_min_fraction),
-        history_(c.ltp_window),
-        deadline_ns_(c.ltp_initial_deadline_ns) {}
+      : close_(0, c.ltp_deadline_factor, c.ltp_window,
+               c.ltp_initial_deadline_ns, c.ltp_min_fraction) {}
 
   RoundTolerance Current() const override {
     RoundTolerance t;
-    t.deadline_ns = deadline_ns_;
-    t.min_fraction = min_fraction_;
+    t.deadline_ns = close_.deadline_ns();
+    t.min_fraction = close_.min_fraction();
     return t;
   }
 
   void OnIterationEnd(uint64_t, double, uint64_t round_time_ns) override {
-    // The median times the factor: the median ignores the very bursts early
-    // close is meant to cut short, where a mean or a max would chase them.
-    if (history_.Add(round_time_ns)) {
-      deadline_ns_ = ScaledDeadlineNs(factor_, history_.Median());
-    }
+    close_.Add(round_time_ns);
   }
 
   PolicyKind kind() const override { return PolicyKind::kLtp; }
   std::string Describe() const override {
-    return "ltp(deadline_factor=" + PolicyNum(factor_) +
-           ",window=" + std::to_string(history_.window()) +
-           ",initial_deadline_ns=" + std::to_string(initial_deadline_ns_) +
-           ",min_fraction=" + PolicyNum(min_fraction_) + ")";
+    return "ltp(deadline_factor=" + PolicyNum(close_.factor()) +
+           close_.DescribeTail() + ")";
   }
 
  private:
-  double factor_;
-  uint64_t initial_deadline_ns_;
-  double min_fraction_;
-  RoundTimeWindow history_;
-  uint64_t deadline_ns_;
+  EarlyClose close_;
 };
 
 }  // namespace
