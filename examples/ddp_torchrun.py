@@ -46,9 +46,6 @@ def main():
     ap.add_argument("--data_dir", default=DATA_DIR)
     ap.add_argument("--out", default="")
     args = ap.parse_args()
-    if args.backend == "dblp":
-        import dblp  # noqa: F401  (registers the backend)
-
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)
     dist.init_process_group(args.backend)

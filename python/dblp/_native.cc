@@ -83,6 +83,7 @@ PYBIND11_MODULE(_native, m) {
   m.attr("POST_GRADIENT") = static_cast<int>(dblp::ShmPost::kGradient);
   m.attr("POST_MODEL") = static_cast<int>(dblp::ShmPost::kModel);
   m.attr("POST_END") = static_cast<int>(dblp::ShmPost::kEnd);
+  m.attr("POST_ABORT") = static_cast<int>(dblp::ShmPost::kAbort);
   m.attr("STATE_STARTING") = static_cast<int>(dblp::ShmWorkerState::kStarting);
   m.attr("STATE_JOINED") = static_cast<int>(dblp::ShmWorkerState::kJoined);
   m.attr("STATE_FAILED") = static_cast<int>(dblp::ShmWorkerState::kFailed);
@@ -116,6 +117,9 @@ PYBIND11_MODULE(_native, m) {
            [](ShmChannel& c, int kind, uint64_t iteration) {
              c.PostToWorker(static_cast<dblp::ShmPost>(kind), iteration);
            })
+      .def("post_abort", &ShmChannel::PostAbort, py::arg("why"),
+           py::arg("iteration"),
+           "End the job on the trainer's error `why` (no BYE)")
       .def_property_readonly(
           "answers",
           [](const ShmChannel& c) {

@@ -1,20 +1,42 @@
 """The ``dblp`` torch.distributed backend.
 
-    import dblp.distributed                       # registers "dblp"
-    dist.init_process_group("dblp")               # under torchrun
-    ddp = DDP(model)                              # its gradients go over DBLP
+    import dblp.distributed
+    dblp.distributed.register()             # or run under tools/dblp-run
+    dist.init_process_group("dblp")         # under torchrun
+    ddp = DDP(model)                        # its gradients go over DBLP
+    opt = dblp.distributed.ResyncOptimizer(torch.optim.SGD(...), ddp)
+
+Nothing happens on import: register() adds the backend's name to
+torch.distributed (tools/dblp-run does it before the script runs, so a
+script written for gloo needs only the backend's name).
 
 A ``ProcessGroupDBLP`` holds an inner gloo group on the same store, and
-every collective but DBLP's goes to it unchanged: DDP's parameter broadcast,
-barriers, ``all_gather``, a loss averaged for logging. When a
-``DistributedDataParallel`` is built on the group, the group joins a DBLP
-job for that model (rank 0 starts the server unless ``DBLP_SERVER`` names
-one) and registers ``dblp.torch.comm_hook``: from then on every DDP step is
-one DBLP iteration, under the policy the server runs (bounded loss). Every
-``all_reduce`` is exact, over gloo: a parameter average or a metric must
-not be lossy. A gradient of your own goes over DBLP with
-``group.allreduce_gradient_(flat)`` (the model's size, float32 CPU: the
-SUM, as all_reduce's).
+every collective but DDP's gradient buckets goes to it unchanged: DDP's
+parameter broadcast, barriers, ``all_gather``, a loss averaged for
+logging, and every ``dist.all_reduce`` (a parameter average or a metric
+must not lose a float).
+
+Each ``DistributedDataParallel`` built on the group gets a DBLP job of its
+own, started at its first backward pass (rank 0 starts its dblp-server
+unless ``DBLP_SERVER`` names one). DDP's default path then carries each
+step's buckets to it through the group: one DBLP iteration per step over
+the whole gradient, under the policy the server runs (bounded loss).
+
+A comm hook of your own (``ddp.register_comm_hook``: PowerSGD, fp16
+compression, torch's allreduce hook) replaces that path, as on gloo: its
+collectives go over the inner gloo group, exact, because they carry
+compressed factors or halves whose every float matters and whose sizes
+are not the model's gradient. To run DBLP under a hook of your own, wrap
+it: ``ddp.register_comm_hook(dblp.torch.HookState(
+dblp.distributed.hook_state(ddp).worker, inner_hook=h), dblp.torch.
+comm_hook)`` moves what ``h`` returns. A gradient of your own goes over
+DBLP with ``group.allreduce_gradient_(flat)`` (the first model's size,
+float32 CPU: the SUM, as all_reduce's).
+
+When the server re-synchronises the replicas (``--resync_every``, on by
+default under a lossy policy), the optimizer's state is averaged too: wrap
+the optimizer in ``ResyncOptimizer(opt, ddp)``; a resync of a model whose
+optimizer is not wrapped fails, naming the fix.
 
 Configuration, from the environment (torchrun's, plus):
 
@@ -50,20 +72,23 @@ import weakref
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
+from torch._C._distributed_c10d import _create_work_from_future
 
-from . import DblpError, Worker, check_same_model
+from . import _ddp_job
 from ._launch import LocalServer
-from . import torch as _hook
+from .errors import DblpError
+from .torch import HookState
+from .worker import raise_after_backward
 
-__all__ = ["ProcessGroupDBLP", "BACKEND"]
+__all__ = ["ProcessGroupDBLP", "BACKEND", "register", "ResyncOptimizer",
+           "hook_state"]
 
 BACKEND = "dblp"
 _DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)
 
 # The collectives that go to the inner gloo group as they are.
 _DELEGATED = ["allreduce_coalesced", "allgather", "_allgather_base",
-              "allgather_coalesced", "broadcast", "barrier", "reduce",
+              "allgather_coalesced", "barrier", "reduce",
               "gather", "scatter", "reduce_scatter", "_reduce_scatter_base",
               "alltoall", "alltoall_base", "send", "recv", "recv_anysource",
               "monitored_barrier"]
@@ -80,11 +105,11 @@ class ProcessGroupDBLP(dist.ProcessGroup):
         self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store),
                                            rank, size, timeout)
         self.exact_group = self._gloo  # what must never lose a float
-        self.worker = None     # the Worker, once a DDP model is attached
-        self._server = None    # rank 0's LocalServer
-        # What to release (worker, server, secret copy): held apart from
-        # self, so the finalizer can release it when the group is gone.
-        self._res = {}
+        self.jobs = []         # one per DDP model built on the group
+        self._stepping = None  # the job whose buckets are coming in
+        # What to release, per job: held apart from self, so the finalizer
+        # can release it when the group is gone.
+        self._res = []
         weakref.finalize(self, ProcessGroupDBLP._release, self._res)
 
     def getBackendName(self):
@@ -96,99 +121,98 @@ class ProcessGroupDBLP(dist.ProcessGroup):
     def __repr__(self):
         return f"ProcessGroupDBLP(rank={self.rank()}, size={self.size()})"
 
+    @property
+    def worker(self):
+        """The first model's Worker, once its job has started."""
+        return self.jobs[0].worker if self.jobs else None
+
+    @property
+    def _server(self):
+        return self.jobs[0].server if self.jobs else None
+
     # ---- collectives -----------------------------------------------------
     def allreduce(self, tensors, opts=None):
-        """Exact, over gloo: DDP's gradients reach DBLP through the comm
-        hook, and anything else (a parameter average, a metric) must not
-        lose a float."""
+        """A DDP gradient bucket (its default path) goes to its model's
+        DBLP job; everything else is exact, over gloo."""
+        if self.jobs and _ddp_job.from_ddp_reducer(_ddp_job.caller_file(1),
+                                                   tensors, opts):
+            return _create_work_from_future(self._push_bucket(tensors[0]))
         if opts is None:
             return self._gloo.allreduce(tensors)
         return self._gloo.allreduce(tensors, opts)
 
+    def broadcast(self, tensors, opts=None):
+        """gloo's; the first broadcast of a DDP's constructor also makes
+        the model's job (the model checked on every rank before any
+        server starts)."""
+        ddp = _ddp_job.ddp_being_built(1)
+        if ddp is not None and ddp.process_group is self:
+            job = _ddp_job.ModelJob(self, ddp, len(self.jobs))
+            self.jobs.append(job)
+            self._res.append(job.res)
+        if opts is None:
+            return self._gloo.broadcast(tensors)
+        return self._gloo.broadcast(tensors, opts)
+
+    def _push_bucket(self, bucket):
+        try:
+            job = self._stepping
+            if job is None or not job.in_step():
+                job = self._stepping = self._job_for_step(bucket)
+            fut = job.push(bucket)
+        except DblpError as e:
+            # Raised here, inside DDP's reducer, it would come out of
+            # backward() as a RuntimeError with the reducer mid-step: the
+            # bucket completes as it is, and backward() raises the
+            # DblpError once DDP has finished.
+            self._stepping = None
+            fut = torch.futures.Future()
+            fut.set_result(bucket)
+            raise_after_backward(e)
+            return fut
+        if not job.in_step():
+            self._stepping = None
+        return fut
+
+    def _job_for_step(self, bucket):
+        """The model whose backward pass sent this, the first bucket of a
+        step: the one model that ran a forward pass since its last step."""
+        waiting = [j for j in self.jobs if j.wants_step()]
+        if len(waiting) == 1:
+            return waiting[0]
+        if not waiting:
+            raise DblpError(
+                f"a DDP gradient bucket of {bucket.numel()} floats reached "
+                "the dblp group, and no DDP model built on it ran a forward"
+                " pass since its last step (a model built on another group,"
+                " or a torch whose DDP this package does not recognise: see "
+                "dblp/_ddp_job.py)")
+        raise DblpError(
+            f"{len(waiting)} DDP models on this dblp group ran forward "
+            "passes since their last step, and their backward passes "
+            "cannot be told apart on the group: run one model's forward "
+            "and backward before the next one's, or register "
+            "dblp.torch.comm_hook on each (dblp.distributed.hook_state)")
+
     def allreduce_gradient_(self, flat):
-        """The SUM of every rank's `flat` (float32, CPU, the attached
+        """The SUM of every rank's `flat` (float32, CPU, the first DDP
         model's gradient size) over DBLP, under the server's policy: what
-        the DDP hook does, for a gradient of your own."""
-        w = self.worker
-        if w is None:
+        DDP's path does, for a gradient of your own."""
+        if not self.jobs:
             raise DblpError("no DBLP job yet: build a DistributedDataParallel"
-                            " on this group first (that joins it)")
-        w.allreduce_(flat)
+                            " on this group first")
+        self.jobs[0].start().allreduce_(flat)
         flat.mul_(self.size())
         return flat
 
-    # ---- the DBLP job ----------------------------------------------------
-    def attach(self, ddp):
-        """Joins this group's DBLP job with `ddp`'s model and registers the
-        comm hook. Called by DistributedDataParallel's constructor."""
-        if self.worker is not None:
-            raise DblpError("this dblp process group already carries a DDP "
-                            "model's gradients: give the second model its "
-                            "own group (dist.new_group(backend='dblp'))")
-        model = ddp.module
-        # Before rank 0 starts a server for a job that cannot run.
-        check_same_model(model, self._gloo)
-        kwargs = self._job(model)
-        params = {id(p) for p in model.parameters() if p.requires_grad}
-        self.worker = Worker(model=model, optimizer=lambda: _optimizers_of(
-            params), state_group=self._gloo, check_ranks=False, **kwargs)
-        self._res["worker"] = self.worker
-        ddp.register_comm_hook(self.worker, _hook.comm_hook)
-
-    def _job(self, model):
-        """The Worker's arguments: the server (started here on rank 0 unless
-        DBLP_SERVER names one), the secret and this rank's port."""
-        env = os.environ
-        transport = env.get("DBLP_TRANSPORT", "dpdk")
-        if transport not in ("dpdk", "udp"):
-            raise DblpError(f"DBLP_TRANSPORT={transport}: use dpdk or udp")
-        rank = self.rank()
+    # ---- the jobs --------------------------------------------------------
+    def _job_kwargs(self, job):
         timeout_s = max(1.0, self._timeout.total_seconds())
-        timeout_flag = f"--round_timeout_ms={int(timeout_s * 1000)}"
-        out = env.get("DBLP_OUT") or None
-        server = env.get("DBLP_SERVER")
-        if server and not env.get("DBLP_SECRET_FILE"):
-            raise DblpError("DBLP_SERVER names a running dblp-server: give "
-                            "its job secret in DBLP_SECRET_FILE (rank 0 "
-                            "hands one out only for a server it starts)")
-        if env.get("DBLP_EAL") and not server:
-            raise DblpError("DBLP_EAL puts the workers on a NIC, and the "
-                            "server rank 0 would start is on the memif "
-                            "cluster: start a dblp-server on the NIC and "
-                            "name it in DBLP_SERVER (with DBLP_SECRET_FILE)")
-        if server is None and rank == 0:
-            self._start_server(transport, model, timeout_flag, out)
-        if server is None:
-            # Rank 0 publishes once its server listens (or the error).
-            info = self._store.get("server").decode()
-            if info.startswith("error:"):
-                raise DblpError("rank 0 could not start the dblp-server: " +
-                                info[6:])
-            server, sockets = info.split(" ", 1)
-        else:
-            sockets = ""
-        kw = dict(server=server, transport=transport, name=f"rank{rank}",
-                  answer_timeout=timeout_s, round_timeout=timeout_s,
-                  out_dir=out and os.path.join(out, f"rank{rank}"),
-                  worker_flags=shlex.split(env.get("DBLP_WORKER_FLAGS", "")))
-        kw.update(self._secret())
-        if transport == "dpdk":
-            if env.get("DBLP_EAL"):
-                local = env.get("LOCAL_RANK", str(rank))
-                kw["eal"] = shlex.split(env["DBLP_EAL"].replace(
-                    "{local_rank}", local))
-            elif sockets:
-                # One socket, or one per server shard joined by ";".
-                mine = sockets.split(",")[rank]
-                kw["memif_socket"] = mine.split(";") if ";" in mine else mine
-            else:
-                raise DblpError(
-                    "DBLP_SERVER names a dblp-server: give this rank's port "
-                    "in DBLP_EAL (e.g. '-l 3 -a 0000:3b:00.0'), or unset "
-                    "DBLP_SERVER to let rank 0 start one on this host")
+        kw = _ddp_job.job_kwargs(self, job, self._store, timeout_s)
+        kw.update(self._secret(job))
         return kw
 
-    def _start_server(self, transport, model, timeout_flag, out):
+    def _start_server(self, job, transport, timeout_flag, out, key):
         size = self.size()
         local = int(os.environ.get("LOCAL_WORLD_SIZE", size))
         if transport == "dpdk":
@@ -197,11 +221,11 @@ class ProcessGroupDBLP(dist.ProcessGroup):
                        f"{size} ranks of which {local} here: set "
                        "DBLP_TRANSPORT=udp, or DBLP_SERVER and DBLP_EAL for "
                        "a NIC")
-                self._store.set("server", "error:" + msg)
+                self._store.set(key, "error:" + msg)
                 raise DblpError(msg)
-        floats = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        flags = ["--rank_order=name", timeout_flag] + shlex.split(
-            os.environ.get("DBLP_SERVER_FLAGS", ""))
+        user_flags = shlex.split(os.environ.get("DBLP_SERVER_FLAGS", ""))
+        flags = ["--rank_order=name", timeout_flag] + \
+            _ddp_job.broadcast_flags(user_flags, job.optimizers) + user_flags
         secret = os.environ.get("DBLP_SECRET_FILE")
         host = "127.0.0.1"
         if transport == "udp":
@@ -210,73 +234,119 @@ class ProcessGroupDBLP(dist.ProcessGroup):
                 msg = (f"MASTER_ADDR resolves to {host} on rank 0, which the "
                        "other hosts cannot reach: give MASTER_ADDR as this "
                        "host's address on their network")
-                self._store.set("server", "error:" + msg)
+                self._store.set(key, "error:" + msg)
                 raise DblpError(msg)
         try:
-            self._server = LocalServer(
+            job.server = LocalServer(
                 size, transport, flags, out_dir=out, secret_file=secret,
-                host=host, memory_mb=_server_memory_mb(floats),
+                host=host, memory_mb=_server_memory_mb(job.floats),
                 timeout=self._timeout.total_seconds(),
                 shards=_shards_from_env())
         except Exception as e:
-            self._store.set("server", f"error:{e}")
+            self._store.set(key, f"error:{e}")
             raise
-        res = self._res
-        res["server"] = self._server
-        res["server_wait_s"] = min(300.0, self._timeout.total_seconds())
+        job.res["server"] = job.server
+        job.res["server_wait_s"] = min(300.0, self._timeout.total_seconds())
         if not secret:
-            with open(self._server.secret_file, "rb") as f:
-                self._store.set("secret", f.read())
+            with open(job.server.secret_file, "rb") as f:
+                self._store.set(f"secret/{job.index}", f.read())
         sockets = ",".join(
             ";".join(p) if isinstance(p, list) else p
-            for p in (self._server.socket(r) for r in range(size))) \
+            for p in (job.server.socket(r) for r in range(size))) \
             if transport == "dpdk" else ""
-        self._store.set("server", f"{self._server.address} {sockets}")
+        self._store.set(key, f"{job.server.address} {sockets}")
+        _ddp_job.print_notice(_ddp_job.policy_notice(flags))
 
-    def _secret(self):
+    def _secret(self, job):
         path = os.environ.get("DBLP_SECRET_FILE")
         if path:
             return dict(secret_file=path)
-        if self._server is not None:
-            return dict(secret_file=self._server.secret_file)
+        if job.server is not None:
+            return dict(secret_file=job.server.secret_file)
         fd, tmp = tempfile.mkstemp(prefix="dblp-secret-")
         os.fchmod(fd, stat.S_IRUSR | stat.S_IWUSR)
         with os.fdopen(fd, "wb") as f:
-            f.write(self._store.get("secret"))
-        self._res["secret"] = tmp
+            f.write(self._store.get(f"secret/{job.index}"))
+        job.res["secret"] = tmp
         return dict(secret_file=tmp)
 
     def shutdown(self):
-        """Ends this rank's part of the DBLP job (also when the group is
-        collected, or at exit)."""
-        self.worker = None
-        self._server = None
+        """Ends this rank's part of every DBLP job on the group (also when
+        the group is collected, or at exit)."""
+        for job in self.jobs:
+            job.worker = None
+            job.server = None
         ProcessGroupDBLP._release(self._res)
 
     @staticmethod
     def _release(res):
-        """Each resource whatever became of the one before it."""
-        w = res.pop("worker", None)
-        s = res.pop("server", None)
-        tmp = res.pop("secret", None)
-        try:
-            if w is not None:
-                w.close()
-        finally:
+        """Every job's resources, whatever became of the one before."""
+        errors = []
+        while res:
             try:
-                if s is not None:
-                    try:
-                        # The slowest rank's BYE ends the server.
-                        s.wait(timeout=res.get("server_wait_s", 300))
-                    finally:
-                        s.close()
-            finally:
-                if tmp:
-                    try:
-                        os.unlink(tmp)
-                    except FileNotFoundError:
-                        pass
+                _ddp_job.release(res.pop(0))
+            except Exception as e:  # the others are still released
+                errors.append(e)
+        if errors:
+            raise errors[0]
 
+
+def _job_of(ddp):
+    group = getattr(ddp, "process_group", None)
+    if not isinstance(group, ProcessGroupDBLP):
+        raise DblpError(f"this DistributedDataParallel is on a "
+                        f"{type(group).__name__}, not on a dblp group "
+                        "(dist.init_process_group('dblp') or "
+                        "dist.new_group(backend='dblp'))")
+    for job in group.jobs:
+        if job.ddp() is ddp:
+            return job
+    raise DblpError("this DistributedDataParallel is not one the dblp group "
+                    "saw being built")
+
+
+def hook_state(ddp):
+    """The state for ``ddp.register_comm_hook(state, dblp.torch.comm_hook)``
+    on a DDP built on a dblp group: its job, started now (every rank calls
+    it), carried by the hook from then on instead of DDP's default path.
+    A collective."""
+    job = _job_of(ddp)
+    job.hooked = True
+    return HookState(job.start())
+
+
+class ResyncOptimizer(torch.optim.Optimizer):
+    """`optim`, as it is, for a DDP model on a dblp group: at each of the
+    server's parameter re-synchronisations its per-parameter state (SGD's
+    momentum, Adam's moments) is averaged over the ranks too, exactly, so
+    the replicas leave the resync identical. In the style of torch's
+    PostLocalSGDOptimizer: use it wherever the optimizer was used."""
+
+    def __init__(self, optim, ddp):
+        self.optim = optim
+        self.param_groups = optim.param_groups
+        self.defaults = optim.defaults
+        self.state = optim.state
+        self._job = weakref.ref(_job_of(ddp))
+        self._job().optimizers.append(optim)
+
+    def __repr__(self):
+        return f"ResyncOptimizer({self.optim!r})"
+
+    def state_dict(self):
+        return self.optim.state_dict()
+
+    def load_state_dict(self, state_dict):
+        self.optim.load_state_dict(state_dict)
+
+    def step(self, closure=None):
+        return self.optim.step(closure)
+
+    def zero_grad(self, set_to_none=False):
+        self.optim.zero_grad(set_to_none=set_to_none)
+
+    def add_param_group(self, param_group):
+        self.optim.add_param_group(param_group)
 
 def _delegate(name):
     def method(self, *args, **kwargs):
@@ -316,52 +386,12 @@ def _server_memory_mb(floats):
     return max(512, int(3 * 4 * floats / 2**20) + 384)
 
 
-# Every optimizer built in this process (weakly): the one over a DDP
-# model's parameters has its state averaged at each resync, without the
-# script naming it.
-_optimizers = weakref.WeakSet()
-
-
-def _optimizers_of(params):
-    return [o for o in list(_optimizers)
-            if any(id(p) in params for g in o.param_groups
-                   for p in g["params"])]
-
-
-def _remember_optimizers(init):
-    def __init__(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        _optimizers.add(self)
-
-    __init__.__wrapped__ = init
-    return __init__
-
-
 def _create(store, rank, size, timeout):
     return ProcessGroupDBLP(store, rank, size, timeout)
 
 
-def _attach_after_ddp_init(init):
-    def __init__(self, module, *args, **kwargs):
-        init(self, module, *args, **kwargs)
-        pg = self.process_group
-        if isinstance(pg, ProcessGroupDBLP):
-            pg.attach(self)
-
-    __init__.__wrapped__ = init
-    return __init__
-
-
 def register():
-    """Registers the "dblp" backend (done on import; idempotent)."""
+    """Adds the "dblp" backend to torch.distributed (idempotent): the one
+    change this package makes to torch, and only when called."""
     if BACKEND.upper() not in dist.Backend._plugins:
         dist.Backend.register_backend(BACKEND, _create)
-    if not hasattr(DistributedDataParallel.__init__, "__wrapped__"):
-        DistributedDataParallel.__init__ = _attach_after_ddp_init(
-            DistributedDataParallel.__init__)
-    if not hasattr(torch.optim.Optimizer.__init__, "__wrapped__"):
-        torch.optim.Optimizer.__init__ = _remember_optimizers(
-            torch.optim.Optimizer.__init__)
-
-
-register()

@@ -1,5 +1,5 @@
 """CUDA models through DBLP: buckets staged through the shared region
-registered as pinned memory (dblp._CudaStaging), against gloo on the same
+registered as pinned memory (dblp.worker._CudaStaging), against gloo on the same
 GPU, bit for bit (two ranks, as test_ddp_exact.py), through the hook and
 the `dblp` backend. Skipped where torch has no CUDA device (Debian's
 python3-torch is built without CUDA)."""
@@ -17,6 +17,7 @@ if not torch.cuda.is_available():
 import torch.distributed as dist  # noqa: E402
 
 import dblp  # noqa: E402
+import dblp.distributed  # noqa: E402
 import dblp.torch  # noqa: E402
 import ddp_cases  # noqa: E402
 
@@ -55,6 +56,7 @@ def hook_rank(rank, port, kwargs):
 def backend_rank(rank, port):
     os.environ["DBLP_SERVER_FLAGS"] = "--policy=reliable --resync_every=0"
     ddp_cases.set_threads()
+    dblp.distributed.register()
     dist.init_process_group("dblp", init_method=f"tcp://127.0.0.1:{port}",
                             rank=rank, world_size=W)
     try:

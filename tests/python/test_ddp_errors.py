@@ -4,6 +4,9 @@ model it cannot move."""
 
 import glob
 import os
+import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -11,6 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import dblp  # noqa: E402
+import dblp.distributed  # noqa: E402
 import dblp.torch  # noqa: E402
 import ddp_cases  # noqa: E402
 
@@ -136,6 +140,7 @@ def odd_model_rank(rank, port, kwargs):
     t0 = time.monotonic()
     if kwargs is None:
         os.environ["DBLP_SERVER_FLAGS"] = "--policy=reliable"
+        dblp.distributed.register()
         torch.distributed.init_process_group(
             "dblp", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
             world_size=W)
@@ -174,3 +179,69 @@ def test_model_mismatch_fails_fast_naming_both(path):
             assert "6 params" in m and "8 params" in m, m
         assert res[r]["seconds"] < 10, res[r]
     assert not glob.glob("/dev/shm/dblp-[0-9]*")
+
+
+CRASHING_RANK = r"""
+import os, sys, time, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+import dblp, dblp.distributed
+dblp.distributed.register()
+dist.init_process_group("dblp")
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Linear(256, 4))
+ddp = DDP(model)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for step in range(400):
+    if rank == 1 and step == 3 and sys.argv[1] == "raise":
+        raise ValueError("boom in the trainer")
+    if rank == 1 and step == 3 and sys.argv[1] == "sigint":
+        print("ready", flush=True)
+        time.sleep(60)  # Ctrl-C arrives here
+    opt.zero_grad()
+    try:
+        ddp(torch.randn(8, 64)).sum().backward()
+    except dblp.DblpError as e:
+        print("DBLPERROR", e, flush=True)
+        sys.exit(3)
+    opt.step()
+"""
+
+
+@pytest.mark.parametrize("how", ["raise", "sigint"])
+def test_a_crashed_or_interrupted_rank_is_named_by_the_others(tmp_path, how):
+    """A rank whose script raises (or gets Ctrl-C) ends its part of the job
+    naming the exception; the other rank's backward() raises DblpError
+    saying so, not that the ranks ran different numbers of steps."""
+    script = tmp_path / "crash.py"
+    script.write_text(CRASHING_RANK)
+    port = ddp_cases.free_port_pair()
+    procs = []
+    for rank in range(W):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(W),
+                   LOCAL_WORLD_SIZE=str(W), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), OMP_NUM_THREADS="1",
+                   DBLP_OUT=str(tmp_path / "out"))
+        procs.append(subprocess.Popen(
+            [sys.executable, str(script), how], env=env, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    t0 = time.monotonic()
+    if how == "sigint":
+        for line in procs[1].stdout:
+            if "ready" in line:
+                break
+        procs[1].send_signal(signal.SIGINT)
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert time.monotonic() - t0 < 60, outs
+    assert procs[1].returncode != 0
+    assert procs[0].returncode == 3, outs[0][-2000:]
+    said = [line for line in outs[0].splitlines() if "DBLPERROR" in line]
+    assert said, outs[0][-2000:]
+    want = ("ValueError: boom in the trainer" if how == "raise"
+            else "KeyboardInterrupt")
+    assert "rank1" in said[0] and want in said[0], said[0]
+    assert "same number of steps" not in said[0]
+    assert not glob.glob("/dev/shm/dblp-[0-9]*")
+    left = subprocess.run(["pgrep", "-f", str(tmp_path)],
+                          capture_output=True, text=True).stdout.split()
+    assert not left, left

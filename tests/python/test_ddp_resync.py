@@ -26,9 +26,9 @@ def resync_rank(rank, port, kwargs):
     seen = []
     average = w._average_optimizer_state
 
-    def spy(params):  # right after the parameters' resync
+    def spy(params, optimizers):  # right after the parameters' resync
         before = [opt.state[p]["momentum_buffer"].clone() for p in params]
-        average(params)
+        average(params, optimizers)
         seen.append(dict(
             params=b"".join(p.detach().numpy().tobytes() for p in params),
             momentum=b"".join(opt.state[p]["momentum_buffer"].numpy()

@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
 import dblp  # noqa: E402
+import dblp.distributed  # noqa: E402
 import ddp_cases  # noqa: E402
 from test_ddp_exact import STEPS, W, assert_same_bits, reference  # noqa
 
@@ -21,6 +22,7 @@ pytestmark = pytest.mark.filterwarnings("ignore")
 def backend_rank(rank, kind, port, env):
     os.environ.update(env)
     ddp_cases.set_threads()
+    dblp.distributed.register()
     dist.init_process_group("dblp", init_method=f"tcp://127.0.0.1:{port}",
                             rank=rank, world_size=W)
     try:

@@ -1,6 +1,6 @@
 """`pip install .` (pyproject.toml + setup.py) into a venv over Debian's
 python3 (--system-site-packages: its torch), offline (--no-build-isolation):
-the installed package imports, registers the `dblp` backend, and runs a
+the installed package imports, registers the `dblp` backend when asked, and runs a
 job with the apps of this build tree."""
 
 import os
@@ -30,8 +30,10 @@ def test_pip_install_into_a_venv(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     script = textwrap.dedent("""
         import os, sys, torch, torch.distributed as dist
-        import dblp
+        import dblp, dblp.distributed
         assert dblp.__file__.startswith(sys.prefix), dblp.__file__
+        assert "DBLP" not in dist.Backend._plugins  # nothing on import
+        dblp.distributed.register()
         assert "DBLP" in dist.Backend._plugins
         with dblp.LocalServer(1, "dpdk", ["--policy=reliable"]) as srv:
             w = dblp.Worker(floats=1000, **srv.worker_kwargs(0))

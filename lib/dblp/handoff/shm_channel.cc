@@ -316,6 +316,13 @@ void ShmChannel::PostToWorker(ShmPost kind, uint64_t iteration) {
   Wake(header_->to_worker);
 }
 
+void ShmChannel::PostAbort(const std::string& why, uint64_t iteration) {
+  const size_t n = std::min(why.size(), kShmErrorBytes - 1);
+  std::memcpy(header_->error, why.data(), n);
+  header_->error[n] = '\0';
+  PostToWorker(ShmPost::kAbort, iteration);  // release: the text first
+}
+
 void ShmChannel::PostToTrainer() {
   header_->info.worker_post_ns = MonotonicNs();
   header_->to_trainer.fetch_add(1, std::memory_order_release);

@@ -36,6 +36,9 @@ enum class ShmPost : uint32_t {
   kGradient = 1,  // a training step's gradient is in gradient()
   kModel = 2,     // a re-synchronisation: the parameters are in gradient()
   kEnd = 3,       // no more steps: the worker says BYE and exits
+  kAbort = 4,     // the trainer is ending on an error, whose text is in
+                  // error: the worker fails the job naming it (never a BYE,
+                  // which the server would take for a finish)
 };
 
 // The worker's life (ShmHeader::worker_state, a futex word).
@@ -91,7 +94,9 @@ struct alignas(64) ShmHeader {
   int32_t worker_pid;                            // worker, at Open
   uint32_t rank, num_workers, resync_every;      // valid once kJoined
   ShmIterationInfo info;
-  char error[kShmErrorBytes];  // valid once kFailed
+  // The worker's failure once kFailed; before that, the trainer's reason
+  // with a kAbort post.
+  char error[kShmErrorBytes];
 };
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 static_assert(sizeof(ShmHeader) % 64 == 0);
@@ -142,6 +147,8 @@ class ShmChannel {
 
   // Trainer: post `kind` for `iteration`.
   void PostToWorker(ShmPost kind, uint64_t iteration);
+  // Trainer side: kAbort with `why` (cut to fit) in the error text.
+  void PostAbort(const std::string& why, uint64_t iteration);
   // Worker: the mean and info are written; wake the trainer.
   void PostToTrainer();
   // Worker: publish a state (and wake whoever waits on it or on an answer).

@@ -89,6 +89,12 @@ class ShmSource final : public GradientSource {
     h.info.worker_wake_ns = MonotonicNs();
     const auto kind = static_cast<ShmPost>(h.post_kind);
     if (kind == ShmPost::kEnd) return false;
+    if (kind == ShmPost::kAbort) {
+      throw std::runtime_error(
+          "its trainer ended on an error before iteration " +
+          std::to_string(it) + ": " +
+          std::string(h.error, strnlen(h.error, sizeof(h.error))));
+    }
     const ShmPost want = resync ? ShmPost::kModel : ShmPost::kGradient;
     const uint64_t posted = h.post_iteration;
     if (kind != want || posted != it) {
@@ -145,6 +151,8 @@ class ShmSource final : public GradientSource {
         return "its parameters";
       case ShmPost::kEnd:
         return "the end";
+      case ShmPost::kAbort:
+        return "an abort";
       default:
         return "an unknown post (" + std::to_string(static_cast<int>(k)) + ")";
     }
