@@ -63,10 +63,13 @@ def caller_file(depth):
 def from_ddp_reducer(caller, tensors, opts):
     """Whether an allreduce is DDP's default path for one gradient bucket:
     entered from C++ inside the autograd engine (`caller`: caller_file of
-    the allreduce), one float32 tensor, a sum."""
+    the allreduce), one dense floating-point tensor, a sum. Any float
+    dtype: a float64 model's buckets must reach its job to be refused
+    there, not go exact unnoticed; the reducer's own integer allreduce
+    (find_unused_parameters' map of used parameters) stays exact."""
     if caller not in (_AUTOGRAD_FILE, None) or len(tensors) != 1:
         return False
-    if tensors[0].dtype != torch.float32 or tensors[0].is_sparse:
+    if tensors[0].is_sparse or not tensors[0].is_floating_point():
         return False
     return opts is None or opts.reduceOp == torch.distributed.ReduceOp.SUM
 
@@ -117,8 +120,7 @@ class ModelJob:
         module = ddp.module
         named = [(n, p) for n, p in module.named_parameters()
                  if p.requires_grad]
-        # Refused here, at DDP's construction: before any server starts.
-        _check_params(named)
+        # The ranks' models compared at once, at DDP's construction.
         check_same_model(module, group.exact_group)
         self.group = group
         self.index = index
@@ -154,6 +156,15 @@ class ModelJob:
         if ddp is None:
             raise DblpError("the DistributedDataParallel of this DBLP job "
                             "is gone")
+        try:
+            # A model DBLP cannot move may still be built (as on gloo: for
+            # inference, its logging data); training it is refused here,
+            # before rank 0 starts a server.
+            _check_params([(n, p) for n, p in ddp.module.named_parameters()
+                           if p.requires_grad])
+        except TypeError as e:
+            self.group._refuse_job(self, str(e))
+            raise DblpError(str(e)) from None
         kwargs = self.group._job_kwargs(self)
         worker = Worker(model=ddp.module, optimizer=self._optimizers,
                         state_group=self.group.exact_group,
@@ -182,7 +193,11 @@ class ModelJob:
     # ---- DDP's default path --------------------------------------------
     def wants_step(self):
         """Whether this model ran a forward pass whose gradient it has not
-        reduced yet (DDP counts its forward passes that will reduce)."""
+        reduced yet (DDP counts its forward passes that will reduce). A
+        model under a comm hook of the user's never sends buckets to the
+        group, yet counts its forward passes too: torch has no way to ask
+        a DDP for its hook during a backward pass (the logging data that
+        names it waits for the reducer's lock, held there)."""
         ddp = self.ddp()
         return (ddp is not None and not self.hooked and
                 ddp.num_iterations != self.reduced_at)

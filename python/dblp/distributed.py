@@ -134,8 +134,9 @@ class ProcessGroupDBLP(dist.ProcessGroup):
     def allreduce(self, tensors, opts=None):
         """A DDP gradient bucket (its default path) goes to its model's
         DBLP job; everything else is exact, over gloo."""
-        if self.jobs and _ddp_job.from_ddp_reducer(_ddp_job.caller_file(1),
-                                                   tensors, opts):
+        # With no job yet too: DDP's buckets on a group that never saw the
+        # DDP built fail naming why, never go exact unnoticed.
+        if _ddp_job.from_ddp_reducer(_ddp_job.caller_file(1), tensors, opts):
             return _create_work_from_future(self._push_bucket(tensors[0]))
         if opts is None:
             return self._gloo.allreduce(tensors)
@@ -190,9 +191,10 @@ class ProcessGroupDBLP(dist.ProcessGroup):
         raise DblpError(
             f"{len(waiting)} DDP models on this dblp group ran forward "
             "passes since their last step, and their backward passes "
-            "cannot be told apart on the group: run one model's forward "
-            "and backward before the next one's, or register "
-            "dblp.torch.comm_hook on each (dblp.distributed.hook_state)")
+            "cannot be told apart on the group (one loss over both, or one "
+            "of them under a comm hook of yours): register "
+            "dblp.torch.comm_hook on each model DBLP should carry "
+            "(dblp.distributed.hook_state), or give each model its own group")
 
     def allreduce_gradient_(self, flat):
         """The SUM of every rank's `flat` (float32, CPU, the first DDP
@@ -256,6 +258,11 @@ class ProcessGroupDBLP(dist.ProcessGroup):
             if transport == "dpdk" else ""
         self._store.set(key, f"{job.server.address} {sockets}")
         _ddp_job.print_notice(_ddp_job.policy_notice(flags))
+
+    def _refuse_job(self, job, why):
+        """Rank 0 tells the ranks waiting for its server that none comes."""
+        if self.rank() == 0 and not os.environ.get("DBLP_SERVER"):
+            self._store.set(f"server/{job.index}", "error:" + why)
 
     def _secret(self, job):
         path = os.environ.get("DBLP_SECRET_FILE")

@@ -142,13 +142,21 @@ def hook_rank(rank, backend, hook, kind, port, env):
     return finish(pg, out)
 
 
-def two_models_rank(rank, backend, port, env):
-    """Two DDP models on one group, stepped one after the other."""
+def two_models_rank(rank, backend, port, env, first_hooked=False):
+    """Two DDP models on one group, stepped one after the other; the first
+    one under torch's allreduce hook if `first_hooked`, the second then
+    under DBLP's, explicitly (the group cannot tell their default-path
+    steps apart: dblp/_ddp_job.py)."""
     pg = init(rank, backend, port, env)
     torch.manual_seed(11)
     models = [ddp_cases.make_model(k) for k in ("one", "several")]
     ddps = [DDP(m, **ddp_cases.DDP_OPTIONS[k])
             for m, k in zip(models, ("one", "several"))]
+    if first_hooked:
+        attach_hook("allreduce", ddps[0], [0])
+        if backend == "dblp":
+            ddps[1].register_comm_hook(dblp.distributed.hook_state(ddps[1]),
+                                       dblp.torch.comm_hook)
     opts = [torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
             for m in models]
     losses = []
@@ -245,13 +253,18 @@ def test_dblp_under_a_wrapping_hook_state_equals_gloo():
         assert got[r]["jobs"] == [dict(started=True, exchanges=STEPS)]
 
 
-def test_two_models_on_one_group_each_their_own_job():
-    ref = run(two_models_rank, "gloo", ddp_cases.free_port_pair(), {})
-    got = run(two_models_rank, "dblp", ddp_cases.free_port_pair(), RELIABLE)
+@pytest.mark.parametrize("first_hooked", [False, True])
+def test_two_models_on_one_group_each_their_own_job(first_hooked):
+    ref = run(two_models_rank, "gloo", ddp_cases.free_port_pair(), {},
+              first_hooked)
+    got = run(two_models_rank, "dblp", ddp_cases.free_port_pair(), RELIABLE,
+              first_hooked)
+    first = dict(started=not first_hooked,
+                 exchanges=0 if first_hooked else STEPS)
     for r in range(W):
         assert got[r]["losses"] == ref[r]["losses"], r
         assert got[r]["params"] == ref[r]["params"], r
-        assert got[r]["jobs"] == [dict(started=True, exchanges=STEPS)] * 2
+        assert got[r]["jobs"] == [first, dict(started=True, exchanges=STEPS)]
 
 
 def no_orphans(out):
@@ -297,19 +310,20 @@ def test_resync_optimizer_leaves_every_rank_the_same_momentum(tmp_path):
 
 def float64_rank(rank, port, out):
     pg = init(rank, "dblp", port, {"DBLP_OUT": str(out)})
+    ddp = DDP(nn.Linear(4, 2).double())  # built, as on gloo
     try:
-        DDP(nn.Linear(4, 2).double())
+        ddp(torch.randn(3, 4, dtype=torch.float64)).sum().backward()
         refused = None
-    except TypeError as e:
+    except dblp.DblpError as e:
         refused = str(e)
     return finish(pg, dict(refused=refused))
 
 
-def test_a_model_dblp_cannot_move_is_refused_when_ddp_is_built(tmp_path):
+def test_a_model_dblp_cannot_move_is_refused_before_any_server(tmp_path):
     got = run(float64_rank, ddp_cases.free_port_pair(), tmp_path)
     for r in range(W):
         assert "float64" in got[r]["refused"], got[r]
         assert "model.float()" in got[r]["refused"]
-        assert got[r]["jobs"] == []  # no job, so no server was started
+        assert got[r]["jobs"] == [dict(started=False, exchanges=0)]
     assert not os.path.exists(tmp_path / "rank0")
     no_orphans(tmp_path)

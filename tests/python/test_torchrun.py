@@ -1,5 +1,6 @@
-"""torchrun (through tools/dblp-run, Debian's torchrun with the flags it
-needs) runs examples/ddp_torchrun.py unchanged but for the backend name:
+"""torchrun (through tools/dblp-run, torchrun with the backend registered
+and the flags Debian's needs) runs examples/ddp_torchrun.py, which has no
+line of DBLP's, unchanged but for the backend name:
 with 3 ranks under the default policy it trains; with 2 ranks and
 --policy=reliable every printed number equals gloo's (two addends: the
 float sums do not depend on their order, test_ddp_exact.py)."""
@@ -32,12 +33,17 @@ def run(tmp_path, backend, env=None, ranks=3):
         capture_output=True, text=True, timeout=400, env=e)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     with open(out / "result.json") as f:
-        return json.load(f)
+        result = json.load(f)
+    result["output"] = r.stdout + r.stderr
+    return result
 
 
 def test_torchrun_three_ranks_default_policy_trains(tmp_path):
     s = run(tmp_path, "dblp")
     assert s["world_size"] == 3 and s["backend"] == "dblp"
+    # Rank 0 says what the default policy means, and how to get exact.
+    assert "under --policy=dblp (broadcast: consistent)" in s["output"]
+    assert "DBLP_SERVER_FLAGS=--policy=reliable" in s["output"]
     assert s["loss_last"] < 0.6 * s["loss_first"], s
     assert s["test_accuracy"] > 0.65, s
     # Nothing left behind by the apps on a clean exit.
@@ -50,3 +56,4 @@ def test_torchrun_dblp_reliable_equals_gloo(tmp_path):
                ranks=2)
     for k in ("loss_first", "loss_last", "test_accuracy"):
         assert dblp[k] == gloo[k], (k, dblp[k], gloo[k])
+    assert "every float arrives" in dblp["output"]
