@@ -295,7 +295,8 @@ def plots(out, runs, by):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return ["(no plots: python3-matplotlib missing)"]
+        return [f"(no plots: no matplotlib in {sys.executable}; run the "
+                "report with Debian's /usr/bin/python3, python3-matplotlib)"]
     pdir = os.path.join(out, "plots")
     os.makedirs(pdir, exist_ok=True)
     made = []
@@ -413,9 +414,11 @@ def render(out):
     t, stats = model_tables(by)
     lines += t + targets(stats) + paper_table(stats, runs)
     made = plots(out, runs, by)
+    # A line that is not a plot says why there are none (no matplotlib in
+    # the python that ran the report): never an empty section.
     lines += ["", "## Plots", ""] + [
         f"![{os.path.basename(p)}](plots/{os.path.basename(p)})"
-        for p in made if p.endswith(".png")]
+        if p.endswith(".png") else p for p in made]
     return "\n".join(lines) + "\n"
 
 
