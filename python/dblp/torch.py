@@ -19,6 +19,8 @@ whole mean, as the paper's does), and every bucket's future completes with
 its slice of the mean, which DDP copies into the parameters' .grad.
 """
 
+from .errors import DblpError
+
 __all__ = ["comm_hook", "HookState"]
 
 
@@ -53,8 +55,15 @@ def comm_hook(state, bucket):
     model (float32 parameters, checked when it was built), on the CPU or
     a CUDA device (staged through pinned host memory), or a HookState."""
     worker = getattr(state, "worker", state)
-    flat = bucket.buffer()
+    flat, error = bucket.buffer(), None
     if getattr(state, "inner_hook", None) is not None:
-        flat = _inner_output(state, bucket)
+        try:
+            flat = _inner_output(state, bucket)
+        except Exception as e:
+            # Raised here, it would leave DDP's reducer mid-step: the step
+            # fails through the worker, out of backward() once DDP is done.
+            error = DblpError(f"the hook inside dblp.torch.HookState "
+                              f"failed: {type(e).__name__}: {e}")
+            flat = bucket.buffer()
     return worker.push_bucket(flat, bucket.is_last(), in_backward=True,
-                              index=bucket.index())
+                              index=bucket.index(), error=error)

@@ -478,14 +478,15 @@ class Worker:
 
     # ---- DDP buckets (dblp.torch.comm_hook) ----------------------------
     def push_bucket(self, flat, is_last, in_backward=False, index=None,
-                    scale=1.0):
+                    scale=1.0, error=None):
         """Stage one DDP bucket at the next offset; the last bucket of the
         step runs the exchange. Returns a Future completed with the
         bucket's slice of the mean. `index`: DDP's bucket index (0 starts
         a step, whatever happened to the one before). `scale`: what the
         whole gradient is multiplied by before the exchange (DDP's default
         path divides each bucket by the world size before its allreduce;
-        the policy must see the gradient's own norm).
+        the policy must see the gradient's own norm). `error`: this bucket
+        could not be made (a wrapped hook failed): the step fails with it.
 
         If the step fails, the futures are failed with the DblpError; with
         in_backward=True (DDP's comm hook) they complete with their own
@@ -495,6 +496,8 @@ class Worker:
         torch = _torch()
         if index == 0 and self._pending:
             self._end_step()  # a step that never reached its last bucket
+        if error is not None and self._step_error is None:
+            self._step_error = error
         n = flat.numel()
         off = self._bucket_offset
         fut = torch.futures.Future()

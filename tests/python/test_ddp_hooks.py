@@ -327,3 +327,43 @@ def test_a_model_dblp_cannot_move_is_refused_before_any_server(tmp_path):
         assert got[r]["jobs"] == [dict(started=False, exchanges=0)]
     assert not os.path.exists(tmp_path / "rank0")
     no_orphans(tmp_path)
+
+
+def failing_inner_rank(rank, port, env):
+    """The hook HookState wraps raises at step 2 on every rank."""
+    pg = init(rank, "dblp", port, env)
+    torch.manual_seed(5)
+    model = ddp_cases.make_model("several")
+    ddp = DDP(model, **ddp_cases.DDP_OPTIONS["several"])
+
+    def inner(state, bucket):
+        if step == 2:
+            raise ValueError("the inner hook's own bug")
+        return returns_bucket(state, bucket)
+
+    ddp.register_comm_hook(dblp.torch.HookState(
+        dblp.distributed.hook_state(ddp).worker, inner_hook=inner),
+        dblp.torch.comm_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    refused, losses = [], []
+    for step in range(5):
+        x, y = ddp_cases.batch("several", 5, rank, step)
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(ddp(x), y)
+        try:
+            loss.backward()
+        except dblp.DblpError as e:
+            refused.append((step, str(e)))
+            continue
+        opt.step()
+        losses.append(loss.item())
+    return finish(pg, dict(refused=refused, steps=len(losses)))
+
+
+def test_a_failing_wrapped_hook_fails_its_step_and_training_goes_on():
+    got = run(failing_inner_rank, ddp_cases.free_port_pair(), RELIABLE)
+    for r in range(W):
+        assert [s for s, _ in got[r]["refused"]] == [2], got[r]
+        assert "ValueError: the inner hook's own bug" in got[r]["refused"][0][1]
+        assert got[r]["steps"] == 4
+        assert got[r]["jobs"] == [dict(started=True, exchanges=4)]
