@@ -7,10 +7,12 @@ DBLP-specific part.
   DBLP_SERVER_FLAGS=--policy=reliable tools/dblp-run --nproc-per-node 3 \\
       examples/ddp_torchrun.py --backend dblp          # exact, as gloo
 
-tools/dblp-run is torchrun with the flags Debian's needs (--redirects 1
---tee 1; docs/PYTORCH.md). With --backend dblp, rank 0 starts a dblp-server
-on this host (DBLP_TRANSPORT=dpdk, the memif cluster, or udp) and every
-rank's DDP gradients go over DBLP; every other collective is gloo's.
+tools/dblp-run is torchrun with the dblp backend registered in each
+process and the flags Debian's needs (--redirects 1 --tee 1;
+docs/PYTORCH.md): nothing here imports dblp. With --backend dblp, rank 0
+starts a dblp-server on this host (DBLP_TRANSPORT=dpdk, the memif cluster,
+or udp) and every rank's DDP gradients go over DBLP; every other
+collective is gloo's.
 Rank 0 prints a JSON summary (and writes it to --out when given).
 """
 
