@@ -49,6 +49,24 @@ if BACKEND == "dblp":
     dblp.distributed.register()
     for feature in ("ddp", "subgroup", "plugin"):
         DistTestCases.backend_feature[feature].add("dblp")
+elif os.environ.get("DBLP_AS_GLOO") == "1":
+    # Forced through: the tests the suite runs only when BACKEND is "gloo"
+    # (its decorators name gloo) see "gloo", and the default group they
+    # get is dblp's. A test that checks the group's type or name then
+    # fails for that alone; the tool's report says which.
+    import torch.distributed as dist
+
+    import dblp.distributed
+
+    dblp.distributed.register()
+    _init_process_group = dist.init_process_group
+
+    def _init_as_dblp(*args, backend=None, **kwargs):
+        if backend in (None, "gloo"):
+            backend = "dblp"
+        return _init_process_group(*args, backend=backend, **kwargs)
+
+    dist.init_process_group = _init_as_dblp
 
 from torch.testing._internal.common_utils import run_tests  # noqa: E402
 from torch.testing._internal.distributed.distributed_test import (  # noqa
