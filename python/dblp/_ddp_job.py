@@ -118,14 +118,13 @@ class ModelJob:
 
     def __init__(self, group, ddp, index):
         module = ddp.module
-        named = [(n, p) for n, p in module.named_parameters()
-                 if p.requires_grad]
         # The ranks' models compared at once, at DDP's construction.
         check_same_model(module, group.exact_group)
         self.group = group
         self.index = index
         self.ddp = weakref.ref(ddp)
-        self.floats = sum(int(p.numel()) for _, p in named)
+        self.floats = sum(int(p.numel()) for p in module.parameters()
+                          if p.requires_grad)
         self.worker = None
         self.server = None
         self.failed = None      # why the job could not start
