@@ -154,12 +154,9 @@ dblp::ShardRole ShardRoleFromFlags() {
         "--directory is for shards 1..shards-1; shard 0 is the "
         "directory (drop --directory or set --shard_index)");
   }
-  if (FLAGS_shards > 1) ShardedJobFlagChecks();
-  dblp::ShardRole role;
-  role.index = static_cast<uint16_t>(FLAGS_shard_index);
-  role.count = static_cast<uint16_t>(FLAGS_shards);
-  role.directory = FLAGS_shard_index > 0 ? FLAGS_directory : FLAGS_listen;
-  if (role.index > 0) {
+  // Before the checks that compare it with --listen: a malformed
+  // directory is named as such, not as "another host".
+  if (FLAGS_shard_index > 0) {
     sockaddr_in sa{};
     std::string err;
     if (!dblp::ParseIpv4Endpoint(FLAGS_directory, false, false, "10.0.0.1:9100",
@@ -167,6 +164,11 @@ dblp::ShardRole ShardRoleFromFlags() {
       dblp::FlagError("--directory=" + FLAGS_directory + ": " + err);
     }
   }
+  if (FLAGS_shards > 1) ShardedJobFlagChecks();
+  dblp::ShardRole role;
+  role.index = static_cast<uint16_t>(FLAGS_shard_index);
+  role.count = static_cast<uint16_t>(FLAGS_shards);
+  role.directory = FLAGS_shard_index > 0 ? FLAGS_directory : FLAGS_listen;
   return role;
 }
 

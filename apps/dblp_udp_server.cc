@@ -15,6 +15,7 @@
 
 #include "dblp/base/ipv4_endpoint.h"
 #include "dblp/base/log.h"
+#include "dblp/base/quit_signal.h"
 #include "dblp/base/version.h"
 #include "dblp/wire/chunking.h"
 #include "job_flags.h"
@@ -69,6 +70,7 @@ dblp::UdpJobServerOptions OptionsFromFlags() {
   o.cpu = FLAGS_cpu;
   o.idle_sleep_us = FLAGS_idle_sleep_us;
   o.deep_idle = dblp::DeepIdleFromFlags();
+  o.quit = &dblp::InstallQuitHandlers();  // summary and rows on SIGINT
   o.out_dir = FLAGS_out_dir;
   o.rows_on_error = dblp::RowsOnErrorFromFlags();
   o.secret = dblp::JobSecretFromFlags("dblp-udp-server");

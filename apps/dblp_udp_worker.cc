@@ -16,6 +16,7 @@
 #include <string>
 
 #include "dblp/base/log.h"
+#include "dblp/base/quit_signal.h"
 #include "dblp/base/version.h"
 #include "dblp/handoff/gradient_source.h"
 #include "dblp/wire/chunking.h"
@@ -77,6 +78,7 @@ dblp::UdpJobWorkerOptions OptionsFromFlags() {
   o.rows_on_error = dblp::RowsOnErrorFromFlags();
   o.on_absorbed = dblp::WorkerDumps(FLAGS_dump_dir, FLAGS_dump_iterations);
   o.secret = dblp::JobSecretFromFlags("dblp-udp-worker");
+  o.quit = &dblp::InstallQuitHandlers();  // summary and rows on SIGINT
   return o;
 }
 

@@ -125,7 +125,12 @@ inline dblp::JobSecret JobSecretFromFlags(const char* app) {
 
 inline std::pair<uint64_t, uint64_t> ParsePair(const std::string& text,
                                                const char* flag) {
-  const auto v = ParseIterationList(text);
+  std::vector<uint64_t> v;
+  try {
+    v = ParseIterationList(text);
+  } catch (const std::invalid_argument& e) {
+    FlagError(std::string("--") + flag + "=" + text + ": " + e.what());
+  }
   if (v.size() != 2 || v[0] > v[1]) {
     FlagError(std::string("--") + flag + "=" + text +
               ": expected FIRST,LAST with FIRST <= LAST, e.g. 10,1000");
@@ -160,7 +165,12 @@ inline BurstSchedule BurstsFromFlags() {
         FlagError("use either --burst_iters or --burst_random, not both");
       }
     } else {
-      b = ParseBurstIterations(FLAGS_burst_iters, FLAGS_burst_loss);
+      try {
+        b = ParseBurstIterations(FLAGS_burst_iters, FLAGS_burst_loss);
+      } catch (const std::invalid_argument& e) {
+        FlagError("--burst_iters=" + FLAGS_burst_iters + " (--burst_loss=" +
+                  std::to_string(FLAGS_burst_loss) + "): " + e.what());
+      }
     }
     if (!FLAGS_burst_window_ms.empty()) {
       const auto [a, z] = ParsePair(FLAGS_burst_window_ms, "burst_window_ms");
@@ -173,7 +183,9 @@ inline BurstSchedule BurstsFromFlags() {
     }
     return b;
   } catch (const std::invalid_argument& e) {
-    FlagError(std::string("burst flags: ") + e.what());
+    // RandomBurstIterations: the count, the range and the loss together.
+    FlagError(std::string("--burst_random, --burst_range, --burst_loss: ") +
+              e.what());
   }
 }
 

@@ -203,7 +203,7 @@ inline FillMode PushFillFromFlags() {
   try {
     return ParseFillMode(FLAGS_push_fill);
   } catch (const std::invalid_argument& e) {
-    FlagError(e.what());
+    FlagError("--push_fill=" + FLAGS_push_fill + ": " + e.what());
   }
 }
 

@@ -18,18 +18,6 @@
 
 namespace dblp {
 
-namespace {
-std::atomic<bool> g_quit{false};
-void OnQuitSignal(int) { g_quit.store(true); }
-}  // namespace
-
-const std::atomic<bool>& InstallQuitHandlers() {
-  std::signal(SIGINT, OnQuitSignal);
-  std::signal(SIGTERM, OnQuitSignal);
-  std::signal(SIGHUP, OnQuitSignal);  // a closed terminal: exit cleanly too
-  return g_quit;
-}
-
 void SetControlPriorities(SidecarThread& sidecar, const char* app,
                           bool realtime_datapath) {
   if (realtime_datapath && !SetRealtime(pthread_self(), kDatapathRtPriority)) {

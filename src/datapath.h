@@ -32,6 +32,7 @@
 #include "dblp/emul/token_bucket.h"
 #include "dblp/obs/run_report.h"  // DumpBinary
 #include "dblp/round/round_events.h"
+#include "dblp/base/quit_signal.h"  // the apps' InstallQuitHandlers
 #include "dblp/round/sender_round.h"
 #include "dblp/wire/bitmap.h"
 #include "dblp/wire/chunking.h"
@@ -40,10 +41,6 @@
 #include "frame_builder.h"
 
 namespace dblp {
-
-// SIGINT/SIGTERM/SIGHUP set this flag; the poll loops end at their next
-// idle moment and the apps still write their reports.
-const std::atomic<bool>& InstallQuitHandlers();
 
 // What a long run must give back: mbufs in use in `pool` and the process's
 // resident memory. Sampled at iterations 1, 2, 4, 8, ... (cheap: a /proc
@@ -143,21 +140,30 @@ class TypedRing {
   TypedRing(const TypedRing&) = delete;
   TypedRing& operator=(const TypedRing&) = delete;
   // A full ring means the other side stopped consuming for thousands of
-  // messages: the job cannot go on correctly, so it ends with a message
-  // instead of losing one.
-  void Push(const T& e) {
-    if (rte_ring_enqueue_elem(ring_, const_cast<T*>(&e), sizeof(T)) != 0) {
-      Die("control ring " + name_ +
-              " is full: the thread that drains it stopped consuming",
-          "report this with the command line; a larger --round_timeout_ms "
-          "will not help");
+  // messages: the job cannot go on correctly. The message is not queued;
+  // the ring remembers (Overflow) and the loops end the job through their
+  // failure path, never a process exit from a datapath or sidecar thread.
+  bool Push(const T& e) {
+    if (rte_ring_enqueue_elem(ring_, const_cast<T*>(&e), sizeof(T)) == 0) {
+      return true;
     }
+    full_.store(true, std::memory_order_relaxed);
+    return false;
+  }
+  // Why the job must end ("" while no message was refused).
+  std::string Overflow() const {
+    if (!full_.load(std::memory_order_relaxed)) return "";
+    return "control ring " + name_ +
+           " was full: the thread that drains it stopped consuming and a "
+           "message was refused (report this with the command line; a "
+           "larger --round_timeout_ms will not help)";
   }
   bool Pop(T* e) { return rte_ring_dequeue_elem(ring_, e, sizeof(T)) == 0; }
 
  private:
   rte_ring* ring_ = nullptr;
   std::string name_;
+  std::atomic<bool> full_{false};
 };
 
 // Where a datapath lcore's round sides post their control requests: the

@@ -46,12 +46,13 @@ namespace {
 
 // A pool that ran dry stalls a round as surely as a silent peer: when it
 // did, the stall says so and names the flag that sizes it.
-std::string PoolHint(const DatapathCounters& c) {
-  const uint64_t n = c.mbuf_alloc_failures.load(std::memory_order_relaxed);
-  if (n == 0) return "";
-  return "; this process's mbuf pool ran dry " + std::to_string(n) +
-         " times, which stalls rounds: give it more mbufs (--mbufs, or "
-         "--mbufs=0 to size it from the ports)";
+// What this process measured of a failed round's cause: its mbuf pool and
+// its loss injector (diagnosis.h).
+std::string MeasuredHint(const DatapathCounters& c,
+                         const RxLossInjector* loss) {
+  return MeasuredCauses(c.mbuf_alloc_failures.load(std::memory_order_relaxed),
+                        loss ? loss->dropped() : 0,
+                        loss ? loss->considered() : 0);
 }
 
 }  // namespace
@@ -310,6 +311,17 @@ void WorkerLcore::StopHelpers() {
   if (crew_gen_ != 0) setup_.crew->Abort(crew_gen_);
 }
 
+// Our push is done and no frame of the broadcast came: the server is
+// still in the push, perhaps waiting for another worker (RoundPacer's
+// patience).
+bool WorkerLcore::AwaitsBroadcast() const {
+  if (!PushDone()) return false;
+  for (const Lane& lane : lanes_) {
+    if (lane.link->bcast->receiver().received() != 0) return false;
+  }
+  return true;
+}
+
 bool WorkerLcore::BroadcastOpen() const {
   for (const Lane& lane : lanes_) {
     if (lane.link->bcast->receiver().open()) return true;
@@ -376,15 +388,25 @@ bool WorkerLcore::RunUntil(Done done, const char* waiting_for, uint64_t it,
       }
     }
     if (done()) return true;
+    for (const Lane& lane : lanes_) {
+      if (std::string e = lane.link->control.RingFailure(); !e.empty()) {
+        StopHelpers();
+        *failure = e;
+        return false;
+      }
+    }
     if (links_.server_gone()) {
       StopHelpers();
-      *failure = links_.failure();
+      // The server's text, and what this worker measured itself (the
+      // server cannot see our mbuf pool or our injector).
+      *failure = links_.failure() + MeasuredHint(conf_.counters, setup_.loss);
       return false;
     }
     const uint64_t next = Progress();
     const bool progress = next != mark;
     mark = next;
-    switch (pacer.After(work, progress, now)) {
+    const uint32_t patience = waiting_for != nullptr || AwaitsBroadcast() ? 2 : 1;
+    switch (pacer.After(work, progress, now, patience)) {
       case RoundPacer::Step::kContinue:
         continue;
       case RoundPacer::Step::kQuit:
@@ -393,7 +415,8 @@ bool WorkerLcore::RunUntil(Done done, const char* waiting_for, uint64_t it,
         return false;
       case RoundPacer::Step::kTimedOut:
         StopHelpers();
-        *failure = Stalled(waiting_for, it) + PoolHint(conf_.counters);
+        *failure = Stalled(waiting_for, it) +
+                   MeasuredHint(conf_.counters, setup_.loss);
         return false;
     }
   }
@@ -422,7 +445,7 @@ std::string WorkerLcore::Stalled(const char* waiting_for, uint64_t it) const {
   }
   std::string s = "iteration " + std::to_string(it) + ": " + waiting_for +
                   ": no progress from " + l.Label() + " for " +
-                  std::to_string(setup_.pacer->timeout_ms()) + " ms (push ";
+                  std::to_string(setup_.pacer->limit_ms()) + " ms (push ";
   if (push_done) {
     s += "done";
   } else {
@@ -763,6 +786,10 @@ bool ServerLcore::HandleEvents() {
     sync_.Fail(control_.failure());
     return false;
   }
+  if (std::string e = control_.RingFailure(); !e.empty()) {
+    sync_.Fail(e);
+    return false;
+  }
   DatapathEvent e;
   while (control_.events().Pop(&e)) {
     if (const auto* bye = std::get_if<PeerByeEvent>(&e)) {
@@ -820,12 +847,16 @@ std::string ServerLcore::Stalled(bool broadcasting) const {
   if (broadcasting) {
     return job_.BroadcastStalled(iteration_, timeout, [&](uint32_t w) {
       return links_[w]->bcast.done();
-    }) + PoolHint(conf_.counters);
+    }) + MeasuredHint(conf_.counters, nullptr);
   }
   const uint32_t round = PushRound(iteration_);
-  return job_.PushStalled(iteration_, timeout, [&](uint32_t w) {
-    return workers_[w]->push_stop.Received(round);
-  }) + PoolHint(conf_.counters);
+  const uint64_t injected =
+      setup_.loss ? setup_.loss->dropped() - injected_at_start_ : 0;
+  return job_.PushStalled(
+             iteration_, timeout,
+             [&](uint32_t w) { return workers_[w]->push_stop.Received(round); },
+             injected) +
+         MeasuredHint(conf_.counters, nullptr);
 }
 
 // What moves the job on this lcore (WorkerLcore::Progress): new chunks of
@@ -842,6 +873,7 @@ uint64_t ServerLcore::Progress() const {
 template <class Done>
 bool ServerLcore::RunUntil(Done done, bool broadcasting) {
   pacer_.Start(NowNs());
+  injected_at_start_ = setup_.loss ? setup_.loss->dropped() : 0;
   uint64_t mark = Progress();
   for (;;) {
     const uint64_t now = NowNs();
@@ -861,11 +893,36 @@ bool ServerLcore::RunUntil(Done done, bool broadcasting) {
       case RoundPacer::Step::kQuit:
         sync_.Fail("interrupted");
         return false;
-      case RoundPacer::Step::kTimedOut:
-        sync_.Fail(Stalled(broadcasting));
+      case RoundPacer::Step::kTimedOut: {
+        // --on_worker_loss=continue: the workers this round still waits
+        // for while the others are done are lost, and it goes on.
+        const std::string failure = LoseSilent(broadcasting);
+        if (failure.empty()) {
+          pacer_.Start(now);
+          continue;
+        }
+        sync_.Fail(failure);
         return false;
+      }
     }
   }
+}
+
+std::string ServerLcore::LoseSilent(bool broadcasting) {
+  const uint32_t round = PushRound(iteration_);
+  const uint32_t live = job_.live_count();
+  const std::string failure = job_.LoseSilent(
+      iteration_, broadcasting, pacer_.timeout_ms(),
+      [&](uint32_t w) {
+        return broadcasting ? !links_[w]->bcast.done()
+                            : !workers_[w]->push_stop.taken(round);
+      },
+      Stalled(broadcasting));
+  if (job_.live_count() != live) {
+    for (uint32_t w = 0; w < workers_.size(); ++w) LoseWorker(w, "");
+    ++departures_;
+  }
+  return failure;
 }
 
 // A worker that finished while another already pushes this round ran

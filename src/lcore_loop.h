@@ -241,6 +241,7 @@ class WorkerLcore {
   bool PushDone(const Lane& lane) const;
   void StopHelpers();
   bool BroadcastOpen() const;
+  bool AwaitsBroadcast() const;
   uint64_t Progress() const;
   template <class Done>
   bool RunUntil(Done done, const char* waiting_for, uint64_t it,
@@ -393,6 +394,7 @@ class ServerLcore {
   bool HandleEvents();
   bool LoseWorker(uint32_t w, const std::string& failure);
   std::string Stalled(bool broadcasting) const;
+  std::string LoseSilent(bool broadcasting);
   uint64_t Progress() const;
   uint64_t DrainedFor(const ServerLink& l) const;
   bool FinishedEarly(uint64_t it);
@@ -416,6 +418,7 @@ class ServerLcore {
   uint32_t rr_ = 0;                    // broadcast round robin
   uint64_t iteration_ = 0;
   uint64_t departures_ = 0;  // BYEs and lost workers: they move the job
+  uint64_t injected_at_start_ = 0;  // the injector's drops as a wait began
   // HandOver's frames for each other lcore, within one burst.
   std::vector<std::array<rte_mbuf*, kRxBurst>> staged_;
   std::vector<uint16_t> staged_n_;

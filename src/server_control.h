@@ -82,6 +82,11 @@ class ServerControl {
 
   TypedRing<DatapathEvent>& events() { return events_; }
   RingOutbox outbox() { return RingOutbox{&requests_, &sidecar_}; }
+  // A control ring refused a message (TypedRing::Overflow): "" if none.
+  std::string RingFailure() const {
+    std::string e = events_.Overflow();
+    return e.empty() ? requests_.Overflow() : e;
+  }
   // The control plane failed (a ROUND_BEGIN the wire cannot carry).
   bool failed() const { return failed_.load(std::memory_order_acquire); }
   const std::string& failure() const { return failure_; }

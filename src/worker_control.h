@@ -53,6 +53,11 @@ class WorkerControl {
 
   TypedRing<DatapathEvent>& events() { return events_; }
   RingOutbox outbox() { return RingOutbox{&requests_, &sidecar_}; }
+  // A control ring refused a message (TypedRing::Overflow): "" if none.
+  std::string RingFailure() const {
+    std::string e = events_.Overflow();
+    return e.empty() ? requests_.Overflow() : e;
+  }
   bool server_gone() const {
     return server_gone_.load(std::memory_order_acquire);
   }

@@ -37,6 +37,39 @@ TEST(TypedRing, CarriesEveryKindByValue) {
   EXPECT_FALSE(ring.Pop(&r));
 }
 
+// A full ring refuses the message and says why; the loops end the job
+// with that text (issue #35: it called std::exit from the pushing thread).
+TEST(TypedRing, AFullRingRefusesAndRemembersInsteadOfExiting) {
+  TypedRing<ControlRequest> ring("test_full", 4);  // holds 3
+  EXPECT_EQ(ring.Overflow(), "");
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(ring.Push(FinishRequest{true}));
+  EXPECT_FALSE(ring.Push(FinishRequest{false}));
+  EXPECT_NE(ring.Overflow().find("control ring test_full was full"),
+            std::string::npos);
+  ControlRequest r;
+  int n = 0;
+  while (ring.Pop(&r)) ++n;
+  EXPECT_EQ(n, 3);
+  EXPECT_NE(ring.Overflow(), "");  // the job still ends: a message is lost
+}
+
+// A worker waiting for the server to open the next round allows two
+// timeouts (the server may wait one for a silent member); the text says
+// the limit that expired.
+TEST(RoundPacer, PatienceMultipliesTheTimeoutForThatWaitOnly) {
+  RoundPacer p(0, 0, /*timeout_ms=*/2, nullptr);
+  const uint64_t t0 = 10'000'000'000;
+  p.Start(t0);
+  EXPECT_EQ(p.After(false, false, t0 + 3'000'000, 2),
+            RoundPacer::Step::kContinue);
+  EXPECT_EQ(p.After(false, false, t0 + 3'000'000, 1),
+            RoundPacer::Step::kTimedOut);
+  EXPECT_EQ(p.limit_ms(), 2u);
+  EXPECT_EQ(p.After(false, false, t0 + 4'100'000, 2),
+            RoundPacer::Step::kTimedOut);
+  EXPECT_EQ(p.limit_ms(), 4u);
+}
+
 TEST(DeepIdle, DeepensOnlyAfterItsIdleTimeAndNeverShortens) {
   const DeepIdle d{2000, 500};
   EXPECT_EQ(d.Cap(0, 20), 20u);

@@ -61,7 +61,13 @@ export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1:print_s
 # same control and hand-over code on af_packet/tap, ~40 s); shard_cluster,
 # _kill and _wrong_map, server_shards_door, memif_cluster_2worker_lcores
 # and the unit tests run here.
-SKIP_TESTS=${ASAN_SKIP_TESTS:-soak bench watchdog watchdog_netns netns_replay shard_cluster_dblp_resync shard_cluster_loss shard_cluster_2worker_lcores shard_cluster_netns steering_netns}
+# Issue #35's timing tests stay out for the same reason as watchdog
+# (silent_member, stall_cause, udp_signal: about 90 s run alone, the loss
+# and failure paths they reach run here in memif_cluster_lost_worker,
+# bad_input and the unit tests), flag_sweep only parses flags (bad_input
+# does that here), and testbed_check and sim_scale (about 60 s) run the
+# testbed's tooling and the simulator at sizes whose code sim runs here.
+SKIP_TESTS=${ASAN_SKIP_TESTS:-soak bench watchdog watchdog_netns netns_replay shard_cluster_dblp_resync shard_cluster_loss shard_cluster_2worker_lcores shard_cluster_netns steering_netns silent_member stall_cause udp_signal flag_sweep testbed_check sim_scale}
 selection=("$@")
 if [ $# -eq 0 ]; then
   mapfile -t selection < <(

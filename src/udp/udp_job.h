@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <atomic>
 #include <functional>
 #include <map>
 #include <span>
@@ -84,6 +85,9 @@ struct UdpJobServerOptions : ServerJobSettings {
   int cpu = -1;  // pin the datapath thread (-1: no pinning)
   uint32_t idle_sleep_us = 20;
   DeepIdle deep_idle;  // the back-off's second stage (deep_idle.h)
+  // SIGINT/SIGTERM (quit_signal.h; null: none): the job ends as on a
+  // failure ("interrupted"), its summary and rows written, ERROR sent.
+  const std::atomic<bool>* quit = nullptr;
   // Called once both sockets are bound (ports resolved), before any JOIN.
   std::function<void(uint16_t control_port, uint16_t udp_port)> on_listening;
   bool quiet = true;  // no progress lines on stdout
@@ -129,6 +133,9 @@ struct UdpJobWorkerOptions {
   uint32_t idle_sleep_us = 20;
   DeepIdle deep_idle;  // the back-off's second stage (deep_idle.h)
   std::string name = "udp-worker";
+  // SIGINT/SIGTERM (quit_signal.h; null: none): the job ends as on a
+  // failure ("interrupted"), its summary and rows written, ERROR sent.
+  const std::atomic<bool>* quit = nullptr;
   // After each iteration's row is on disk (datapath thread).
   std::function<void(const IterationRecord&)> on_iteration;
   // Rows streamed to iterations.jsonl / .csv here, summary.json at the

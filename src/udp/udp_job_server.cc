@@ -87,10 +87,15 @@ class JobServer {
   bool TakeEvents(std::string* failure);
   std::string FinishedEarly();
   bool Alive(uint32_t w) const { return job_->alive(w); }
+  bool Quit() const {
+    return o_.quit != nullptr && o_.quit->load(std::memory_order_relaxed);
+  }
   bool CloseRoundIfStopped(Outbox& out, std::string* failure);
   void BeginBroadcast();
   bool CloseBroadcastIfDone();
   std::string NoProgress() const;
+  std::string LoseSilent();
+  uint64_t injected_at_open_ = 0;  // the injector's drops at the push's open
   void Finish(Outbox& out, const std::string& failure);
   void FillCounters();
 
@@ -195,13 +200,13 @@ std::string JobServer::CheckOptions() {
 std::string JobServer::OpenSockets(ControlSidecar& sidecar) {
   std::string err;
   popts_.max_datagram = o_.mtu - udp::kIpUdpHeaders;
-  if (!port_.Open(o_.data, popts_, &err)) return err;
+  if (!port_.Open(o_.data, popts_, &err)) return "--data: " + err;
   job_nonce_ = RandomAuthBytes();
   session_ = DeriveSession(o_.secret, job_nonce_);
   chunk_payload_ = ChunkPayloadForMtu(o_.mtu, FrameTagBytes(o_.frame_auth));
   policy_text_ = policy_->Describe();
   if (!sidecar.Listen(o_.control, &err, UdpServerApp())) {
-    return "control: " + err;
+    return "--control: " + err;
   }
   if (!o_.quiet) {
     std::printf("udp-server: control %s port %u, data %s, %s\n",
@@ -408,9 +413,10 @@ void JobServer::OnWakeup() {
 // ---- datapath thread ------------------------------------------------------
 
 std::string JobServer::AwaitWorkers() {
-  if (udp::WaitFor([&] { return joined_.load(std::memory_order_acquire); },
-                   o_.join_timeout_ms)) {
-    return "";
+  if (udp::WaitFor(
+          [&] { return joined_.load(std::memory_order_acquire) || Quit(); },
+          o_.join_timeout_ms)) {
+    return Quit() ? "interrupted" : "";
   }
   std::string shortfall;
   {
@@ -459,7 +465,7 @@ std::string JobServer::SetUpJob() {
 std::string JobServer::ServeRounds(Outbox& out) {
   // Yields, not pauses, while spinning: the sidecar thread may share the
   // core.
-  RoundPacer pacer(512, o_.idle_sleep_us, o_.round_timeout_ms, nullptr, nullptr,
+  RoundPacer pacer(512, o_.idle_sleep_us, o_.round_timeout_ms, o_.quit, nullptr,
                    o_.deep_idle, IdleBackoff::Spin::kYield);
   pacer.Start(NowNs());
   std::string failure;
@@ -485,14 +491,30 @@ std::string JobServer::ServeRounds(Outbox& out) {
     const bool progress = moved || next != mark;
     mark = next;
     work = work || moved;
-    if (pacer.After(work, progress, NowNs()) == RoundPacer::Step::kTimedOut) {
-      return NoProgress();
+    const RoundPacer::Step step = pacer.After(work, progress, NowNs());
+    if (step == RoundPacer::Step::kQuit) return "interrupted";
+    if (step == RoundPacer::Step::kTimedOut) {
+      // --on_worker_loss=continue: the workers the round still waits for
+      // while the others are done are lost, and it goes on.
+      if (failure = LoseSilent(); !failure.empty()) return failure;
+      ++departures_;
+      pacer.Start(NowNs());
     }
   }
 }
 
+std::string JobServer::LoseSilent() {
+  return job_->LoseSilent(
+      broadcasting_ ? it_ - 1 : it_, broadcasting_, o_.round_timeout_ms,
+      [&](uint32_t w) {
+        return broadcasting_ ? !bcast_[w]->done() : !push_[w]->stopped();
+      },
+      NoProgress());
+}
+
 void JobServer::OpenPush(Outbox& out) {
   const uint64_t now = NowNs();
+  injected_at_open_ = loss_->dropped();
   const PushOpening o = job_->OpenPush(it_, now);
   const RoundBeginRequest& rb = o.announce;
   for (auto& side : push_) {
@@ -650,9 +672,10 @@ std::string JobServer::NoProgress() const {
         it_ - 1, o_.round_timeout_ms,
         [&](uint32_t w) { return bcast_[w]->done(); });
   }
-  return job_->PushStalled(it_, o_.round_timeout_ms, [&](uint32_t w) {
-    return push_[w]->receiver().received();
-  });
+  return job_->PushStalled(
+      it_, o_.round_timeout_ms,
+      [&](uint32_t w) { return push_[w]->receiver().received(); },
+      loss_->dropped() - injected_at_open_);
 }
 
 // ERROR (with the cause) or a plain close to every worker, flushed before

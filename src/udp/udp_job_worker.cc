@@ -12,6 +12,7 @@
 #include <variant>
 #include <vector>
 
+#include "dblp/job/diagnosis.h"
 #include "dblp/base/rng.h"
 #include "dblp/control/accepted_mail.h"
 #include "dblp/control/control.h"
@@ -77,6 +78,14 @@ class JobWorker {
   std::string StartSource();
   std::string RunIterations();
   bool TakeEvents();
+  // The server's text, and what this worker measured itself (the server
+  // cannot see our injector).
+  std::string GoneWhy() const {
+    return gone_why_ + MeasuredCauses(0, loss_->dropped(), loss_->considered());
+  }
+  bool Quit() const {
+    return o_.quit != nullptr && o_.quit->load(std::memory_order_relaxed);
+  }
   uint64_t Progress() const;
   std::string AwaitRoundBegin(uint32_t round);
 
@@ -170,7 +179,7 @@ std::string JobWorker::CheckOptions() {
   if (!udp::CheckCpu(o_.cpu, &err)) return "worker datapath: " + err;
   if (!ParseIpv4Endpoint(o_.server, false, false, "127.0.0.1:9100",
                          &server_ctrl_, &err)) {
-    return "server: " + err;
+    return "--server: " + err;
   }
   try {
     ParseLossSpec(o_.loss);
@@ -221,7 +230,7 @@ UdpJobWorkerResult JobWorker::Run() {
   }
   UdpPortOptions popts;
   popts.max_datagram = o_.mtu - udp::kIpUdpHeaders;
-  if (!port_.Open(o_.data, popts, &err)) return Fail(1, err);
+  if (!port_.Open(o_.data, popts, &err)) return Fail(1, "--data: " + err);
 
   ControlSidecar::Callbacks cb;
   cb.on_message = [this](ConnId, const ControlMessage& m) { OnMessage(m); };
@@ -339,9 +348,11 @@ void JobWorker::OnWakeup() {
 // ---- datapath thread ------------------------------------------------------
 
 std::string JobWorker::AwaitWelcome() {
-  if (!udp::WaitFor([&] { return welcomed_.load() || server_gone_.load(); },
-                    o_.join_timeout_ms) ||
+  if (!udp::WaitFor(
+          [&] { return welcomed_.load() || server_gone_.load() || Quit(); },
+          o_.join_timeout_ms) ||
       !welcomed_.load()) {
+    if (Quit()) return "interrupted";
     return "no WELCOME from the server at " + o_.server +
            (server_gone_.load()
                 ? " (" + gone_why_ + ")"
@@ -392,7 +403,7 @@ std::string JobWorker::SetUpJob() {
   for (Packet& p : pkts_) p.bytes.reserve(o_.mtu - udp::kIpUdpHeaders);
   // Yields, not pauses, while spinning: the sidecar thread may share the
   // core.
-  pacer_.emplace(512, o_.idle_sleep_us, o_.round_timeout_ms, nullptr, nullptr,
+  pacer_.emplace(512, o_.idle_sleep_us, o_.round_timeout_ms, o_.quit, nullptr,
                  o_.deep_idle, IdleBackoff::Spin::kYield);
   return "";
 }
@@ -458,11 +469,14 @@ std::string JobWorker::AwaitRoundBegin(uint32_t round) {
   pacer_->Start(NowNs());
   while (!(have_go_ && go_round_ == round)) {
     const bool any = TakeEvents();
-    if (server_gone_.load(std::memory_order_acquire)) return gone_why_;
+    if (server_gone_.load(std::memory_order_acquire)) return GoneWhy();
     // Only the awaited ROUND_BEGIN (which ends the wait) moves it.
-    if (pacer_->After(any, false, NowNs()) == RoundPacer::Step::kTimedOut) {
+    // Patience 2: the server may be waiting for another worker.
+    const RoundPacer::Step step = pacer_->After(any, false, NowNs(), 2);
+    if (step == RoundPacer::Step::kQuit) return "interrupted";
+    if (step == RoundPacer::Step::kTimedOut) {
       return "the server never opened push round " + std::to_string(round) +
-             " (waited " + std::to_string(o_.round_timeout_ms) + " ms)";
+             " (waited " + std::to_string(pacer_->limit_ms()) + " ms)";
     }
   }
   push_p_ = go_p_;
@@ -500,14 +514,21 @@ std::string JobWorker::Exchange(uint64_t it, std::span<const uint32_t> order) {
       bitmaps_ += s.passes() - 1 + (s.stop_requested() ? 0 : 1);
       return "";
     }
-    if (server_gone_.load(std::memory_order_acquire)) return gone_why_;
+    if (server_gone_.load(std::memory_order_acquire)) return GoneWhy();
     // A PROBE retry, a resent pass or a duplicate is work but no
     // progress (Progress), so a silent server or a dead link still times
     // the round out.
     const uint64_t next = Progress();
     const bool progress = next != mark;
     mark = next;
-    if (pacer_->After(work, progress, NowNs()) == RoundPacer::Step::kTimedOut) {
+    // Our push done and nothing of the broadcast yet: the server may be
+    // waiting for another worker (RoundPacer's patience).
+    const bool awaits_broadcast = push_->done() && !o_.push_only &&
+                                  bcast_->receiver().received() == 0;
+    const RoundPacer::Step step =
+        pacer_->After(work, progress, NowNs(), awaits_broadcast ? 2 : 1);
+    if (step == RoundPacer::Step::kQuit) return "interrupted";
+    if (step == RoundPacer::Step::kTimedOut) {
       return Stalled(it);
     }
   }
@@ -561,7 +582,7 @@ std::string JobWorker::Stalled(uint64_t it) const {
   std::string why = "iteration " + std::to_string(it) + ": the " +
                     (push_->done() ? "broadcast" : "push") +
                     " stalled: no progress from server " + o_.server + " for " +
-                    std::to_string(o_.round_timeout_ms) + " ms (push ";
+                    std::to_string(pacer_->limit_ms()) + " ms (push ";
   if (push_->done()) {
     why += "done";
   } else {
@@ -577,7 +598,8 @@ std::string JobWorker::Stalled(uint64_t it) const {
   }
   return why +
          "); check that the server runs and that frames pass both ways "
-         "(--loss, the link), or raise --round_timeout_ms";
+         "(--loss, the link), or raise --round_timeout_ms" +
+         MeasuredCauses(0, loss_->dropped(), loss_->considered());
 }
 
 // The row's inputs (the push bench's delivered fraction is its push's).

@@ -170,7 +170,7 @@ std::string CheckBenchOptions(const UdpPushBenchOptions& o, sockaddr_in* ctrl) {
     return "burst must be in 1.." + std::to_string(UdpSocketPort::kMaxBurst);
   }
   if (!ParseIpv4Endpoint(o.control, true, true, "127.0.0.1:9100", ctrl, &err)) {
-    return "control: " + err;
+    return "--control: " + err;
   }
   if (ctrl->sin_addr.s_addr == htonl(INADDR_ANY)) {
     ctrl->sin_addr.s_addr = htonl(INADDR_LOOPBACK);

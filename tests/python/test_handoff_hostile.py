@@ -86,3 +86,60 @@ def test_a_trainer_pid_rewritten_after_the_claim_ends_the_worker():
                 os.unlink("/dev/shm" + name)
             except FileNotFoundError:
                 pass
+
+
+# A trainer that truncates its region under the worker (issue #35, item 2):
+# the worker read the cut part as zeros (its SIGBUS guard, shm_guard.h) and
+# ends the job naming the truncation; before, dblp-worker and
+# dblp-udp-worker died by SIGBUS with nothing in their log.
+GRADIENT, ANSWER_SLICE_MS = 1, 100
+
+
+@pytest.mark.parametrize("transport", ["udp", "dpdk"])
+def test_a_region_truncated_under_the_worker_is_an_error_not_sigbus(
+        transport):
+    app = "dblp-udp-worker" if transport == "udp" else "dblp-worker"
+    try:
+        dblp.find_app(app)
+    except FileNotFoundError:
+        pytest.skip(app + " not built")
+    name = "/dblp-test-trunc-%s-%d" % (transport, os.getpid())
+    floats = 300000  # 1.2 MB: most of the region lies past the cut
+    with dblp.LocalServer(1, transport,
+                          ["--round_timeout_ms=20000"]) as srv:
+        ch = _native.Channel(name, floats)
+        worker = None
+        try:
+            extra = {} if transport == "udp" else {
+                "memif_socket": srv.socket(0)}
+            worker = subprocess.Popen(
+                worker_command(transport, server=srv.address, shm=name,
+                               name="w0", secret_file=srv.secret_file,
+                               **extra),
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            deadline = time.monotonic() + 30
+            while ch.state != JOINED and time.monotonic() < deadline:
+                ch.wait_state(ch.state, ANSWER_SLICE_MS)
+            assert ch.state == JOINED, worker.communicate(timeout=5)[0]
+            ch.gradient()  # a real step first: the job runs
+            seen = ch.answers
+            ch.post(GRADIENT, 0)
+            while not ch.wait_answer(seen, ANSWER_SLICE_MS):
+                assert worker.poll() is None, worker.communicate()[0]
+            # The trainer cuts everything past the header's page, then
+            # posts the next step as if nothing happened.
+            os.truncate("/dev/shm" + name, 4096)
+            ch.post(GRADIENT, 1)
+            try:
+                out = worker.communicate(timeout=30)[0]
+            except subprocess.TimeoutExpired:
+                pytest.fail(app + " still runs 30 s after its region was "
+                            "truncated")
+            assert worker.returncode == 1, (worker.returncode, out)
+            assert "truncated the hand-off region" in out, out
+            assert "truncated" in ch.error, ch.error
+        finally:
+            if worker is not None and worker.poll() is None:
+                worker.kill()
+                worker.wait()
+            ch.unlink()

@@ -1,10 +1,10 @@
 """PyTorch's own distributed suite on the dblp backend (tools/dblp-torch-
 suite; torch_suite.py): the DDP tests that pass on gloo on this host (the
 committed full run with gloo beside dblp, docs/results/issue34/
-torch-suite.json) run again, one per process, on dblp over memif and on
-dblp over kernel UDP; each must pass, or be listed in the tool's
-KNOWN_DIFFERENCES with its reason. gloo's own run is the committed one
-(CI time); rerun everything with the tool."""
+torch-suite.json) run again, one per process, on dblp over memif; each
+must pass, or be listed in the tool's KNOWN_DIFFERENCES with its reason.
+gloo's own run and dblp over kernel UDP are the committed run (CI time:
+tools/dblp-torch-suite --backends dblp-udp reruns UDP)."""
 
 import json
 import os
@@ -36,11 +36,12 @@ def test_torch_ddp_tests_that_pass_on_gloo_pass_on_dblp(tmp_path):
     r = subprocess.run(
         [sys.executable, os.path.join(REPO, "tools", "dblp-torch-suite"),
          "--select", "^(" + "|".join(names) + ")$", "--out", str(out),
-         "--backends", "dblp-memif,dblp-udp", "--timeout", "150"],
+         "--backends", "dblp-memif", "--timeout", "150"],
         capture_output=True, text=True, timeout=3000)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     with open(out) as f:
         got = json.load(f)["tests"]
     for name in names:
-        for backend in ("dblp-memif", "dblp-udp"):
-            assert got[name][backend]["result"] == "passed", (name, backend)
+        for backend in ("dblp-memif",):
+            res = got[name][backend]
+            assert res["result"] == "passed", (name, backend, res["tail"])

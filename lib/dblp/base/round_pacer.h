@@ -37,7 +37,15 @@ class RoundPacer {
   // send_side.h and receive_side.h) feeds the watchdog, so a loop that
   // only retries, resends into a dead link or hears strangers still times
   // out.
-  Step After(bool work, bool progress, uint64_t now_ns) {
+  //
+  // `patience`: how many timeouts this wait may take. A worker whose own
+  // sides are done and that waits for the server to open the next round
+  // passes 2: the server may wait one whole timeout for another, silent
+  // worker before it goes on without it (--on_worker_loss=continue) or
+  // ends the job naming it (abort) — neither is this worker's stall.
+  Step After(bool work, bool progress, uint64_t now_ns,
+             uint32_t patience = 1) {
+    patience_ = patience;
     if (progress) Progress(now_ns);
     if (quit_ != nullptr && quit_->load(std::memory_order_relaxed)) {
       return Step::kQuit;
@@ -51,6 +59,8 @@ class RoundPacer {
     return Step::kContinue;
   }
   uint32_t timeout_ms() const { return timeout_ms_; }
+  // The limit of the last wait that timed out (timeout_ms × patience).
+  uint32_t limit_ms() const { return timeout_ms_ * patience_; }
   uint64_t sleeps() const { return backoff_.sleeps(); }
 
  private:
@@ -60,7 +70,7 @@ class RoundPacer {
       last = std::max(last, shared_->load(std::memory_order_relaxed));
     }
     // Another lcore's progress may be stamped after our `now_ns`.
-    return now_ns > last && now_ns - last > timeout_ns_;
+    return now_ns > last && now_ns - last > timeout_ns_ * patience_;
   }
   void Progress(uint64_t now_ns) {
     // The shared line is written at most once a millisecond.
@@ -78,6 +88,7 @@ class RoundPacer {
   std::atomic<uint64_t>* shared_;  // every lcore of the job: relaxed
   uint64_t last_progress_ = 0;
   uint64_t last_published_ = 0;
+  uint32_t patience_ = 1;
 };
 
 }  // namespace dblp

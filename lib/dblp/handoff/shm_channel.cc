@@ -1,5 +1,7 @@
 #include "dblp/handoff/shm_channel.h"
 
+#include "dblp/handoff/shm_guard.h"
+
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <signal.h>
@@ -101,7 +103,7 @@ ShmChannel::ShmChannel(ShmChannel&& o) noexcept { *this = std::move(o); }
 
 ShmChannel& ShmChannel::operator=(ShmChannel&& o) noexcept {
   if (this != &o) {
-    if (base_ != nullptr) munmap(base_, bytes_);
+    Unmap();
     name_ = std::move(o.name_);
     unlinked_ = std::exchange(o.unlinked_, false);
     base_ = std::exchange(o.base_, nullptr);
@@ -129,8 +131,22 @@ void ShmChannel::SetLayout(uint64_t floats, uint32_t num_layers) {
                                    RoundUp(floats * sizeof(float)));
 }
 
-ShmChannel::~ShmChannel() {
-  if (base_ != nullptr) munmap(base_, bytes_);
+ShmChannel::~ShmChannel() { Unmap(); }
+
+void ShmChannel::Unmap() {
+  if (base_ == nullptr) return;
+  ShmGuard::Release(base_);  // before the address can be mapped again
+  munmap(base_, bytes_);
+  base_ = nullptr;
+}
+
+std::string ShmChannel::Truncated() const {
+  if (base_ == nullptr || !ShmGuard::Truncated(base_)) return "";
+  return "the trainer truncated the hand-off region " + name_ +
+         " below its " + std::to_string(bytes_) +
+         " bytes while this worker used it (ftruncate or a re-created "
+         "object): the part it cut was read as zeros; one dblp.Worker per "
+         "region, never resized while the worker runs";
 }
 
 ShmChannel ShmChannel::Create(const std::string& name, uint64_t floats,
@@ -229,6 +245,13 @@ ShmChannel ShmChannel::Open(const std::string& name) {
   void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
   if (base == MAP_FAILED) throw std::runtime_error(Errno("mapping " + name));
+  // Before the first read: the trainer may shrink the object at any time
+  // (shm_guard.h).
+  std::string why;
+  if (!ShmGuard::Guard(base, bytes, &why)) {
+    munmap(base, bytes);
+    throw std::runtime_error(why);
+  }
   ShmChannel ch(name, base, bytes);
   ShmHeader& h = ch.header();
   // A trainer and a worker of different builds, or a stray object: never
@@ -285,6 +308,8 @@ std::string ShmChannel::LayerTableChanged() const {
     const ShmLayer& was = layers_[i];
     const ShmLayer& now = shared_layers_[i];
     if (std::memcmp(&was, &now, sizeof was) == 0) continue;
+    // Read as zeros past the object's new end: the truncation is the cause.
+    if (std::string cut = Truncated(); !cut.empty()) return cut;
     const auto label = [](const ShmLayer& l) {
       return "'" + std::string(l.name, strnlen(l.name, sizeof l.name)) +
              "' of " + std::to_string(l.floats) + " floats";

@@ -139,6 +139,10 @@ class ShmChannel {
   // is): the trainer rewrote it, and trainer and worker would disagree on
   // what the floats are.
   std::string LayerTableChanged() const;
+  // Worker side: why the region can no longer be trusted ("" while it
+  // can): the trainer shrank the object under the mapping, and an access
+  // past its end read zeros instead of dying by SIGBUS (shm_guard.h).
+  std::string Truncated() const;
   std::span<float> gradient() const;
   std::span<float> mean() const;
   const std::string& name() const { return name_; }
@@ -166,6 +170,7 @@ class ShmChannel {
   ShmChannel(std::string name, void* base, size_t bytes);
   // Fixes the layout from `floats` (the only input; the offsets follow).
   void SetLayout(uint64_t floats, uint32_t num_layers);
+  void Unmap();
   std::string name_;
   bool unlinked_ = false;
   void* base_ = nullptr;

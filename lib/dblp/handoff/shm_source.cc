@@ -66,6 +66,9 @@ class ShmSource final : public GradientSource {
                                  std::to_string(ch_.trainer_pid()) +
                                  ") exited in the middle of the job");
       }
+      if (std::string why = ch_.Truncated(); !why.empty()) {
+        throw std::runtime_error(why);
+      }
       if (std::string why = gone ? gone() : std::string(); !why.empty()) {
         throw std::runtime_error(why +
                                  ", while this worker waited for its "
@@ -81,6 +84,9 @@ class ShmSource final : public GradientSource {
       }
     }
     seen_posts_ = h.to_worker.load(std::memory_order_acquire);
+    if (std::string why = ch_.Truncated(); !why.empty()) {
+      throw std::runtime_error(why);
+    }
     if (std::string why = ch_.LayerTableChanged(); !why.empty()) {
       throw std::runtime_error(why);
     }
@@ -166,6 +172,11 @@ class ShmSource final : public GradientSource {
     }
   }
   void Give(std::span<const float> src) {
+    // The push of this iteration read the cut part as zeros: it ends here,
+    // before the trainer takes a mean as if nothing happened.
+    if (std::string why = ch_.Truncated(); !why.empty()) {
+      throw std::runtime_error(why);
+    }
     const std::span<float> dst = ch_.mean();
     if (dst.data() != src.data()) {
       std::copy_n(src.data(), std::min(src.size(), dst.size()), dst.data());

@@ -15,6 +15,12 @@ std::string FinishedEarlyHow(uint64_t iterations) {
          "steps before close())";
 }
 
+std::string SilentHow(std::string_view round_name, uint32_t timeout_ms) {
+  return "went silent: " + std::string(round_name) +
+         " waited for it without progress for " + std::to_string(timeout_ms) +
+         " ms while the others were done";
+}
+
 std::string WorkerLostText(uint32_t rank, std::string_view name,
                            std::string_view how, uint64_t it) {
   return WorkerLabel(rank, name) + " " + std::string(how) + " in iteration " +
@@ -53,11 +59,33 @@ std::string StalledLinkHint() {
          "the link and --loss on both ends, or raise --round_timeout_ms)";
 }
 
-// A worker with nothing sent may be waiting for its trainer.
-std::string PushStalledHint() {
-  return " (a worker that sent nothing may be waiting for its trainer: a "
-         "pause between steps, e.g. an evaluation, needs a larger "
-         "--round_timeout_ms)";
+std::string PushStalledHint(uint64_t injected) {
+  if (injected > 0) {
+    return " (this server's loss injector dropped " + std::to_string(injected) +
+           " frames while the round waited: --loss and --burst_iters / "
+           "--burst_random make it drop; lower them, or raise "
+           "--round_timeout_ms)";
+  }
+  return " (nothing from a worker arrived: its trainer may be pausing between "
+         "steps, e.g. an evaluation, which needs a larger --round_timeout_ms; "
+         "or the worker could not send, and its own log says why: its mbuf "
+         "pool (--mbufs), its --loss, its link)";
+}
+
+std::string MeasuredCauses(uint64_t alloc_failures, uint64_t injected,
+                           uint64_t considered) {
+  std::string s;
+  if (alloc_failures > 0) {
+    s += "; this process's mbuf pool ran dry " + std::to_string(alloc_failures) +
+         " times, which stalls rounds: give it more mbufs (--mbufs, or "
+         "--mbufs=0 to size it from its ports and queues)";
+  }
+  if (injected > 0) {
+    s += "; this process's loss injector dropped " + std::to_string(injected) +
+         " of the " + std::to_string(considered) +
+         " frames it received (--loss, --burst_iters / --burst_random)";
+  }
+  return s;
 }
 
 }  // namespace dblp

@@ -225,9 +225,11 @@ std::string ServerJob::Lose(uint32_t w, const std::string& how, uint64_t it) {
   if (!s_.continue_on_worker_loss) {
     return WorkerLostText(w, names_[w], how, it);
   }
+  // Its frames are dropped from now on. Two lcores whose rounds stalled
+  // at once may both name it: it is lost once.
+  if (!alive_[w].exchange(false)) return "";
   DBLP_LOG(Warning, "%s: continuing without worker %u (%s)", app_.c_str(), w,
            how.c_str());
-  alive_[w].store(false);  // its frames are dropped from now on
   if (live_count() == 0) return "every worker is gone";
   return "";
 }

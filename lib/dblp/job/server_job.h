@@ -118,10 +118,22 @@ class ServerJob {
   // w's push so far; `stopped(w)`: its push STOPped.
   template <class Received, class Stopped>
   std::string FinishedEarly(uint64_t it, Received received, Stopped stopped);
+  // A round made no progress for the timeout (`stalled`: its text). Under
+  // --on_worker_loss=continue the live workers it still waits for
+  // (`waiting(w)`) are lost and "" says the round goes on without them,
+  // unless it waits for every live worker: that is the link's or this
+  // server's stall, not a member's silence. Else `stalled`, why the job
+  // ends. Any datapath thread whose round stalled may call it: each loss
+  // happens once.
+  template <class Waiting>
+  std::string LoseSilent(uint64_t it, bool broadcast, uint32_t timeout_ms,
+                         Waiting waiting, std::string stalled);
   // The text of a stalled push: what each worker delivered.
+  // `injected`: frames this server's loss injector dropped while the
+  // round waited (PushStalledHint).
   template <class Received>
-  std::string PushStalled(uint64_t it, uint32_t timeout_ms,
-                          Received received) const;
+  std::string PushStalled(uint64_t it, uint32_t timeout_ms, Received received,
+                          uint64_t injected = 0) const;
   // The text of a stalled broadcast: the workers not done(w).
   template <class Done>
   std::string BroadcastStalled(uint64_t it, uint32_t timeout_ms,
@@ -161,7 +173,9 @@ class ServerJob {
   RoundTolerance push_tol_;        // the open push's
   uint64_t push_open_ns_ = 0;
   ReducedPush reduced_;
-  // Per worker. alive_: writer the coordinator (Lose), readers every
+  // Per worker. alive_: writers the coordinator (Lose) and, under
+  // --on_worker_loss=continue, a datapath thread whose round stalled
+  // (LoseSilent; an exchange, so each loss happens once); readers every
   // datapath thread (per frame) and the control thread (no ROUND_BEGIN to
   // a lost worker); bye_: writer the coordinator (OnBye), readers every
   // datapath thread (a push round ends when every live worker said BYE).
@@ -196,9 +210,35 @@ std::string ServerJob::FinishedEarly(uint64_t it, Received received,
   return "";
 }
 
+template <class Waiting>
+std::string ServerJob::LoseSilent(uint64_t it, bool broadcast,
+                                  uint32_t timeout_ms, Waiting waiting,
+                                  std::string stalled) {
+  if (!s_.continue_on_worker_loss) return stalled;
+  std::vector<uint32_t> silent;
+  uint32_t live = 0;
+  for (uint32_t w = 0; w < workers(); ++w) {
+    if (!alive(w)) continue;
+    ++live;
+    if (waiting(w)) silent.push_back(w);
+  }
+  if (silent.empty() || silent.size() == live) return stalled;
+  const std::string how =
+      SilentHow(broadcast ? "broadcast round " + std::to_string(
+                                                     BroadcastRound(it))
+                          : "push round " + std::to_string(PushRound(it)),
+                timeout_ms);
+  for (const uint32_t w : silent) {
+    std::string failure = Lose(w, how, it);
+    if (!failure.empty()) return failure;
+  }
+  return "";
+}
+
 template <class Received>
 std::string ServerJob::PushStalled(uint64_t it, uint32_t timeout_ms,
-                                   Received received) const {
+                                   Received received,
+                                   uint64_t injected) const {
   std::string s = NoProgressText("push round " + std::to_string(PushRound(it)),
                                  timeout_ms) +
                   "; chunks received:";
@@ -210,7 +250,8 @@ std::string ServerJob::PushStalled(uint64_t it, uint32_t timeout_ms,
     s += (w ? ", " : " ") + WorkerLabel(w, names_[w]) + " " +
          std::to_string(got) + "/" + std::to_string(layout_.num_chunks());
   }
-  return s + (silent ? PushStalledHint() : StalledLinkHint());
+  return s + (silent || injected > 0 ? PushStalledHint(injected)
+                                      : StalledLinkHint());
 }
 
 template <class Done>

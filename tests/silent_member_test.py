@@ -1,0 +1,177 @@
+#!/usr/bin/env python3
+"""A member that stays connected but goes silent (SIGSTOP: the kernel keeps
+its TCP connection open, so only the datapath can tell) — issue #35, item 1.
+
+Under --on_worker_loss=continue the server declares it lost one
+--round_timeout_ms after the round stopped moving, the round closes without
+it and the job goes on: the healthy workers keep iterating, their own
+watchdogs quiet (a worker whose sides are done and that waits for the
+server to open the next round allows two timeouts: round_pacer.h). Under
+abort every process ends, the healthy workers naming the silent one (the
+server's ERROR), not a stall of their own.
+
+memif (dblp-server, dblp-worker) and kernel UDP (dblp-udp-server,
+dblp-udp-worker), 3 workers, the last one stopped a few iterations in.
+
+Usage: silent_member_test.py BUILD_DIR
+"""
+
+import json
+import os
+import re
+import shutil
+import signal
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from dblp_testlib import check, eal, finish, free_port, make_secret  # noqa
+from watchdog_test import Proc, detail, wait_ended  # noqa: E402
+
+TIMEOUT_MS = 2000
+WORKERS = 3
+
+
+def server_rows(out_dir):
+    """Iterations the server has written rows for."""
+    path = os.path.join(out_dir, "iterations.jsonl")
+    its = set()
+    try:
+        with open(path) as f:
+            for line in f:
+                try:
+                    its.add(json.loads(line)["iteration"])
+                except (ValueError, KeyError):
+                    pass
+    except OSError:
+        pass
+    return len(its)
+
+
+def memif_job(build, tmp, name, secret, server_flags):
+    port = free_port()
+    socks = [os.path.join(tmp, "%s-w%d.sock" % (name, w))
+             for w in range(WORKERS)]
+    vdevs = ["net_memif%d,role=server,socket=%s,id=0" % (w, s)
+             for w, s in enumerate(socks)]
+    out = os.path.join(tmp, name + "-server")
+    srv = Proc(tmp, name + "-server",
+               [os.path.join(build, "apps", "dblp-server")] +
+               eal("sm", name + "-s", *vdevs) +
+               ["--", "--workers=%d" % WORKERS,
+                "--listen=127.0.0.1:%d" % port, "--secret_file=" + secret,
+                "--stats_period=0", "--idle_sleep_us=100",
+                "--out_dir=" + out, "--rank_order=name",
+                "--round_timeout_ms=%d" % TIMEOUT_MS] + server_flags)
+    time.sleep(0.8)
+    ws = []
+    for w in range(WORKERS):
+        ws.append(Proc(tmp, "%s-w%d" % (name, w),
+                       [os.path.join(build, "apps", "dblp-worker")] +
+                       eal("sm", "%s-w%d" % (name, w),
+                           "net_memif0,role=client,socket=%s,id=0" % socks[w],
+                           lcore="1" if os.cpu_count() > 1 else "0") +
+                       ["--", "--server=127.0.0.1:%d" % port,
+                        "--secret_file=" + secret, "--iterations=100000",
+                        "--floats=20000", "--stats_period=0",
+                        "--idle_sleep_us=100", "--name=w%d" % w,
+                        "--round_timeout_ms=%d" % TIMEOUT_MS]))
+    return srv, ws, out
+
+
+def udp_job(build, tmp, name, secret, server_flags):
+    port = free_port()
+    out = os.path.join(tmp, name + "-server")
+    common = ["--secret_file=" + secret, "--round_timeout_ms=%d" % TIMEOUT_MS]
+    srv = Proc(tmp, name + "-server",
+               [os.path.join(build, "apps", "dblp-udp-server"),
+                "--workers=%d" % WORKERS, "--control=127.0.0.1:%d" % port,
+                "--out_dir=" + out, "--rank_order=name"] + common +
+               server_flags)
+    time.sleep(0.3)
+    ws = [Proc(tmp, "%s-w%d" % (name, w),
+               [os.path.join(build, "apps", "dblp-udp-worker"),
+                "--server=127.0.0.1:%d" % port, "--iterations=100000",
+                "--floats=20000", "--name=w%d" % w] + common)
+          for w in range(WORKERS)]
+    return srv, ws, out
+
+
+def wait_rows(out, n, timeout_s, procs):
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if server_rows(out) >= n:
+            return True
+        if any(p.poll() for p in procs):
+            return False
+        time.sleep(0.05)
+    return False
+
+
+def case(build, tmp, secret, transport, policy):
+    name = "%s-%s" % (transport, policy)
+    job = memif_job if transport == "memif" else udp_job
+    srv, ws, out = job(build, tmp, name, secret,
+                       ["--on_worker_loss=" + policy])
+    victim, healthy = ws[-1], ws[:-1]
+    label = "worker %d (w%d)" % (WORKERS - 1, WORKERS - 1)
+    try:
+        running = wait_rows(out, 5, 60, [srv] + ws)
+        victim.p.send_signal(signal.SIGSTOP)
+        stopped = time.time()
+        if policy == "continue":
+            lost = srv.wait_for(r"continuing without worker %d \(went silent"
+                                % (WORKERS - 1), TIMEOUT_MS / 1000.0 * 3 + 10)
+            at_loss = server_rows(out)
+            # Two more timeouts' worth: the healthy ones must still run and
+            # the server must still close rounds.
+            time.sleep(2.5 * TIMEOUT_MS / 1000.0)
+            after = server_rows(out)
+            alive = not any(p.poll() for p in [srv] + healthy)
+            check("%s, continue: a silent member is declared lost within "
+                  "the timeout + 2 s, named, and the round goes on" %
+                  transport,
+                  running and lost is not None and
+                  lost - stopped <= TIMEOUT_MS / 1000.0 + 2.0,
+                  detail(srv, *ws))
+            check("%s, continue: the healthy workers and the server keep "
+                  "iterating (rows %d at the loss, %d after 2.5 timeouts)" %
+                  (transport, at_loss, after),
+                  alive and after >= at_loss + 3, detail(srv, *ws))
+        else:
+            wait_ended([srv] + healthy, TIMEOUT_MS / 1000.0 * 3 + 15)
+            ended = all(p.ended is not None for p in [srv] + healthy)
+            check("%s, abort: the server ends naming the silent member" %
+                  transport,
+                  running and ended and srv.p.returncode == 1 and
+                  label in srv.text(), detail(srv))
+            check("%s, abort: each healthy worker ends naming the silent "
+                  "member (the server's cause), not a stall of its own" %
+                  transport,
+                  ended and all(p.p.returncode == 1 and label in p.text()
+                                and "stalled" not in p.text()
+                                for p in healthy), detail(*healthy))
+    finally:
+        for p in [srv] + ws:
+            p.kill()
+
+
+def main():
+    if len(sys.argv) < 2:
+        print(__doc__)
+        return 2
+    build = os.path.abspath(sys.argv[1])
+    tmp = tempfile.mkdtemp(prefix="dblp-silent-")
+    secret = make_secret(os.path.join(tmp, "job.secret"))
+    try:
+        for transport in ("memif", "udp"):
+            for policy in ("continue", "abort"):
+                case(build, tmp, secret, transport, policy)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    finish()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
