@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "dblp/base/quit_signal.h"  // the apps' InstallQuitHandlers
 #include "dblp/base/round_pacer.h"
 #include "dblp/control/control.h"
 #include "dblp/control/control_sidecar.h"
@@ -32,7 +33,6 @@
 #include "dblp/emul/token_bucket.h"
 #include "dblp/obs/run_report.h"  // DumpBinary
 #include "dblp/round/round_events.h"
-#include "dblp/base/quit_signal.h"  // the apps' InstallQuitHandlers
 #include "dblp/round/sender_round.h"
 #include "dblp/wire/bitmap.h"
 #include "dblp/wire/chunking.h"

@@ -405,7 +405,8 @@ bool WorkerLcore::RunUntil(Done done, const char* waiting_for, uint64_t it,
     const uint64_t next = Progress();
     const bool progress = next != mark;
     mark = next;
-    const uint32_t patience = waiting_for != nullptr || AwaitsBroadcast() ? 2 : 1;
+    const uint32_t patience =
+        waiting_for != nullptr || AwaitsBroadcast() ? 2 : 1;
     switch (pacer.After(work, progress, now, patience)) {
       case RoundPacer::Step::kContinue:
         continue;

@@ -16,8 +16,8 @@
 // the broadcast (push_only).
 #pragma once
 
-#include <cstdint>
 #include <atomic>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <span>

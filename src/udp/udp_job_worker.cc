@@ -12,7 +12,6 @@
 #include <variant>
 #include <vector>
 
-#include "dblp/job/diagnosis.h"
 #include "dblp/base/rng.h"
 #include "dblp/control/accepted_mail.h"
 #include "dblp/control/control.h"
@@ -21,6 +20,7 @@
 #include "dblp/control/shard_claim.h"
 #include "dblp/emul/rx_loss.h"
 #include "dblp/job/counters.h"
+#include "dblp/job/diagnosis.h"
 #include "dblp/job/rows.h"
 #include "dblp/job/worker_job.h"
 #include "dblp/obs/run_report.h"
@@ -523,8 +523,8 @@ std::string JobWorker::Exchange(uint64_t it, std::span<const uint32_t> order) {
     mark = next;
     // Our push done and nothing of the broadcast yet: the server may be
     // waiting for another worker (RoundPacer's patience).
-    const bool awaits_broadcast = push_->done() && !o_.push_only &&
-                                  bcast_->receiver().received() == 0;
+    const bool awaits_broadcast =
+        push_->done() && !o_.push_only && bcast_->receiver().received() == 0;
     const RoundPacer::Step step =
         pacer_->After(work, progress, NowNs(), awaits_broadcast ? 2 : 1);
     if (step == RoundPacer::Step::kQuit) return "interrupted";

@@ -43,8 +43,7 @@ class RoundPacer {
   // passes 2: the server may wait one whole timeout for another, silent
   // worker before it goes on without it (--on_worker_loss=continue) or
   // ends the job naming it (abort) — neither is this worker's stall.
-  Step After(bool work, bool progress, uint64_t now_ns,
-             uint32_t patience = 1) {
+  Step After(bool work, bool progress, uint64_t now_ns, uint32_t patience = 1) {
     patience_ = patience;
     if (progress) Progress(now_ns);
     if (quit_ != nullptr && quit_->load(std::memory_order_relaxed)) {

@@ -1,7 +1,5 @@
 #include "dblp/handoff/shm_channel.h"
 
-#include "dblp/handoff/shm_guard.h"
-
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <signal.h>
@@ -18,6 +16,8 @@
 #include <new>
 #include <stdexcept>
 #include <utility>
+
+#include "dblp/handoff/shm_guard.h"
 
 namespace dblp {
 namespace {
@@ -142,8 +142,8 @@ void ShmChannel::Unmap() {
 
 std::string ShmChannel::Truncated() const {
   if (base_ == nullptr || !ShmGuard::Truncated(base_)) return "";
-  return "the trainer truncated the hand-off region " + name_ +
-         " below its " + std::to_string(bytes_) +
+  return "the trainer truncated the hand-off region " + name_ + " below its " +
+         std::to_string(bytes_) +
          " bytes while this worker used it (ftruncate or a re-created "
          "object): the part it cut was read as zeros; one dblp.Worker per "
          "region, never resized while the worker runs";

@@ -76,7 +76,8 @@ std::string MeasuredCauses(uint64_t alloc_failures, uint64_t injected,
                            uint64_t considered) {
   std::string s;
   if (alloc_failures > 0) {
-    s += "; this process's mbuf pool ran dry " + std::to_string(alloc_failures) +
+    s += "; this process's mbuf pool ran dry " +
+         std::to_string(alloc_failures) +
          " times, which stalls rounds: give it more mbufs (--mbufs, or "
          "--mbufs=0 to size it from its ports and queues)";
   }

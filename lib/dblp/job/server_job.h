@@ -223,11 +223,10 @@ std::string ServerJob::LoseSilent(uint64_t it, bool broadcast,
     if (waiting(w)) silent.push_back(w);
   }
   if (silent.empty() || silent.size() == live) return stalled;
-  const std::string how =
-      SilentHow(broadcast ? "broadcast round " + std::to_string(
-                                                     BroadcastRound(it))
-                          : "push round " + std::to_string(PushRound(it)),
-                timeout_ms);
+  const std::string how = SilentHow(
+      broadcast ? "broadcast round " + std::to_string(BroadcastRound(it))
+                : "push round " + std::to_string(PushRound(it)),
+      timeout_ms);
   for (const uint32_t w : silent) {
     std::string failure = Lose(w, how, it);
     if (!failure.empty()) return failure;
@@ -237,8 +236,7 @@ std::string ServerJob::LoseSilent(uint64_t it, bool broadcast,
 
 template <class Received>
 std::string ServerJob::PushStalled(uint64_t it, uint32_t timeout_ms,
-                                   Received received,
-                                   uint64_t injected) const {
+                                   Received received, uint64_t injected) const {
   std::string s = NoProgressText("push round " + std::to_string(PushRound(it)),
                                  timeout_ms) +
                   "; chunks received:";
@@ -251,7 +249,7 @@ std::string ServerJob::PushStalled(uint64_t it, uint32_t timeout_ms,
          std::to_string(got) + "/" + std::to_string(layout_.num_chunks());
   }
   return s + (silent || injected > 0 ? PushStalledHint(injected)
-                                      : StalledLinkHint());
+                                     : StalledLinkHint());
 }
 
 template <class Done>
