@@ -64,7 +64,9 @@ def memif_job(build, tmp, name, secret, server_flags):
                 "--stats_period=0", "--idle_sleep_us=100",
                 "--out_dir=" + out, "--rank_order=name",
                 "--round_timeout_ms=%d" % TIMEOUT_MS] + server_flags)
-    time.sleep(0.8)
+    # Its memif sockets exist once it says it waits (a loaded host starts
+    # it slowly: a client before its socket fails at start).
+    srv.wait_for(r"waiting for \d+ workers", 60)
     ws = []
     for w in range(WORKERS):
         ws.append(Proc(tmp, "%s-w%d" % (name, w),

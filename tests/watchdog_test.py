@@ -115,7 +115,9 @@ def memif_job(build, tmp, name, secret, workers=1, server_flags=(),
                 "--listen=127.0.0.1:%d" % port, "--secret_file=" + secret,
                 "--stats_period=0", "--idle_sleep_us=100",
                 "--round_timeout_ms=%d" % TIMEOUT_MS] + list(server_flags))
-    time.sleep(0.8)
+    # Its memif sockets exist once it says it waits: a worker started
+    # before them fails at start on a loaded host.
+    srv.wait_for(r"waiting for \d+ workers", 60)
     ws = []
     for w in range(workers):
         ws.append(Proc(tmp, "%s-w%d" % (name, w),
