@@ -405,8 +405,10 @@ bool WorkerLcore::RunUntil(Done done, const char* waiting_for, uint64_t it,
     const uint64_t next = Progress();
     const bool progress = next != mark;
     mark = next;
+    // Only a turn without progress can time out: only then is the kind of
+    // wait looked at.
     const uint32_t patience =
-        waiting_for != nullptr || AwaitsBroadcast() ? 2 : 1;
+        !progress && (waiting_for != nullptr || AwaitsBroadcast()) ? 2 : 1;
     switch (pacer.After(work, progress, now, patience)) {
       case RoundPacer::Step::kContinue:
         continue;
@@ -900,6 +902,7 @@ bool ServerLcore::RunUntil(Done done, bool broadcasting) {
         const std::string failure = LoseSilent(broadcasting);
         if (failure.empty()) {
           pacer_.Start(now);
+          injected_at_start_ = setup_.loss ? setup_.loss->dropped() : 0;
           continue;
         }
         sync_.Fail(failure);
@@ -911,16 +914,17 @@ bool ServerLcore::RunUntil(Done done, bool broadcasting) {
 
 std::string ServerLcore::LoseSilent(bool broadcasting) {
   const uint32_t round = PushRound(iteration_);
-  const uint32_t live = job_.live_count();
+  std::vector<uint32_t> dropped;
   const std::string failure = job_.LoseSilent(
       iteration_, broadcasting, pacer_.timeout_ms(),
       [&](uint32_t w) {
         return broadcasting ? !links_[w]->bcast.done()
                             : !workers_[w]->push_stop.taken(round);
       },
-      Stalled(broadcasting));
-  if (job_.live_count() != live) {
-    for (uint32_t w = 0; w < workers_.size(); ++w) LoseWorker(w, "");
+      Stalled(broadcasting), &dropped);
+  for (const uint32_t w : dropped) {
+    LoseWorker(w, "");  // no more ROUND_BEGIN to it
+    outbox_.Post(DropRequest{static_cast<uint16_t>(w)});
     ++departures_;
   }
   return failure;

@@ -1,5 +1,7 @@
 #include "server_control.h"
 
+#include "dblp/job/diagnosis.h"
+
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -280,6 +282,14 @@ void ServerControl::SendRequests() {
     }
     if (const auto* rb = std::get_if<RoundBeginRequest>(&r)) {
       Announce(*rb);
+      continue;
+    }
+    if (const auto* d = std::get_if<DropRequest>(&r)) {
+      if (d->peer < admission_.desk().members().size()) {
+        const auto conn = admission_.desk().members()[d->peer].conn;
+        sidecar_.Send(conn, ErrorMsg{2, DroppedText()});
+        sidecar_.Close(conn, "went on without it");
+      }
       continue;
     }
     if (const auto* a = std::get_if<AcceptedRequest>(&r)) {

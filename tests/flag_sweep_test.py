@@ -19,7 +19,6 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -61,7 +60,6 @@ def last_error(text):
 
 def main():
     build = os.path.abspath(sys.argv[1])
-    tmp = tempfile.mkdtemp(prefix="dblp-flagsweep-")
     apps = os.path.join(build, "apps")
     n = [0]
 

@@ -18,7 +18,6 @@ Usage: silent_member_test.py BUILD_DIR
 
 import json
 import os
-import re
 import shutil
 import signal
 import sys
@@ -26,10 +25,12 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dblp_testlib import check, eal, finish, free_port, make_secret  # noqa
+from dblp_testlib import check, finish, free_port, make_secret  # noqa
+import watchdog_test as wt  # noqa: E402
 from watchdog_test import Proc, detail, wait_ended  # noqa: E402
 
 TIMEOUT_MS = 2000
+wt.TIMEOUT_MS = TIMEOUT_MS  # its memif_job's apps
 WORKERS = 3
 
 
@@ -50,35 +51,11 @@ def server_rows(out_dir):
 
 
 def memif_job(build, tmp, name, secret, server_flags):
-    port = free_port()
-    socks = [os.path.join(tmp, "%s-w%d.sock" % (name, w))
-             for w in range(WORKERS)]
-    vdevs = ["net_memif%d,role=server,socket=%s,id=0" % (w, s)
-             for w, s in enumerate(socks)]
     out = os.path.join(tmp, name + "-server")
-    srv = Proc(tmp, name + "-server",
-               [os.path.join(build, "apps", "dblp-server")] +
-               eal("sm", name + "-s", *vdevs) +
-               ["--", "--workers=%d" % WORKERS,
-                "--listen=127.0.0.1:%d" % port, "--secret_file=" + secret,
-                "--stats_period=0", "--idle_sleep_us=100",
-                "--out_dir=" + out, "--rank_order=name",
-                "--round_timeout_ms=%d" % TIMEOUT_MS] + server_flags)
-    # Its memif sockets exist once it says it waits (a loaded host starts
-    # it slowly: a client before its socket fails at start).
-    srv.wait_for(r"waiting for \d+ workers", 60)
-    ws = []
-    for w in range(WORKERS):
-        ws.append(Proc(tmp, "%s-w%d" % (name, w),
-                       [os.path.join(build, "apps", "dblp-worker")] +
-                       eal("sm", "%s-w%d" % (name, w),
-                           "net_memif0,role=client,socket=%s,id=0" % socks[w],
-                           lcore="1" if os.cpu_count() > 1 else "0") +
-                       ["--", "--server=127.0.0.1:%d" % port,
-                        "--secret_file=" + secret, "--iterations=100000",
-                        "--floats=20000", "--stats_period=0",
-                        "--idle_sleep_us=100", "--name=w%d" % w,
-                        "--round_timeout_ms=%d" % TIMEOUT_MS]))
+    _, srv, ws = wt.memif_job(
+        build, tmp, name, secret, WORKERS,
+        server_flags + ["--out_dir=" + out, "--rank_order=name"],
+        names=["w%d" % w for w in range(WORKERS)])
     return srv, ws, out
 
 
@@ -141,6 +118,21 @@ def case(build, tmp, secret, transport, policy):
                   "iterating (rows %d at the loss, %d after 2.5 timeouts)" %
                   (transport, at_loss, after),
                   alive and after >= at_loss + 3, detail(srv, *ws))
+            # Woken, the lost member learns why it is out (the server's
+            # ERROR), not a stall of its own after another timeout.
+            victim.p.send_signal(signal.SIGCONT)
+            woke = time.time()
+            wait_ended([victim], TIMEOUT_MS / 1000.0 * 3 + 10)
+            # (A DPDK app's own exit, EAL and memif teardown, takes a
+            # few seconds on this host; the text shows it was the ERROR.)
+            check("%s, continue: the lost member, woken, ends within 5 s "
+                  "(%s) saying the job went on without it" %
+                  (transport, None if victim.ended is None else
+                   "%.1f s" % (victim.ended - woke)),
+                  victim.ended is not None and victim.ended - woke <= 5.0 and
+                  victim.p.returncode == 1 and
+                  "went on without this worker" in victim.text(),
+                  detail(victim))
         else:
             wait_ended([srv] + healthy, TIMEOUT_MS / 1000.0 * 3 + 15)
             ended = all(p.ended is not None for p in [srv] + healthy)

@@ -64,11 +64,12 @@ def case(build, tmp, secret, victim_role, sig):
               victim.ended is not None and victim.p.returncode == 1 and
               "interrupted" in victim.text() and s is not None and
               rows(out[victim_role]) > 0, detail(victim))
-        peer = procs["worker" if victim_role == "server" else "server"]
+        peer_role = "worker" if victim_role == "server" else "server"
+        peer = procs[peer_role]
         check("udp: %s to the %s: its peer ends too, with its summary" %
               (sig.name, victim_role),
-              peer.ended is not None and summary(out[peer.name.split(
-                  "-")[-1]]) is not None, detail(peer))
+              peer.ended is not None and summary(out[peer_role]) is not None,
+              detail(peer))
     finally:
         for p in (srv, w):
             p.kill()

@@ -94,7 +94,7 @@ class JobServer {
   void BeginBroadcast();
   bool CloseBroadcastIfDone();
   std::string NoProgress() const;
-  std::string LoseSilent();
+  std::string LoseSilent(Outbox& out);
   uint64_t injected_at_open_ = 0;  // the injector's drops at the push's open
   void Finish(Outbox& out, const std::string& failure);
   void FillCounters();
@@ -391,6 +391,12 @@ void JobServer::OnWakeup() {
                 sc_->Send(desk_.members()[a.peer].conn, m);
               }
             },
+            [&](const DropRequest& d) {
+              if (size_t{d.peer} >= desk_.members().size()) return;
+              const auto conn = desk_.members()[d.peer].conn;
+              sc_->Send(conn, ErrorMsg{2, DroppedText()});
+              sc_->Close(conn, "went on without it");
+            },
             [&](const FinishRequest& f) {
               // ERROR (with the cause) or a plain close to every worker.
               for (const auto& w : desk_.members()) {
@@ -496,20 +502,25 @@ std::string JobServer::ServeRounds(Outbox& out) {
     if (step == RoundPacer::Step::kTimedOut) {
       // --on_worker_loss=continue: the workers the round still waits for
       // while the others are done are lost, and it goes on.
-      if (failure = LoseSilent(); !failure.empty()) return failure;
+      if (failure = LoseSilent(out); !failure.empty()) return failure;
       ++departures_;
       pacer.Start(NowNs());
     }
   }
 }
 
-std::string JobServer::LoseSilent() {
-  return job_->LoseSilent(
+std::string JobServer::LoseSilent(Outbox& out) {
+  std::vector<uint32_t> dropped;
+  std::string failure = job_->LoseSilent(
       broadcasting_ ? it_ - 1 : it_, broadcasting_, o_.round_timeout_ms,
       [&](uint32_t w) {
         return broadcasting_ ? !bcast_[w]->done() : !push_[w]->stopped();
       },
-      NoProgress());
+      NoProgress(), &dropped);
+  for (const uint32_t w : dropped) {
+    out.Post(DropRequest{static_cast<uint16_t>(w)});
+  }
+  return failure;
 }
 
 void JobServer::OpenPush(Outbox& out) {

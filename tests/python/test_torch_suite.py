@@ -46,8 +46,9 @@ def test_torch_ddp_tests_that_pass_on_gloo_pass_on_dblp(tmp_path):
     got = run_suite(names, tmp_path / "suite.json")
     failed = [n for n in names if got[n]["dblp-memif"]["result"] != "passed"]
     # A test that failed once runs once more, and must pass then: one CI
-    # run (2e16acc+34) failed test_DistributedDataParallelCPU once on a
-    # loaded host and never again in 6 runs here, with and without load.
+    # run (83e8f88) failed test_DistributedDataParallelCPU once on dblp
+    # over memif with no reason kept; it passed 10 runs here (3 plain, 4
+    # beside two busy loops, 3 with MALLOC_PERTURB_).
     # The first failure's last lines stay in the log either way.
     for n in failed:
         print("first run of %s failed: %s" % (

@@ -21,6 +21,13 @@ std::string SilentHow(std::string_view round_name, uint32_t timeout_ms) {
          " ms while the others were done";
 }
 
+std::string DroppedText() {
+  return "the job went on without this worker (--on_worker_loss=continue): "
+         "a round waited for it without progress for --round_timeout_ms while "
+         "the others were done (a stopped or overloaded process, or its "
+         "link); it is out of this job";
+}
+
 std::string WorkerLostText(uint32_t rank, std::string_view name,
                            std::string_view how, uint64_t it) {
   return WorkerLabel(rank, name) + " " + std::string(how) + " in iteration " +

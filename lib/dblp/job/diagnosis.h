@@ -19,6 +19,9 @@ std::string FinishedEarlyHow(uint64_t iterations);
 // ("push round 14") made no progress from it for timeout_ms.
 std::string SilentHow(std::string_view round_name, uint32_t timeout_ms);
 
+// The ERROR a silent worker gets when the job goes on without it.
+std::string DroppedText();
+
 // A worker lost under --on_worker_loss=abort: `how` it went ("disconnected",
 // "failed (why)", FinishedEarlyHow's) in iteration `it`, and the two fixes.
 std::string WorkerLostText(uint32_t rank, std::string_view name,

@@ -221,13 +221,16 @@ bool ServerJob::AllLiveSaidBye() const {
   return true;
 }
 
-std::string ServerJob::Lose(uint32_t w, const std::string& how, uint64_t it) {
+std::string ServerJob::Lose(uint32_t w, const std::string& how, uint64_t it,
+                            bool* lost_now) {
+  if (lost_now != nullptr) *lost_now = false;
   if (!s_.continue_on_worker_loss) {
     return WorkerLostText(w, names_[w], how, it);
   }
   // Its frames are dropped from now on. Two lcores whose rounds stalled
   // at once may both name it: it is lost once.
   if (!alive_[w].exchange(false)) return "";
+  if (lost_now != nullptr) *lost_now = true;
   DBLP_LOG(Warning, "%s: continuing without worker %u (%s)", app_.c_str(), w,
            how.c_str());
   if (live_count() == 0) return "every worker is gone";

@@ -108,7 +108,10 @@ class ServerJob {
   // Worker w is gone: "" when the job goes on without it (its frames are
   // dropped and the mean divides by the others from the next round),
   // else why the job ends.
-  std::string Lose(uint32_t w, const std::string& how, uint64_t it);
+  // `lost_now` (may be null): whether this call took it out (two threads
+  // may name the same worker; one does).
+  std::string Lose(uint32_t w, const std::string& how, uint64_t it,
+                   bool* lost_now = nullptr);
   // Worker w's connection closed (`failed`: with an error, `why`): after
   // its BYE a plain close is a finish, anything else a loss.
   std::string OnGone(uint32_t w, bool failed, const std::string& why,
@@ -120,14 +123,16 @@ class ServerJob {
   std::string FinishedEarly(uint64_t it, Received received, Stopped stopped);
   // A round made no progress for the timeout (`stalled`: its text). Under
   // --on_worker_loss=continue the live workers it still waits for
-  // (`waiting(w)`) are lost and "" says the round goes on without them,
-  // unless it waits for every live worker: that is the link's or this
-  // server's stall, not a member's silence. Else `stalled`, why the job
-  // ends. Any datapath thread whose round stalled may call it: each loss
-  // happens once.
+  // (`waiting(w)`, the negation of the round's own "done" for w) are lost
+  // and "" says the round goes on without them, unless it waits for every
+  // live worker: that is the link's or this server's stall, not a member's
+  // silence. Else `stalled`, why the job ends. Any datapath thread whose
+  // round stalled may call it: each loss happens once.
+  // `dropped`: the workers this call took out, to be told (DropRequest).
   template <class Waiting>
   std::string LoseSilent(uint64_t it, bool broadcast, uint32_t timeout_ms,
-                         Waiting waiting, std::string stalled);
+                         Waiting waiting, std::string stalled,
+                         std::vector<uint32_t>* dropped);
   // The text of a stalled push: what each worker delivered.
   // `injected`: frames this server's loss injector dropped while the
   // round waited (PushStalledHint).
@@ -213,7 +218,8 @@ std::string ServerJob::FinishedEarly(uint64_t it, Received received,
 template <class Waiting>
 std::string ServerJob::LoseSilent(uint64_t it, bool broadcast,
                                   uint32_t timeout_ms, Waiting waiting,
-                                  std::string stalled) {
+                                  std::string stalled,
+                                  std::vector<uint32_t>* dropped) {
   if (!s_.continue_on_worker_loss) return stalled;
   std::vector<uint32_t> silent;
   uint32_t live = 0;
@@ -222,13 +228,19 @@ std::string ServerJob::LoseSilent(uint64_t it, bool broadcast,
     ++live;
     if (waiting(w)) silent.push_back(w);
   }
-  if (silent.empty() || silent.size() == live) return stalled;
+  // Waiting for nobody is the round's own `done` (the transports wait for
+  // the same predicate): another lcore lost the last one a moment ago, and
+  // the round closes at the next turn.
+  if (silent.empty()) return "";
+  if (silent.size() == live) return stalled;
   const std::string how = SilentHow(
       broadcast ? "broadcast round " + std::to_string(BroadcastRound(it))
                 : "push round " + std::to_string(PushRound(it)),
       timeout_ms);
   for (const uint32_t w : silent) {
-    std::string failure = Lose(w, how, it);
+    bool lost_now = false;
+    std::string failure = Lose(w, how, it, &lost_now);
+    if (lost_now) dropped->push_back(w);
     if (!failure.empty()) return failure;
   }
   return "";

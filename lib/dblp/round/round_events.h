@@ -69,9 +69,17 @@ struct AcceptedRequest {
   uint32_t round = 0;
 };
 
+// Server: the job went on without worker `peer`, which stayed connected
+// but silent (--on_worker_loss=continue): it is told why (ERROR) and its
+// connection closed, so a worker that wakes up later ends naming the cause
+// instead of timing out on a server that no longer answers it.
+struct DropRequest {
+  uint16_t peer = 0;
+};
+
 using ControlRequest =
     std::variant<ProbeRequest, StopRequest, BitmapRequest, RoundBeginRequest,
-                 FinishRequest, AcceptedRequest>;
+                 FinishRequest, AcceptedRequest, DropRequest>;
 
 // ---- control -> datapath.
 
