@@ -1,6 +1,7 @@
 """The native part of `pip install .` (pyproject.toml): dblp._native, the
 trainer's end of the shared-memory hand-off, from the same sources meson
-builds (python/dblp/_native.cc, lib/dblp/handoff/shm_channel.cc), against Debian's
+builds (python/dblp/_native.cc, lib/dblp/handoff/shm_channel.cc and the
+shm_guard.cc it calls), against Debian's
 pybind11-dev headers; and dblp/_paths.py, which tells the package where
 the apps are."""
 
@@ -43,7 +44,8 @@ class BuildPyWithPaths(build_py):
 
 native = Extension(
     "dblp._native",
-    sources=["python/dblp/_native.cc", "lib/dblp/handoff/shm_channel.cc"],
+    sources=["python/dblp/_native.cc", "lib/dblp/handoff/shm_channel.cc",
+             "lib/dblp/handoff/shm_guard.cc"],
     include_dirs=["lib", pybind11_include(),
                   sysconfig.get_paths()["include"]],
     extra_compile_args=["-std=c++20", "-O2", "-fvisibility=hidden"],
@@ -53,5 +55,9 @@ native = Extension(
 # Not build/: that is meson's.
 os.makedirs(os.path.join(HERE, "build-pip"), exist_ok=True)
 setup(ext_modules=[native], cmdclass={"build_py": BuildPyWithPaths},
+      # build_ext force: setuptools skips an extension newer than its
+      # sources, so a source added to the list (shm_guard.cc) left an old
+      # build-pip's module without it (an undefined symbol at import).
       options={"build": {"build_base": "build-pip"},
+               "build_ext": {"force": True},
                "egg_info": {"egg_base": "build-pip"}})
