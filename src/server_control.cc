@@ -1,7 +1,5 @@
 #include "server_control.h"
 
-#include "dblp/job/diagnosis.h"
-
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -9,6 +7,7 @@
 #include <variant>
 
 #include "dblp/base/log.h"
+#include "dblp/job/diagnosis.h"
 #include "dblp/round/round_control.h"
 #include "eal_app.h"
 

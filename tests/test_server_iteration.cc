@@ -200,37 +200,41 @@ TEST(ServerJobLoseSilent, LosesTheWaitedForOnlyWhenOthersAreDone) {
   ServerJobSettings s = Settings();
   s.continue_on_worker_loss = true;
   const ChunkLayout layout(uint64_t{kChunks} * kPayload, kPayload);
-  ServerJob job(s, TolerancePolicy::Create(s.policy), layout,
-                {"a", "b", "c"}, kDefaultSendOrder, 9, "test");
+  ServerJob job(s, TolerancePolicy::Create(s.policy), layout, {"a", "b", "c"},
+                kDefaultSendOrder, 9, "test");
   std::vector<uint32_t> dropped;
   // Every live worker waited for: not a member's silence.
-  EXPECT_EQ(job.LoseSilent(0, false, 100, [](uint32_t) { return true; },
-                           "stalled", &dropped),
-            "stalled");
+  EXPECT_EQ(
+      job.LoseSilent(
+          0, false, 100, [](uint32_t) { return true; }, "stalled", &dropped),
+      "stalled");
   EXPECT_TRUE(dropped.empty());
   EXPECT_EQ(job.live_count(), 3u);
   // Worker 2 alone is waited for: lost, told once, the round goes on.
-  EXPECT_EQ(job.LoseSilent(0, false, 100, [](uint32_t w) { return w == 2; },
-                           "stalled", &dropped),
+  EXPECT_EQ(job.LoseSilent(
+                0, false, 100, [](uint32_t w) { return w == 2; }, "stalled",
+                &dropped),
             "");
   EXPECT_EQ(dropped, std::vector<uint32_t>{2});
   EXPECT_FALSE(job.alive(2));
   // Another lcore naming it too, after: nobody left to wait for.
-  EXPECT_EQ(job.LoseSilent(0, false, 100, [](uint32_t w) { return w == 2; },
-                           "stalled", &dropped),
+  EXPECT_EQ(job.LoseSilent(
+                0, false, 100, [](uint32_t w) { return w == 2; }, "stalled",
+                &dropped),
             "");
   EXPECT_EQ(dropped.size(), 1u);
   // Of the two left, both waited for: the job's own stall.
-  EXPECT_EQ(job.LoseSilent(1, true, 100, [](uint32_t) { return true; },
-                           "stalled", &dropped),
-            "stalled");
+  EXPECT_EQ(
+      job.LoseSilent(
+          1, true, 100, [](uint32_t) { return true; }, "stalled", &dropped),
+      "stalled");
 
   s.continue_on_worker_loss = false;
   ServerJob strict(s, TolerancePolicy::Create(s.policy), layout,
                    {"a", "b", "c"}, kDefaultSendOrder, 9, "test");
-  EXPECT_EQ(strict.LoseSilent(0, false, 100,
-                              [](uint32_t w) { return w == 2; }, "stalled",
-                              &dropped),
+  EXPECT_EQ(strict.LoseSilent(
+                0, false, 100, [](uint32_t w) { return w == 2; }, "stalled",
+                &dropped),
             "stalled");
   EXPECT_TRUE(strict.alive(2));
 }

@@ -523,8 +523,7 @@ std::string JobWorker::Exchange(uint64_t it, std::span<const uint32_t> order) {
     mark = next;
     // Our push done and nothing of the broadcast yet: the server may be
     // waiting for another worker (RoundPacer's patience).
-    const bool awaits_broadcast = !progress && push_->done() &&
-                                  !o_.push_only &&
+    const bool awaits_broadcast = !progress && push_->done() && !o_.push_only &&
                                   bcast_->receiver().received() == 0;
     const RoundPacer::Step step =
         pacer_->After(work, progress, NowNs(), awaits_broadcast ? 2 : 1);
