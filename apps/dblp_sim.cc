@@ -7,7 +7,8 @@
 // and the test hook's dumps (--dump_dir). The parity test
 // (tests/memif_cluster_test.py --transport=sim) checks it as it checks the
 // apps. Deterministic for a seed; no frame tags (a modelled link has no
-// observer), no worker loss.
+// observer). A member may go silent (--silent_worker), as a SIGSTOPped
+// process does, to see what --on_worker_loss makes of it.
 #include <gflags/gflags.h>
 
 #include <cstdio>
@@ -57,6 +58,13 @@ DEFINE_uint32(server_lcores, 1,
               "datapath lcores of each server shard (they share its CPU work)");
 DEFINE_uint32(worker_lcores, 1,
               "datapath lcores of each worker (they share its CPU work)");
+DEFINE_int64(silent_worker, -1,
+             "this worker goes silent (sends, reads and answers nothing, as "
+             "a SIGSTOPped process) from --silent_iteration on; -1: none. "
+             "--on_worker_loss decides what the servers make of it");
+DEFINE_uint64(silent_iteration, 0, "the iteration --silent_worker stops in");
+DEFINE_string(silent_during, "push",
+              "push | broadcast: the phase of --silent_iteration it stops at");
 
 namespace {
 
@@ -87,12 +95,23 @@ dblp::SimCosts CostsFromFlags(uint32_t mtu) {
 dblp::ClusterConfig ConfigFromFlags() {
   dblp::ClusterConfig c;
   static_cast<dblp::ServerJobSettings&>(c) = dblp::JobSettingsFromFlags();
-  if (c.continue_on_worker_loss) {
-    dblp::FlagError("--on_worker_loss=continue: no worker is lost here");
-  }
   if (FLAGS_workers == 0 || FLAGS_workers >= 0xFFFF) {
     dblp::FlagError("--workers must be in 1..65534");
   }
+  if (FLAGS_silent_worker < -1 ||
+      FLAGS_silent_worker >= static_cast<int64_t>(FLAGS_workers)) {
+    dblp::FlagError("--silent_worker=" + std::to_string(FLAGS_silent_worker) +
+                    " is not a worker: -1 (none) or 0.." +
+                    std::to_string(FLAGS_workers - 1));
+  }
+  if (FLAGS_silent_during != "push" && FLAGS_silent_during != "broadcast") {
+    dblp::FlagError("--silent_during=" + FLAGS_silent_during +
+                    ": push or broadcast");
+  }
+  c.silent.rank = FLAGS_silent_worker;
+  c.silent.iteration = FLAGS_silent_iteration;
+  c.silent.from = FLAGS_silent_during == "push" ? dblp::Direction::kPush
+                                                : dblp::Direction::kBroadcast;
   c.num_workers = FLAGS_workers;
   c.gradient_floats = FLAGS_floats;
   c.mtu = dblp::MtuFromFlags();
@@ -170,10 +189,14 @@ int Run() {
       failure = o.failure;
       break;
     }
-    for (uint32_t w = 0; w < c.num_workers; ++w) {
-      workers[w]->report().rows.push_back(o.workers[w]);
-      workers[w]->rows().Append(o.workers[w]);
-      rows_failed = rows_failed || workers[w]->rows().failed();
+    for (const uint32_t w : o.lost) {
+      DBLP_LOG(Warning, "dblp-sim: the servers went on without worker %u", w);
+    }
+    for (const dblp::IterationRecord& r : o.workers) {  // those in the job
+      Output& w = *workers.at(r.rank);
+      w.report().rows.push_back(r);
+      w.rows().Append(r);
+      rows_failed = rows_failed || w.rows().failed();
     }
   }
   // As the apps report it (the server's policy, the workers' WELCOME), so

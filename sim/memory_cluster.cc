@@ -330,10 +330,11 @@ struct MemoryCluster::Impl {
         !e.empty()) {
       throw std::invalid_argument("in-memory cluster: " + e);
     }
-    if (c.continue_on_worker_loss) {
+    if (c.silent.rank >= static_cast<int64_t>(c.num_workers)) {
       throw std::invalid_argument(
-          "in-memory cluster: worker loss is not simulated (dblp-server and "
-          "dblp-udp-server have --on_worker_loss=continue)");
+          "in-memory cluster: the silent member " +
+          std::to_string(c.silent.rank) + " is not a worker (0.." +
+          std::to_string(c.num_workers - 1) + ")");
     }
     return c;
   }
@@ -358,6 +359,7 @@ struct MemoryCluster::Impl {
       AddWorker(w);
     }
     push_arrived.resize(c.num_workers);
+    asleep.assign(c.num_workers, false);
     mean.assign(c.gradient_floats, 0.0f);
   }
 
@@ -500,7 +502,8 @@ struct MemoryCluster::Impl {
       for (uint32_t k = 0; k < shards.size(); ++k) {
         ServerLink& ln = *shards[k]->links[w];
         ReceiveSide& bcast = *wk.bcast[k];
-        Deliver(wk.to_worker[k], [&](const ControlMessage& m) {
+        // A silent member reads nothing: what is sent to it waits.
+        auto to_worker = [&](const ControlMessage& m) {
           const auto* rb = std::get_if<RoundBeginMsg>(&m);
           if (const auto* a = std::get_if<AcceptedMsg>(&m)) {
             wk.accepted[k].Put(*a);
@@ -511,7 +514,12 @@ struct MemoryCluster::Impl {
                                            rb->deadline_ns, rb->min_fraction},
                            clock.ns());
           }
-        });
+        };
+        if (!asleep[w]) Deliver(wk.to_worker[k], to_worker);
+        if (!shards[k]->job.alive(w)) {  // the server closed its connection
+          wk.to_server[k].queue.clear();
+          continue;
+        }
         Deliver(wk.to_server[k], [&](const ControlMessage& m) {
           DeliverToSides(m, &ln.bcast.side, &ln.push, clock.ns());
         });
@@ -521,10 +529,10 @@ struct MemoryCluster::Impl {
 
   double NextControlTime() const {
     double t = std::numeric_limits<double>::infinity();
-    for (const auto& wk : workers) {
+    for (uint32_t w = 0; w < workers.size(); ++w) {
       for (uint32_t k = 0; k < shards.size(); ++k) {
-        t = std::min(
-            {t, wk->to_worker[k].next_at_ns(), wk->to_server[k].next_at_ns()});
+        t = std::min(t, workers[w]->to_server[k].next_at_ns());
+        if (!asleep[w]) t = std::min(t, workers[w]->to_worker[k].next_at_ns());
       }
     }
     return t;
@@ -565,6 +573,10 @@ struct MemoryCluster::Impl {
         return;
       }
       const uint32_t w = p.src - cfg.server_shards;
+      if (!sh.job.alive(w)) {  // as the apps: dropped and counted
+        ++from_lost;
+        return;
+      }
       sh.rx_from[w] = true;
       sh.links[w]->push.OnFrame(
           p.bytes.data(), p.bytes.size(),
@@ -573,6 +585,7 @@ struct MemoryCluster::Impl {
           });
     });
     for (uint32_t w = 0; w < workers.size(); ++w) {
+      if (!sh.job.alive(w)) continue;
       ServerLink& ln = *sh.links[w];
       ln.push.Step(clock.ns(), Drained(sh.rx_from[w]), ln.out);
     }
@@ -608,7 +621,9 @@ struct MemoryCluster::Impl {
   // BITMAP of the closed round, as a real loop that steps every side does).
   void PollAll() {
     for (auto& sh : shards) PollServer(*sh);
-    for (uint32_t w = 0; w < workers.size(); ++w) PollWorker(w);
+    for (uint32_t w = 0; w < workers.size(); ++w) {
+      if (!asleep[w]) PollWorker(w);
+    }
   }
 
   // The tap's job: copies of the first stale_replay frames of a push.
@@ -642,9 +657,10 @@ struct MemoryCluster::Impl {
     for (uint32_t w = 0; w < workers.size(); ++w) {
       for (uint32_t k = 0; k < shards.size(); ++k) {
         if (d == Direction::kPush) {
+          if (asleep[w]) continue;
           SimSender& tx = *workers[w]->push[k];
           tx.side.Step(clock.ns(), tx.frames, workers[w]->out[k]);
-        } else {
+        } else if (shards[k]->job.alive(w)) {
           ServerLink& ln = *shards[k]->links[w];
           ln.bcast.side.Step(clock.ns(), ln.bcast.frames, ln.out);
         }
@@ -669,11 +685,17 @@ struct MemoryCluster::Impl {
   // Push: every worker's send sides are done (STOP, or nothing missing).
   // Broadcast: also every worker's receive sides sent their STOP, the time
   // the round is measured by.
+  // A silent member's pair is over when the server's side is (it never
+  // sees its own), and a lost one's at once.
   bool RoundOver(Direction d) const {
     return AllPairs([&](uint32_t w, uint32_t k) {
-      if (d == Direction::kPush) return workers[w]->push[k]->side.done();
-      return workers[w]->bcast[k]->stopped() &&
-             shards[k]->links[w]->bcast.side.done();
+      const ServerLink& ln = *shards[k]->links[w];
+      if (!shards[k]->job.alive(w)) return true;  // the job went on without
+      if (d == Direction::kPush) {
+        return asleep[w] ? ln.push.stopped() : workers[w]->push[k]->side.done();
+      }
+      return (asleep[w] || workers[w]->bcast[k]->stopped()) &&
+             ln.bcast.side.done();
     });
   }
 
@@ -709,18 +731,70 @@ struct MemoryCluster::Impl {
     clock.now = std::max(clock.now, t);
   }
 
-  void RunRound(Direction d) {
+  // Returns when the servers last lost a silent member in it (0: never):
+  // the round lasted at least that long, whatever the live ones saw.
+  double RunRound(Direction d, IterationOutcome& out) {
+    double lost_at = 0;
     uint64_t mark = Progress(d);
     double last_progress = clock.now;
     const double timeout_ns = 1e6 * cfg.round_timeout_ms;
+    const bool someone_asleep =
+        std::find(asleep.begin(), asleep.end(), true) != asleep.end();
     while (!RoundOver(d)) {
-      if (!Turn(d) && !RoundOver(d)) WaitForEvent(NextDeadline(d));
+      const bool sent = Turn(d);
+      // Progress is made in turns, at the turn's time (not after a wait).
       const uint64_t next = Progress(d);
       if (next != mark) {
         mark = next;
         last_progress = clock.now;
       } else if (clock.now - last_progress > timeout_ns) {
-        throw std::runtime_error(Stalled(d));
+        LoseSilent(d, &out.lost);  // throws when the job ends
+        last_progress = lost_at = clock.now;
+        continue;
+      }
+      if (!sent && !RoundOver(d)) {
+        // A silent member's round has nothing else to wait for than the
+        // servers' timeout. Without one, no event is a protocol bug.
+        WaitForEvent(someone_asleep ? std::min(NextDeadline(d),
+                                               last_progress + timeout_ns + 1)
+                                    : NextDeadline(d));
+      }
+    }
+    return lost_at;
+  }
+
+  // ---- a silent member -----------------------------------------------------
+  // The configured member stops as direction `d` of this iteration begins,
+  // and stays stopped.
+  void MaybeSleep(Direction d) {
+    const ClusterConfig::SilentMember& s = cfg.silent;
+    if (s.rank >= 0 && s.iteration == iteration && s.from == d) {
+      asleep[static_cast<size_t>(s.rank)] = true;
+    }
+  }
+
+  // A round without progress for the timeout. Under continue each shard
+  // loses the live workers its own round still waits for, as each
+  // server process does (ServerJob::LoseSilent), and the round goes on;
+  // else, or when a shard waits for every live worker, the job ends with
+  // the shard's text. `lost`: the workers taken out, once each.
+  void LoseSilent(Direction d, std::vector<uint32_t>* lost) {
+    if (!cfg.continue_on_worker_loss) throw std::runtime_error(Stalled(d));
+    const bool bcast = d == Direction::kBroadcast;
+    for (auto& sh : shards) {
+      auto waiting = [&](uint32_t w) {
+        const ServerLink& ln = *sh->links[w];
+        return bcast ? !ln.bcast.side.done() : !ln.push.stopped();
+      };
+      std::vector<uint32_t> dropped;
+      const std::string failure =
+          sh->job.LoseSilent(iteration, bcast, cfg.round_timeout_ms, waiting,
+                             Stalled(d, *sh), &dropped);
+      if (!failure.empty()) throw std::runtime_error(failure);
+      for (const uint32_t w : dropped) {
+        if (std::find(lost->begin(), lost->end(), w) == lost->end()) {
+          lost->push_back(w);
+        }
       }
     }
   }
@@ -744,11 +818,15 @@ struct MemoryCluster::Impl {
   std::string Stalled(Direction d) const {
     uint32_t k = 0;
     while (k + 1 < shards.size() && AllPairs([&](uint32_t w, uint32_t j) {
-             return j != k || Receiver(d, w, j).stopped();
+             return j != k || !shards[j]->job.alive(w) ||
+                    Receiver(d, w, j).stopped();
            })) {
       ++k;
     }
-    const Shard& sh = *shards[k];
+    return Stalled(d, *shards[k]);
+  }
+  std::string Stalled(Direction d, const Shard& sh) const {
+    const uint32_t k = sh.index;
     const std::string why =
         d == Direction::kPush
             ? sh.job.PushStalled(
@@ -831,13 +909,17 @@ struct MemoryCluster::Impl {
     rb.round = sim_round;
     RoundBeginMsg m = RoundBeginMessage(rb);
     m.iteration = static_cast<uint32_t>(iteration);
-    for (auto& wk : workers) wk->to_worker[k].Send(m, clock.now);
+    for (uint32_t w = 0; w < workers.size(); ++w) {
+      // None to a worker the job went on without (its connection closed).
+      if (shards[k]->job.alive(w)) workers[w]->to_worker[k].Send(m, clock.now);
+    }
   }
 
   // Push: every worker -> each shard; each shard decides STOP with its p.
   void BeginPush(const IterationOutcome& out,
                  std::span<const std::vector<float>> grads) {
     push_start_ns = clock.now;
+    MaybeSleep(Direction::kPush);
     for (auto& sh : shards) {
       const PushOpening open = sh->job.OpenPush(iteration, clock.ns());
       const RoundBeginRequest& rb = open.announce;
@@ -848,6 +930,7 @@ struct MemoryCluster::Impl {
       }
     }
     for (uint32_t w = 0; w < workers.size(); ++w) {
+      if (asleep[w]) continue;
       Worker& wk = *workers[w];
       if (!grads.empty()) wk.source->set_current(&grads[w]);
       bool more = true;
@@ -890,9 +973,10 @@ struct MemoryCluster::Impl {
     for (auto& t : threads) t.join();
   }
 
-  void EndPush(IterationOutcome& out) {
-    double push_end = push_start_ns;
+  void EndPush(IterationOutcome& out, double lost_at) {
+    double push_end = std::max(push_start_ns, lost_at);
     AllPairs([&](uint32_t w, uint32_t k) {
+      if (asleep[w]) return true;
       push_end = std::max(
           push_end, static_cast<double>(workers[w]->push[k]->side.done_ns()));
       return true;
@@ -925,6 +1009,7 @@ struct MemoryCluster::Impl {
   void BeginBroadcast(IterationOutcome& out) {
     out.bcast_tolerance = shards[0]->reduced.broadcast;
     bcast_start_ns = clock.now;
+    MaybeSleep(Direction::kBroadcast);
     for (auto& sh : shards) {
       for (const ControlRequest& r : sh->posts) {  // ACCEPTED, then ROUND_BEGIN
         AcceptedMsg m;
@@ -945,9 +1030,11 @@ struct MemoryCluster::Impl {
     }
   }
 
-  void EndBroadcast(IterationOutcome& out) {
-    double bcast_end = bcast_start_ns;
-    for (auto& wk : workers) {
+  void EndBroadcast(IterationOutcome& out, double lost_at) {
+    double bcast_end = std::max(bcast_start_ns, lost_at);
+    for (uint32_t w = 0; w < workers.size(); ++w) {
+      if (asleep[w]) continue;
+      Worker* wk = workers[w].get();
       for (uint32_t k = 0; k < shards.size(); ++k) {
         ReceiveSide& rx = *wk->bcast[k];
         bcast_end = std::max(bcast_end, static_cast<double>(rx.stop_ns()));
@@ -963,7 +1050,9 @@ struct MemoryCluster::Impl {
       clock.now = std::max(clock.now, NextControlTime());
       DeliverAll();
     }
-    for (uint32_t w = 0; w < workers.size(); ++w) Absorb(w);
+    for (uint32_t w = 0; w < workers.size(); ++w) {
+      if (!asleep[w]) Absorb(w);
+    }
   }
 
   void Absorb(uint32_t w) {
@@ -984,6 +1073,7 @@ struct MemoryCluster::Impl {
   void AddRecords(IterationOutcome& out) const {
     const double n = layout.num_chunks();
     for (uint32_t w = 0; w < workers.size(); ++w) {
+      if (asleep[w]) continue;  // a stopped process writes no row
       const Worker& wk = *workers[w];
       IterationRecord r;
       r.iteration = iteration;
@@ -1025,12 +1115,10 @@ struct MemoryCluster::Impl {
     out.push_tolerance = shards[0]->job.PushTolerance(iteration);
 
     BeginPush(out, grads);
-    RunRound(Direction::kPush);
-    EndPush(out);
+    EndPush(out, RunRound(Direction::kPush, out));
     if (!out.failure.empty()) return out;  // no mean goes out
     BeginBroadcast(out);
-    RunRound(Direction::kBroadcast);
-    EndBroadcast(out);
+    EndBroadcast(out, RunRound(Direction::kBroadcast, out));
     AddRecords(out);
     ++iteration;
     round += 2;
@@ -1056,6 +1144,8 @@ struct MemoryCluster::Impl {
   double bcast_start_ns = 0;
   uint64_t poll_gen = 0;  // RX polls so far, all endpoints
   uint64_t unknown_source = 0;
+  uint64_t from_lost = 0;     // frames of workers the job went on without
+  std::vector<bool> asleep;   // per worker: the silent member, once stopped
   std::vector<bool> rx_from_shard;  // PollWorker: frames from each shard
   std::vector<Packet> rx_buf;
   mutable std::vector<uint64_t> whole_words;  // Union's
@@ -1103,6 +1193,7 @@ NamedCounters MemoryCluster::server_counters() const {
   for (const auto& l : impl_->push_loss) injected += l->dropped();
   c.emplace_back("injected_drops", injected);
   c.emplace_back("frames_unpinned_source", impl_->unknown_source);
+  c.emplace_back("frames_from_lost_workers", impl_->from_lost);
   impl_->shards[0]->job.AddCounters(&c);
   return c;
 }

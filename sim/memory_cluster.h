@@ -66,6 +66,17 @@ struct ClusterConfig : ServerJobSettings {
   // which a round fails (std::runtime_error naming the workers), as
   // --round_timeout_ms in the apps: 100% loss ends, never spins.
   uint32_t round_timeout_ms = 30000;
+  // A member that goes silent, as a SIGSTOPped process does: from
+  // iteration `iteration`'s push (or its broadcast) on, worker `rank`
+  // sends, reads and answers nothing. The servers wait round_timeout_ms of
+  // modelled time; under continue_on_worker_loss they then go on without
+  // it (ServerJob::LoseSilent, as dblp-server and dblp-udp-server), else
+  // the round fails naming it.
+  struct SilentMember {
+    int64_t rank = -1;  // -1: every worker stays awake
+    uint64_t iteration = 0;
+    Direction from = Direction::kPush;
+  } silent;
   // Test seam (src/test_hooks/dumps.h): each worker's absorbed iteration.
   AbsorbedObserver on_absorbed;
 };
@@ -95,8 +106,12 @@ struct IterationOutcome {
   double grad_norm = 0;          // L2 norm of the server's mean
   double push_round_ns = 0;      // until the last worker saw STOP
   double bcast_round_ns = 0;     // until the last worker had enough
-  std::vector<IterationRecord> workers;  // one per rank
-  std::vector<double> bcast_delivered;   // per rank
+  // One per worker still in the job, in rank order (IterationRecord::rank
+  // names it); a silent member has none from the iteration it stopped in.
+  std::vector<IterationRecord> workers;
+  std::vector<double> bcast_delivered;  // the same workers'
+  // The workers the servers went on without in this iteration.
+  std::vector<uint32_t> lost;
   // Why the job ends (--on_bad_gradient=abort refused a worker's chunks):
   // the push was reduced, nothing was broadcast, no worker row was made.
   std::string failure;

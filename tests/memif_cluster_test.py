@@ -47,10 +47,12 @@ expected mean divides by the workers whose chunk arrived.
 
 With --lose_worker the last worker runs LOST_AFTER iterations and the
 server --on_worker_loss=continue: it is lost when the others push the next
-one, which still divides by W (its chunks count as missing); from then on
-the mean divides by the live workers, whose every round still meets the
-threshold, and the lost worker's rows deliver nothing (memif and UDP: the
-simulator loses no worker).
+one. It sent none of that push, so that round's mean already divides by
+the W - 1 live workers (a worker lost after some of its chunks arrived
+still counts in its last round: they are in the sums), and so does every
+round after; their every round still meets the threshold, and the lost
+worker's rows deliver nothing (memif and UDP; the simulator's silent
+member is tests/silent_member_test.py's).
 
 The hostile frames (--hostile_per_round) are a test hook of the DPDK worker
 only. Among them are genuine headers and tags re-sent from the worker's
@@ -372,8 +374,10 @@ def main():
 
     def divisor(it):
         """What the zero fill divides by: every worker until the loss's
-        iteration (which still holds W), the live ones after."""
-        return WORKERS - 1 if lost is not None and it > LOST_AFTER else WORKERS
+        iteration, to which the lost one sent nothing, the live ones from
+        it on."""
+        return WORKERS - 1 if lost is not None and it >= LOST_AFTER \
+            else WORKERS
 
     # The server's rows: every iteration's push p and mean norm.
     # --iterations counts training steps; resyncs come on top.

@@ -11,7 +11,9 @@ abort every process ends, the healthy workers naming the silent one (the
 server's ERROR), not a stall of their own.
 
 memif (dblp-server, dblp-worker) and kernel UDP (dblp-udp-server,
-dblp-udp-worker), 3 workers, the last one stopped a few iterations in.
+dblp-udp-worker), 3 workers, the last one stopped a few iterations in. The
+simulator (dblp-sim --silent_worker) models the same member in modelled
+time, silent from a push and from a broadcast.
 
 Usage: silent_member_test.py BUILD_DIR
 """
@@ -151,6 +153,52 @@ def case(build, tmp, secret, transport, policy):
             p.kill()
 
 
+def sim_rows(out_dir):
+    path = os.path.join(out_dir, "iterations.jsonl")
+    try:
+        with open(path) as f:
+            return len(f.read().splitlines())
+    except OSError:
+        return -1
+
+
+STOPPED_AT = 5  # the simulator's silent member's iteration
+
+
+def sim_case(build, tmp, policy, during):
+    """dblp-sim, 3 workers, worker 2 silent from iteration 5's `during`:
+    its rows stop at 5 (iterations 0-4, one each), the others' go on."""
+    out = os.path.join(tmp, "sim-%s-%s" % (policy, during))
+    p = Proc(tmp, "sim-%s-%s" % (policy, during),
+             [os.path.join(build, "apps", "dblp-sim"), "--workers=3",
+              "--iterations=12", "--floats=20000", "--out_dir=" + out,
+              "--round_timeout_ms=%d" % TIMEOUT_MS, "--silent_worker=2",
+              "--silent_iteration=%d" % STOPPED_AT,
+              "--silent_during=" + during,
+              "--on_worker_loss=" + policy])
+    try:
+        wait_ended([p], 60)
+    finally:
+        p.kill()
+    text = p.text()
+    if policy == "continue":
+        check("sim, continue, silent at the %s: lost after the timeout "
+              "(modelled), the job runs its 12 iterations, the member's "
+              "rows stop at 5" % during,
+              p.p.returncode == 0 and
+              "continuing without worker 2 (went silent: %s round" %
+              during in text and sim_rows(out + "/worker0") >= 12 and
+              sim_rows(out + "/server") == 3 * sim_rows(out + "/worker0")
+              and sim_rows(out + "/worker2") == STOPPED_AT, detail(p))
+    else:
+        check("sim, abort, silent at the %s: the job ends naming the "
+              "member" % during,
+              p.p.returncode == 1 and
+              ("worker 2 (simulated) 0/" in text if during == "push"
+               else "not delivered to: worker 2 (simulated)" in text),
+              detail(p))
+
+
 def main():
     if len(sys.argv) < 2:
         print(__doc__)
@@ -159,6 +207,9 @@ def main():
     tmp = tempfile.mkdtemp(prefix="dblp-silent-")
     secret = make_secret(os.path.join(tmp, "job.secret"))
     try:
+        for policy in ("continue", "abort"):
+            for during in ("push", "broadcast"):
+                sim_case(build, tmp, policy, during)
         for transport in ("memif", "udp"):
             for policy in ("continue", "abort"):
                 case(build, tmp, secret, transport, policy)

@@ -549,6 +549,106 @@ TEST(MemoryClusterTest, TotalLossTimesOutNamingTheRound) {
   }
 }
 
+// A member that goes silent (as a SIGSTOPped worker) under
+// --on_worker_loss=continue: the servers wait one round timeout of
+// modelled time, lose it, and the round closes without it; from the next
+// iteration the mean is the live workers' exact mean (issue #35). Silent
+// at the push and at the broadcast, with one and with two server shards.
+TEST(MemoryClusterTest, ContinueGoesOnWithoutASilentMember) {
+  for (const Direction from : {Direction::kPush, Direction::kBroadcast}) {
+    for (const uint32_t shards : {1u, 2u}) {
+      SCOPED_TRACE(std::string(from == Direction::kPush ? "push" : "bcast") +
+                   " shards " + std::to_string(shards));
+      ClusterConfig c = SmallConfig(7);
+      c.gradient_floats = 65536;  // 176 chunks: 2 partitions of >= 64
+      c.server_shards = shards;
+      c.policy.kind = PolicyKind::kReliable;
+      c.round_timeout_ms = 40;
+      c.continue_on_worker_loss = true;
+      c.silent = {1, 2, from};
+      MemoryCluster cluster(c);
+      for (uint64_t it = 0; it < 5; ++it) {
+        SCOPED_TRACE("iteration " + std::to_string(it));
+        const auto grads = IntGrads(3, c.gradient_floats, it);
+        const IterationOutcome out = cluster.RunIteration(grads);
+        ASSERT_TRUE(out.failure.empty()) << out.failure;
+        const bool gone = it >= 2;
+        const std::vector<uint32_t> lost_here =
+            it == 2 ? std::vector<uint32_t>{1} : std::vector<uint32_t>{};
+        EXPECT_EQ(out.lost, lost_here);
+        const double round_ns =
+            from == Direction::kPush ? out.push_round_ns : out.bcast_round_ns;
+        if (it == 2) {  // it waited one timeout, not two, and went on
+          EXPECT_GT(round_ns, 40e6);
+          EXPECT_LT(round_ns, 80e6);
+        } else {
+          EXPECT_LT(round_ns, 40e6);
+        }
+        // Its rows stop; the others' go on.
+        std::vector<uint32_t> ranks;
+        for (const IterationRecord& r : out.workers) ranks.push_back(r.rank);
+        const std::vector<uint32_t> in_job =
+            gone ? std::vector<uint32_t>{0, 2} : std::vector<uint32_t>{0, 1, 2};
+        EXPECT_EQ(ranks, in_job);
+        // The mean divides by the workers in the round: all three until it
+        // stops, the two live ones after. A member silent from a push sent
+        // none of it, so that push is already the two's; one silent from
+        // a broadcast pushed that iteration whole, and its next push
+        // (opened before the loss) is the two's.
+        const uint32_t divisor =
+            it > 2 || (it == 2 && from == Direction::kPush) ? 2 : 3;
+        const std::vector<float>& mean = cluster.server_mean();
+        uint64_t wrong = 0;
+        for (uint64_t i = 0; i < c.gradient_floats; ++i) {
+          float sum = grads[0][i] + grads[2][i];
+          if (divisor == 3) sum += grads[1][i];
+          wrong += mean[i] != sum / static_cast<float>(divisor);
+        }
+        EXPECT_EQ(wrong, 0u);
+        // Every worker still in the job holds that mean.
+        for (const uint32_t r : ranks) {
+          EXPECT_EQ(cluster.worker_average(r), mean) << "worker " << r;
+        }
+      }
+      EXPECT_EQ(cluster.server_rows(0).size(), 5u * 3u);
+    }
+  }
+}
+
+// Under abort (the default) the same silence ends the job after one
+// timeout, naming the member; under continue a round that waits for every
+// live worker is the link's stall, not a member's, and ends too.
+TEST(MemoryClusterTest, SilenceEndsTheJobUnderAbortOrWhenNobodyIsLeft) {
+  ClusterConfig c = SmallConfig(8);
+  c.round_timeout_ms = 40;
+  c.silent = {2, 1, Direction::kPush};
+  MemoryCluster abort_job(c);
+  abort_job.RunIteration(IntGrads(3, c.gradient_floats, 0));
+  try {
+    abort_job.RunIteration(IntGrads(3, c.gradient_floats, 1));
+    ADD_FAILURE() << "abort went on without a silent worker";
+  } catch (const std::runtime_error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("no progress for 40 ms"), std::string::npos) << what;
+    EXPECT_NE(what.find("worker 2 (simulated) 0/"), std::string::npos) << what;
+  }
+
+  c.num_workers = 1;
+  c.silent = {0, 1, Direction::kBroadcast};
+  c.continue_on_worker_loss = true;
+  MemoryCluster alone(c);
+  alone.RunIteration(IntGrads(1, c.gradient_floats, 0));
+  try {
+    alone.RunIteration(IntGrads(1, c.gradient_floats, 1));
+    ADD_FAILURE() << "continue went on without its only worker";
+  } catch (const std::runtime_error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("broadcast round 3 made no progress"),
+              std::string::npos)
+        << what;
+  }
+}
+
 TEST(MemoryClusterTest, LtpDeadlineClosesWithTheMinimumFraction) {
   uint64_t closed_early = 0;
   for (uint64_t seed = 1; seed <= 10; ++seed) {
@@ -766,6 +866,9 @@ TEST(MemoryClusterTest, ConfigErrorsThrowInvalidArgument) {
   c = SmallConfig(1);
   c.push_loss = Bernoulli(1.5);
   expect_bad(c, "loss probability 1.5");
+  c = SmallConfig(1);
+  c.silent.rank = 3;
+  expect_bad(c, "a silent member that is no worker");
 
   MemoryCluster ok(SmallConfig(1));
   EXPECT_THROW(ok.RunIteration(IntGrads(2, 8192, 0)), std::invalid_argument);

@@ -49,6 +49,16 @@ PushOpening ServerJob::OpenPush(uint64_t it, uint64_t now_ns) {
 const ReducedPush& ServerJob::ClosePush(uint64_t it, const ClosedPush& c,
                                         AcceptedSlots* accepted,
                                         std::vector<ControlRequest>* post) {
+  // The mean divides by the workers that belong to this round: the live
+  // ones, and a lost one whose chunks of it arrived before the loss (they
+  // are in the sums). A worker lost before it sent any, even one lost
+  // after this push opened (in the previous broadcast), is out: dividing
+  // by it would scale the mean down by its missing share.
+  uint32_t members = 0;
+  for (uint32_t w = 0; w < workers(); ++w) {
+    members += alive(w) || (w < c.arrived.size() && c.arrived[w].Count() > 0);
+  }
+  if (members > 0) iteration_.set_live_workers(members);
   reduced_ = iteration_.Reduce(it, c.now_ns - push_open_ns_);
   // The phase's failure (a lost server shard) comes first.
   std::string bad = CheckContributions(it, reduced_);
@@ -113,9 +123,6 @@ const ReducedPush& ServerJob::ClosePush(uint64_t it, const ClosedPush& c,
                                     t.deadline_ns ? t.min_fraction : 0,
                                     t.critical});
   next_ = r.next;
-  // The next round's divisor: this one may still hold a lost worker's
-  // chunks.
-  iteration_.set_live_workers(live_count());
   return r;
 }
 

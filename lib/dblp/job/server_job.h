@@ -106,7 +106,8 @@ class ServerJob {
   }
   bool AllLiveSaidBye() const;
   // Worker w is gone: "" when the job goes on without it (its frames are
-  // dropped and the mean divides by the others from the next round),
+  // dropped and a round's mean counts it only if some of its chunks of
+  // that round arrived: ClosePush),
   // else why the job ends.
   // `lost_now` (may be null): whether this call took it out (two threads
   // may name the same worker; one does).
