@@ -14,8 +14,10 @@
 #include "eal_app.h"
 #include "runtime_flags.h"
 #include "test_hooks/dumps.h"
+#ifdef DBLP_TEST_HOOKS
 #include "test_hooks/hostile_frames.h"
 #include "test_hooks/shard_map_override.h"
+#endif
 #include "worker_engine.h"
 #include "worker_flags.h"
 #ifdef DBLP_WITH_TRAINING
@@ -89,6 +91,9 @@ DEFINE_uint32(max_eval, 10000, "train: test images used for the accuracy");
 DEFINE_uint32(max_train, 0,
               "train: use only this many training images "
               "(before sharding; 0 = all 60000): short epochs for smoke runs");
+// The tests' fault flags: only in the tests' twin (apps/hooked/,
+// -Dtest_hooks=true); the installed worker has none.
+#ifdef DBLP_TEST_HOOKS
 DEFINE_uint32(hostile_per_round, 0,
               "test hook: forged frames sent at the "
               "server each round (stale, foreign, future, badly tagged, from "
@@ -98,6 +103,7 @@ DEFINE_string(shard_map_override, "",
               "test hook: join server shard SHARD claiming the partition "
               "[FIRST, FIRST + N) instead of the directory's, "
               "SHARD:FIRST:N; the shard must refuse it");
+#endif
 
 int main(int argc, char** argv) {
   dblp::ParseAppFlagsOrDie(
@@ -126,6 +132,7 @@ int main(int argc, char** argv) {
   o.bcast_fill = dblp::BcastFillFromFlags();
   o.join_timeout_ms = FLAGS_join_timeout_ms;
   o.on_absorbed = dblp::WorkerDumps(FLAGS_dump_dir, FLAGS_dump_iterations);
+#ifdef DBLP_TEST_HOOKS
   if (FLAGS_hostile_per_round > 0) {
     o.push_hook = dblp::HostileFrames(FLAGS_hostile_per_round);
   }
@@ -134,6 +141,7 @@ int main(int argc, char** argv) {
   } catch (const std::invalid_argument& e) {
     dblp::FlagError(e.what());
   }
+#endif
   o.secret = dblp::JobSecretFromFlags("dblp-worker");
 
   static const char* const kTrainFlags[] = {

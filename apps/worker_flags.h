@@ -17,7 +17,9 @@
 #include "dblp/handoff/synthetic_gradient.h"
 #include "dblp/policy/loss_fill.h"
 #include "job_flags.h"
+#ifdef DBLP_TEST_HOOKS
 #include "test_hooks/lying_gradient.h"
+#endif
 
 DECLARE_string(gradient);
 DECLARE_uint64(floats);
@@ -35,10 +37,12 @@ DEFINE_string(norm_jumps, "",
               "jumps (phase changes for the CLR detector; integer: x4)");
 DEFINE_uint32(jump_length, 10,
               "synthetic and integer: iterations a norm jump lasts");
+#ifdef DBLP_TEST_HOOKS  // the tests' twin only (apps/hooked/)
 DEFINE_string(lying_gradient, "",
               "test hook: the worker of rank RANK pushes a bad gradient "
               "from iteration FROM on, KIND:RANK[:FROM] with KIND nan | inf "
               "| huge (3e38) | scale=F (its own times F)");
+#endif
 
 namespace dblp {
 
@@ -58,13 +62,18 @@ inline FillMode BcastFillFromFlags() {
 // trainer of another build).
 inline std::unique_ptr<GradientSource> PlainSourceFromFlags();
 
-// The source, with the test hook's lie around it (--lying_gradient).
+// The source; in the tests' twin, with the test hook's lie around it
+// (--lying_gradient).
 inline std::unique_ptr<GradientSource> WorkerSourceFromFlags() {
+#ifdef DBLP_TEST_HOOKS
   try {
     return LyingGradient(FLAGS_lying_gradient, PlainSourceFromFlags());
   } catch (const std::invalid_argument& e) {
     FlagError(e.what());
   }
+#else
+  return PlainSourceFromFlags();
+#endif
 }
 
 // --norm_jumps and --jump_length (synthetic and integer sources).

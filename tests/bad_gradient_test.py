@@ -22,8 +22,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from dblp_testlib import (check, f32, finish, free_port, integer_value,  # noqa: E402
-                          kill_all, make_secret, read_f32)
+from dblp_testlib import (check, f32, finish, free_port, hooked_app,  # noqa: E402
+                          integer_value, kill_all, make_secret, read_f32)
 from udp_job_test import Job, wait_all  # noqa: E402
 
 WORKERS = 3
@@ -34,11 +34,20 @@ TIMEOUT_S = 60
 
 def sim(build, *flags):
     return subprocess.run(
-        [os.path.join(build, "apps", "dblp-sim"), "--workers=%d" % WORKERS,
+        [hooked_app(build, "dblp-sim"), "--workers=%d" % WORKERS,
          "--iterations=%d" % ITERATIONS, "--gradient=integer",
          "--floats=%d" % FLOATS, "--policy=reliable", "--push_fill=zero",
          "--resync_every=0"] + list(flags),
         capture_output=True, text=True, timeout=TIMEOUT_S)
+
+
+class LyingJob(Job):
+    """udp_job_test's job with the workers' twin that takes
+    --lying_gradient (-Dtest_hooks=true)."""
+
+    def __init__(self, build, tmp, name):
+        super().__init__(build, tmp, name)
+        self.worker_bin = hooked_app(build, "dblp-udp-worker")
 
 
 def check_honest_means(what, dump, liar, first_lie):
@@ -108,7 +117,7 @@ def sim_cases(build, tmp):
 
 
 def udp_cases(build, tmp):
-    job = Job(build, tmp, "udp-abort")
+    job = LyingJob(build, tmp, "udp-abort")
     try:
         server = job.server("--policy=reliable")
         for w in range(WORKERS):
@@ -124,7 +133,7 @@ def udp_cases(build, tmp):
     finally:
         job.close()
 
-    job = Job(build, tmp, "udp-drop")
+    job = LyingJob(build, tmp, "udp-drop")
     dump = os.path.join(job.tmp, "dump")
     os.makedirs(dump)
     common = ["--dump_dir=" + dump, "--dump_iterations=%d" % ITERATIONS]
@@ -184,7 +193,7 @@ def memif_job(build, tmp, name, server_flags, dump_flags, lie):
                     "--vdev=net_memif0,role=client,socket=%s/w%d.sock,id=0"
                     % (d, w)]
             procs.append(subprocess.Popen(
-                [os.path.join(build, "apps", "dblp-worker")] + weal +
+                [hooked_app(build, "dblp-worker")] + weal +
                 ["--", "--server=127.0.0.1:%d" % port, "--stats_period=0",
                  "--secret_file=" + secret, "--gradient=integer",
                  "--floats=%d" % FLOATS, "--iterations=%d" % ITERATIONS,

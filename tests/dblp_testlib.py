@@ -41,6 +41,21 @@ def kill_all(procs):
         p.wait()
 
 
+def hooked_app(build, name):
+    """The tests' twin of app `name` with the fault flags
+    (--hostile_per_round, --lying_gradient, --shard_map_override): the
+    same main compiled with DBLP_TEST_HOOKS, in build/apps/hooked/, built
+    only with -Dtest_hooks=true (tools/run-tests.sh sets it) and never
+    installed. Exits naming the fix when the build has none."""
+    path = os.path.join(build, "apps", "hooked", name)
+    if not os.access(path, os.X_OK):
+        print("FAIL: %s is missing: the tests' fault flags are only in a "
+              "build with -Dtest_hooks=true (meson configure %s "
+              "-Dtest_hooks=true, or tools/run-tests.sh)" % (path, build))
+        sys.exit(1)
+    return path
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

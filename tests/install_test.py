@@ -161,6 +161,28 @@ def main():
             check("%s reads %s up to the job secret" % (app, flags),
                   r.returncode != 0 and "no-such.secret" in out, out[-1500:])
 
+        # Issue #36: the installed apps have no fault flags (they live in
+        # the tests' twins, build/apps/hooked/, which are not installed),
+        # even from this build, configured with -Dtest_hooks=true.
+        fault = ("hostile_per_round", "lying_gradient", "shard_map_override")
+        for app in ("dblp-worker", "dblp-udp-worker", "dblp-sim",
+                    "dblp-server", "dblp-udp-server"):
+            binary = D(os.path.join(dirs["bindir"], app))
+            if not os.path.exists(binary):
+                continue
+            h = subprocess.run([binary] + (["--"] if app in (
+                "dblp-worker", "dblp-server") else []) + ["--helpfull"],
+                capture_output=True, text=True, timeout=30)
+            text = h.stdout + h.stderr
+            check("installed %s --helpfull lists flags and no fault flag "
+                  "(%s)" % (app, ", ".join(fault)),
+                  "-secret_file" in text and
+                  not any(f in text for f in fault),
+                  [f for f in fault if f in text] or text[-300:])
+        hooked = [os.path.join(r, f) for r, _, fs in os.walk(dest)
+                  for f in fs if "hooked" in os.path.join(r, f)]
+        check("no test twin is installed", not hooked, hooked)
+
         for script in ("preflight.sh", "hugepages.sh", "bind-nic.sh"):
             path = D(os.path.join(dirs["datadir"], "dblp", "deploy", script))
             check("deploy script %s installed executable" % script,

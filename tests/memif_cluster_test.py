@@ -82,8 +82,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from dblp_testlib import (f32, free_port, integer_value, kill_all,  # noqa: E402
-                          read_bits, read_f32)
+from dblp_testlib import (f32, free_port, hooked_app, integer_value,  # noqa: E402
+                          kill_all, read_bits, read_f32)
 
 WORKERS = 3
 ITERATIONS = 12
@@ -191,7 +191,11 @@ def launch(a, tmp, server_flags, worker_flags):
     udp = a["transport"] == "udp"
     names = (("dblp-udp-server", "dblp-udp-worker") if udp else
              ("dblp-server", "dblp-worker"))
-    server_bin, worker_bin = (os.path.join(build, "apps", n) for n in names)
+    server_bin = os.path.join(build, "apps", names[0])
+    # The DPDK worker sends the hostile frames (--hostile_per_round): the
+    # tests' twin (-Dtest_hooks=true); the UDP worker is the shipped one.
+    worker_bin = (os.path.join(build, "apps", names[1]) if udp else
+                  hooked_app(build, names[1]))
     for b in (server_bin, worker_bin):
         if not os.access(b, os.X_OK):
             fail("missing " + b)

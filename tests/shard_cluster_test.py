@@ -56,8 +56,8 @@ import tempfile
 import time
 
 from dblp_testlib import (NetnsTestbed, check, f32, finish, free_port,
-                          integer_value, kill_all, make_secret, read_bits,
-                          read_f32)
+                          hooked_app, integer_value, kill_all, make_secret,
+                          read_bits, read_f32)
 
 WORKERS = 3
 ITERATIONS = 12
@@ -576,8 +576,11 @@ def wrong_claim(a):
     job = Job(a, tmp, 2, WORKERS, server, worker)
     plain = job.worker_cmd
     liar = WORKERS - 1
-    job.worker_cmd = lambda w, server=None: plain(w, server) + (
-        ["--shard_map_override=1:0:64"] if w == liar else [])
+    # The liar is the tests' twin of dblp-worker (-Dtest_hooks=true).
+    hooked = hooked_app(a["build"], "dblp-worker")
+    job.worker_cmd = lambda w, server=None: (
+        plain(w, server) if w != liar else
+        [hooked] + plain(w, server)[1:] + ["--shard_map_override=1:0:64"])
     try:
         job.start()
         results = job.wait(60)

@@ -30,7 +30,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from dblp_testlib import f32, free_port, integer_value, read_bits, read_f32  # noqa: E402
+from dblp_testlib import (f32, free_port, hooked_app, integer_value,  # noqa: E402
+                          read_bits, read_f32)
 
 MTU = 1500
 TAG = 16  # the default --frame_auth=full
@@ -122,7 +123,7 @@ def main():
         elif a.startswith("--workers="):
             workers = int(a.split("=", 1)[1])
     server_bin = os.path.join(build, "apps", "dblp-server")
-    worker_bin = os.path.join(build, "apps", "dblp-worker")
+    worker_bin = hooked_app(build, "dblp-worker")  # --hostile_per_round
     tmp = tempfile.mkdtemp(prefix="dblp-soak-")
     dump = os.path.join(tmp, "dump")
     os.makedirs(dump)

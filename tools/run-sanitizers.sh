@@ -24,13 +24,16 @@ if [ ! -f "$BUILD/build.ninja" ]; then
   # b_lundef=false as meson asks for sanitized builds.
   meson setup "$BUILD" --buildtype=plain \
     -Db_sanitize=address,undefined -Db_lundef=false -Dtraining=disabled \
-    -Dpython=disabled \
+    -Dpython=disabled -Dtest_hooks=true \
     -Dcpp_args="-O1 -g1 -fno-sanitize-recover=undefined" >/dev/null
 elif ! meson introspect "$BUILD" --buildoptions |
-     grep -q '"name": "python", "value": "disabled"'; then
-  # A build dir set up before the python option (or with it on): turn it
-  # off; --reconfigure also learns options added since.
-  meson setup --reconfigure "$BUILD" -Dpython=disabled >/dev/null
+     grep -q '"name": "python", "value": "disabled"' ||
+   ! meson introspect "$BUILD" --buildoptions |
+     grep -q '"name": "test_hooks", "value": true'; then
+  # A build dir set up before the python or test_hooks option (or with
+  # python on): set them; --reconfigure also learns options added since.
+  meson setup --reconfigure "$BUILD" -Dpython=disabled -Dtest_hooks=true \
+    >/dev/null
 fi
 ninja -C "$BUILD" -j2
 

@@ -6,8 +6,13 @@ cd "$(dirname "$0")/.."
 
 BUILD=${BUILD_DIR:-build}
 tools/install-deps.sh
+# -Dtest_hooks=true: the tests' twins of the apps with fault flags
+# (build/apps/hooked/); the apps themselves stay without them.
 if [ ! -f "$BUILD/build.ninja" ]; then
-  meson setup "$BUILD" --buildtype=debugoptimized
+  meson setup "$BUILD" --buildtype=debugoptimized -Dtest_hooks=true
+elif ! meson introspect "$BUILD" --buildoptions |
+     grep -q '"name": "test_hooks", "value": true'; then
+  meson setup --reconfigure "$BUILD" -Dtest_hooks=true >/dev/null
 fi
 ninja -C "$BUILD"
 
