@@ -9,6 +9,7 @@
 #   tools/run-fuzz.sh --only receiver 600
 #   tools/run-fuzz.sh --update-corpus 300   also merge what was learned into
 #                                        tests/fuzz/corpus/ (to commit)
+#   tools/run-fuzz.sh --build-only       configure and build the targets only
 #
 # The working corpora live in build-fuzz/fuzz-corpus/<target> and grow from
 # run to run; tests/fuzz/corpus/ is only read unless --update-corpus is given.
@@ -22,10 +23,12 @@ usage() { awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; }
 
 SECONDS_PER_TARGET=60
 UPDATE_CORPUS=0
+BUILD_ONLY=0
 TARGETS=(wire control receiver)
 while [ $# -gt 0 ]; do
   case "$1" in
     --update-corpus) UPDATE_CORPUS=1 ;;
+    --build-only) BUILD_ONLY=1 ;;
     --only) shift; IFS=, read -r -a TARGETS <<< "${1:?--only needs a target list}" ;;
     -h|--help) usage; exit 0 ;;
     *[!0-9]*|'') echo "run-fuzz: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
@@ -50,6 +53,7 @@ if [ ! -f "$BUILD/build.ninja" ]; then
     -Dpython=disabled >/dev/null
 fi
 ninja -C "$BUILD" -j2 "${TARGETS[@]/#/tests/fuzz/fuzz_}" >/dev/null
+[ "$BUILD_ONLY" -eq 1 ] && exit 0
 
 WORK="$BUILD/fuzz-corpus"
 ARTIFACTS="$BUILD/fuzz-artifacts"

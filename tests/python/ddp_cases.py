@@ -10,6 +10,9 @@ order), unused parameters, and gradients as bucket views.
 
 import multiprocessing as mp
 import os
+import pickle
+import shutil
+import tempfile
 import time
 import traceback
 
@@ -106,12 +109,49 @@ def train(kind, rank, world, steps, seed, attach=None, lr=0.05,
     return dict(losses=losses, params=state, momentum=momentum)
 
 
+class Reports:
+    """Where each rank process leaves its (rank, value): put() as a
+    multiprocessing.Queue's, but one file each, written whole and then
+    renamed. A Queue's reader blocks for ever on a message its writer did
+    not finish, and the parent holds the pipe's write end too, so no EOF
+    comes: one run hung so, both ranks killed by an abort ("terminate
+    called ... Resource deadlock avoided") while they reported."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="dblp-ranks-")
+
+    def put(self, item):
+        rank, _ = item
+        path = os.path.join(self.dir, "%s-%d.pkl" % (rank, os.getpid()))
+        with open(path + ".tmp", "wb") as f:
+            pickle.dump(item, f)
+        os.replace(path + ".tmp", path)
+
+    def close(self):  # the Queue calls the callers make: nothing to flush
+        pass
+
+    def join_thread(self):
+        pass
+
+    def take(self):
+        """Every report written whole so far, oldest first."""
+        items = []
+        for name in sorted(os.listdir(self.dir)):
+            if name.endswith(".pkl"):
+                with open(os.path.join(self.dir, name), "rb") as f:
+                    items.append(pickle.load(f))
+        return items
+
+    def remove(self):
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
 def run_ranks(world, target, args, timeout=300, expect=None, ctx=CTX):
     """Runs target(rank, *args) in `world` forked processes; returns
     {rank: result} once the ranks in `expect` (default: all) reported. A
     rank that raised reports its traceback. CUDA needs ctx=spawn (a
     forked child cannot initialise it again)."""
-    q = ctx.Queue()
+    q = Reports()
     procs = [ctx.Process(target=_guarded, args=(target, r, q) + tuple(args))
              for r in range(world)]
     return collect(procs, q, timeout,
@@ -119,22 +159,50 @@ def run_ranks(world, target, args, timeout=300, expect=None, ctx=CTX):
 
 
 def collect(procs, q, timeout=180, want=None):
-    """Starts `procs`; {rank: value} of the (rank, value) pairs they put on
-    q, once every rank in `want` (default: one per process) reported."""
+    """Starts `procs` (process i reports as rank i); {rank: value} of the
+    (rank, value) pairs they put on q (a Reports), once every rank in
+    `want` (default: one per process) reported. A wanted process that
+    ended without reporting, or any that a signal ended, fails the test
+    naming it; so does a report that does not come in `timeout` s."""
     for p in procs:
         p.start()
     out = {}
     deadline = time.monotonic() + timeout
     want = set(range(len(procs))) if want is None else want
     try:
-        while not want <= set(out):
-            r, value = q.get(timeout=max(1, deadline - time.monotonic()))
-            out[r] = value
+        while True:
+            ended = {i: p.exitcode for i, p in enumerate(procs)
+                     if p.exitcode is not None}
+            for r, value in q.take():
+                out.setdefault(r, value)
+            if want <= set(out):
+                break
+            silent = {i: c for i, c in ended.items()
+                      if i in want and i not in out}
+            assert not silent, (
+                "rank process(es) ended without reporting (exit code; "
+                "negative: the signal, -6 an abort; their stderr is "
+                "above): %s" % silent)
+            assert time.monotonic() < deadline, (
+                "ranks %s did not report in %d s" %
+                (sorted(want - set(out)), timeout))
+            time.sleep(0.05)
     finally:
-        for p in procs:
+        killed = set()
+        for i, p in enumerate(procs):
             p.join(timeout=30)
             if p.is_alive():
                 p.kill()
+                p.join(timeout=5)
+                killed.add(i)
+        q.remove()
+    signalled = {i: p.exitcode for i, p in enumerate(procs)
+                 if i not in killed and p.exitcode is not None and
+                 p.exitcode < 0}
+    assert not signalled, (
+        "rank process(es) ended by a signal after reporting (negative exit "
+        "code: the signal, -6 an abort; their stderr is above): %s" %
+        signalled)
     return out
 
 
@@ -147,6 +215,11 @@ def _guarded(target, rank, q, *args):
     finally:
         q.close()
         q.join_thread()
+        # Reported: the rank ends here, without the interpreter's teardown
+        # of what the target left (torch 1.13 can abort tearing down a
+        # gloo group from one of its own threads; the targets that test a
+        # teardown do it before they return).
+        os._exit(0)
 
 
 def init_gloo(rank, world, port):

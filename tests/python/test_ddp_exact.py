@@ -17,7 +17,6 @@ same bits too: p = 0 never stops a round early.
 import pytest
 
 torch = pytest.importorskip("torch")
-import torch.distributed as dist  # noqa: E402
 
 import dblp  # noqa: E402
 import dblp.torch  # noqa: E402
@@ -31,12 +30,13 @@ STEPS = 80
 
 
 def gloo_rank(rank, kind, port):
+    # No destroy_process_group: the rank ends as it reports (ddp_cases.
+    # _guarded). One run hung when both reference ranks aborted ("terminate
+    # called ... Resource deadlock avoided", a gloo thread joining itself
+    # as torch 1.13 tore the group down) while they reported.
     ddp_cases.set_threads()
     ddp_cases.init_gloo(rank, W, port)
-    try:
-        return ddp_cases.train(kind, rank, W, STEPS, seed=3)
-    finally:
-        dist.destroy_process_group()
+    return ddp_cases.train(kind, rank, W, STEPS, seed=3)
 
 
 def hook_rank(rank, kind, port, kwargs):
@@ -49,17 +49,15 @@ def hook_rank(rank, kind, port, kwargs):
         workers.append(w)
         ddp.register_comm_hook(w, dblp.torch.comm_hook)
 
-    try:
-        out = ddp_cases.train(kind, rank, W, STEPS, seed=3, attach=attach)
-        w = workers[0]
-        out["delivered_min"] = min(i["delivered_fraction"]
-                                   for i in w.history)
-        out["exchanges"] = len(w.history)
-        out["buckets"] = [i["buckets"] for i in w.history]
-        w.close()
-        return out
-    finally:
-        dist.destroy_process_group()
+    # DBLP's worker closes here; the gloo group is left to the rank's end,
+    # as gloo_rank's.
+    out = ddp_cases.train(kind, rank, W, STEPS, seed=3, attach=attach)
+    w = workers[0]
+    out["delivered_min"] = min(i["delivered_fraction"] for i in w.history)
+    out["exchanges"] = len(w.history)
+    out["buckets"] = [i["buckets"] for i in w.history]
+    w.close()
+    return out
 
 
 _reference = {}

@@ -26,14 +26,14 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import dblp  # noqa: E402
-from ddp_cases import collect  # noqa: E402
+from ddp_cases import Reports, collect  # noqa: E402
 
 CTX = mp.get_context("fork")
 W = 3
 
 
 def run_trainers(srv, target, *args, n=W):
-    q = CTX.Queue()
+    q = Reports()
     return collect([CTX.Process(target=target,
                                 args=(r, srv.worker_kwargs(r), q) + args)
                     for r in range(n)], q)
@@ -155,7 +155,7 @@ def test_loss_delivered_and_fill(tmp_path, transport):
     # The zero fill (the test reads the pushes off the mean), no resync.
     server_flags += ["--push_fill=zero", "--resync_every=0"]
     with dblp.LocalServer(W, transport, server_flags, out_dir=str(out)) as srv:
-        q = CTX.Queue()
+        q = Reports()
         procs = []
         for r in range(W):
             kw = srv.worker_kwargs(r)
