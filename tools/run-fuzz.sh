@@ -52,7 +52,7 @@ if [ ! -f "$BUILD/build.ninja" ]; then
     -Ddpdk=disabled -Dtraining=disabled -Dtests=disabled \
     -Dpython=disabled >/dev/null
 fi
-ninja -C "$BUILD" -j2 "${TARGETS[@]/#/tests/fuzz/fuzz_}" >/dev/null
+ninja -C "$BUILD" -j"${FUZZ_JOBS:-2}" "${TARGETS[@]/#/tests/fuzz/fuzz_}" >/dev/null
 [ "$BUILD_ONLY" -eq 1 ] && exit 0
 
 WORK="$BUILD/fuzz-corpus"
