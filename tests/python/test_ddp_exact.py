@@ -31,9 +31,10 @@ STEPS = 80
 
 def gloo_rank(rank, kind, port):
     # No destroy_process_group: the rank ends as it reports (ddp_cases.
-    # _guarded). One run hung when both reference ranks aborted ("terminate
-    # called ... Resource deadlock avoided", a gloo thread joining itself
-    # as torch 1.13 tore the group down) while they reported.
+    # _guarded). One run hung when both ranks, most likely these reference
+    # ones, aborted while they reported ("terminate called ... Resource
+    # deadlock avoided": a thread joining itself, as a gloo group torn down
+    # from one of its own threads does in torch 1.13).
     ddp_cases.set_threads()
     ddp_cases.init_gloo(rank, W, port)
     return ddp_cases.train(kind, rank, W, STEPS, seed=3)
