@@ -199,6 +199,7 @@ int Run() {
       rows_failed = rows_failed || w.rows().failed();
     }
   }
+  if (failure.empty() && !rows_failed) cluster.Finish();
   // As the apps report it (the server's policy, the workers' WELCOME), so
   // a simulated run's summary names its policy too.
   const std::string policy =

@@ -905,30 +905,42 @@ struct MemoryCluster::Impl {
 
   // Shard k's ROUND_BEGIN to every worker, in the simulator's round
   // numbering (it may start anywhere: first_round tests the wrap-around).
-  void Announce(RoundBeginRequest rb, uint32_t sim_round, uint32_t k) {
+  void Announce(RoundBeginRequest rb, uint32_t sim_round, uint32_t k,
+                uint64_t it) {
     rb.round = sim_round;
     RoundBeginMsg m = RoundBeginMessage(rb);
-    m.iteration = static_cast<uint32_t>(iteration);
+    m.iteration = static_cast<uint32_t>(it);
     for (uint32_t w = 0; w < workers.size(); ++w) {
       // None to a worker the job went on without (its connection closed).
       if (shards[k]->job.alive(w)) workers[w]->to_worker[k].Send(m, clock.now);
     }
   }
 
-  // Push: every worker -> each shard; each shard decides STOP with its p.
-  void BeginPush(const IterationOutcome& out,
-                 std::span<const std::vector<float>> grads) {
-    push_start_ns = clock.now;
-    MaybeSleep(Direction::kPush);
+  // Each shard opens iteration `it`'s push: its ROUND_BEGIN to every
+  // worker, its receive sides begun. As the apps' servers do: the first
+  // at the job's start, every later one as the push before it closes,
+  // beside that push's broadcast (its deadline runs from then).
+  void OpenPush(uint64_t it, uint32_t push_round) {
     for (auto& sh : shards) {
-      const PushOpening open = sh->job.OpenPush(iteration, clock.ns());
+      const PushOpening open = sh->job.OpenPush(it, clock.ns());
       const RoundBeginRequest& rb = open.announce;
-      Announce(rb, out.push_round, sh->index);
+      Announce(rb, push_round, sh->index, it);
       for (auto& ln : sh->links) {
-        ln->push.Begin(out.push_round, rb.p, open.deadline_ns, rb.min_fraction,
+        ln->push.Begin(push_round, rb.p, open.deadline_ns, rb.min_fraction,
                        clock.ns());
       }
     }
+    push_opened = it + 1;
+    push_opened_at = clock.now;
+  }
+
+  // Push: every worker -> each shard; each shard decides STOP with its p.
+  void BeginPush(IterationOutcome& out,
+                 std::span<const std::vector<float>> grads) {
+    push_start_ns = clock.now;
+    MaybeSleep(Direction::kPush);
+    if (push_opened != iteration + 1) OpenPush(iteration, out.push_round);
+    out.push_open_ns = push_start_ns - push_opened_at;
     for (uint32_t w = 0; w < workers.size(); ++w) {
       if (asleep[w]) continue;
       Worker& wk = *workers[w];
@@ -1014,7 +1026,7 @@ struct MemoryCluster::Impl {
       for (const ControlRequest& r : sh->posts) {  // ACCEPTED, then ROUND_BEGIN
         AcceptedMsg m;
         if (const auto* rb = std::get_if<RoundBeginRequest>(&r)) {
-          Announce(*rb, out.bcast_round, sh->index);
+          Announce(*rb, out.bcast_round, sh->index, iteration);
         } else if (const auto* a = std::get_if<AcceptedRequest>(&r);
                    a != nullptr && sh->accepted.Take(a->peer, a->round, &m)) {
           workers[a->peer]->to_worker[sh->index].Send(m, clock.now);
@@ -1052,6 +1064,27 @@ struct MemoryCluster::Impl {
     }
     for (uint32_t w = 0; w < workers.size(); ++w) {
       if (!asleep[w]) Absorb(w);
+    }
+    // Every shard's rows get their broadcast half (ServerJob).
+    std::vector<const SendSide*> sides(workers.size());
+    std::vector<std::span<const SendSide* const>> per_worker;
+    for (auto& sh : shards) {
+      per_worker.clear();
+      for (uint32_t w = 0; w < workers.size(); ++w) {
+        sides[w] = &sh->links[w]->bcast.side;
+        per_worker.push_back({&sides[w], 1});
+      }
+      sh->job.CloseBroadcast(per_worker);
+    }
+  }
+
+  // Every worker that is neither lost nor silent says BYE to every shard
+  // after its last iteration, as the apps' workers do.
+  void Finish() {
+    for (auto& sh : shards) {
+      for (uint32_t w = 0; w < workers.size(); ++w) {
+        if (sh->job.alive(w) && !asleep[w]) sh->job.OnBye(w);
+      }
     }
   }
 
@@ -1118,6 +1151,8 @@ struct MemoryCluster::Impl {
     EndPush(out, RunRound(Direction::kPush, out));
     if (!out.failure.empty()) return out;  // no mean goes out
     BeginBroadcast(out);
+    // The next push opens beside this broadcast (ServerJob's order).
+    OpenPush(iteration + 1, round + 2);
     EndBroadcast(out, RunRound(Direction::kBroadcast, out));
     AddRecords(out);
     ++iteration;
@@ -1140,6 +1175,8 @@ struct MemoryCluster::Impl {
   std::vector<std::unique_ptr<Worker>> workers;
   uint32_t round;
   uint64_t iteration = 0;
+  uint64_t push_opened = 0;   // the last push opened + 1 (0: none yet)
+  double push_opened_at = 0;  // ...at this time
   double push_start_ns = 0;
   double bcast_start_ns = 0;
   uint64_t poll_gen = 0;  // RX polls so far, all endpoints
@@ -1161,6 +1198,7 @@ IterationOutcome MemoryCluster::RunIteration(
   return impl_->Run(grads);
 }
 
+void MemoryCluster::Finish() { impl_->Finish(); }
 const ClusterConfig& MemoryCluster::config() const { return impl_->cfg; }
 const ChunkLayout& MemoryCluster::layout() const { return impl_->layout; }
 uint32_t MemoryCluster::shard_first_chunk(uint32_t k) const {

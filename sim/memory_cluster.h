@@ -105,6 +105,10 @@ struct IterationOutcome {
   bool burst = false;
   double grad_norm = 0;          // L2 norm of the server's mean
   double push_round_ns = 0;      // until the last worker saw STOP
+  // How long before its workers began the servers opened this push: as
+  // in the apps, a push opens beside the broadcast before it, and the
+  // servers time it (and its deadline) from then.
+  double push_open_ns = 0;
   double bcast_round_ns = 0;     // until the last worker had enough
   // One per worker still in the job, in rank order (IterationRecord::rank
   // names it); a silent member has none from the iteration it stopped in.
@@ -133,6 +137,10 @@ class MemoryCluster {
   // mean back. grads.size() == num_workers, each gradient_floats long.
   IterationOutcome RunIteration(std::span<const std::vector<float>> grads);
   IterationOutcome RunIteration() { return RunIteration({}); }
+  // The job is over: every worker still in it says BYE to every shard
+  // (ServerJob::OnBye), as the apps' workers do after their last
+  // iteration. Optional: nothing after it but the reads below.
+  void Finish();
 
   const ClusterConfig& config() const;
   // The whole gradient's layout (each shard runs over a slice of it).

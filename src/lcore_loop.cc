@@ -795,17 +795,15 @@ bool ServerLcore::HandleEvents() {
   }
   DatapathEvent e;
   while (control_.events().Pop(&e)) {
-    if (const auto* bye = std::get_if<PeerByeEvent>(&e)) {
-      if (bye->peer < workers_.size()) job_.OnBye(bye->peer);
-      ++departures_;
-    } else if (const auto* gone = std::get_if<PeerGoneEvent>(&e)) {
-      const uint32_t w = gone->peer;
-      if (w >= workers_.size()) continue;
-      ++departures_;
-      const std::string why = control_.worker_error(w);
-      if (!LoseWorker(w, job_.OnGone(w, !why.empty(), why, iteration_))) {
-        return false;
-      }
+    ++departures_;  // only BYE and lost connections come here
+    const std::string failure = job_.OnEvent(e, iteration_, [&](uint32_t w) {
+      std::string why = control_.worker_error(w);
+      return ServerJob::GoneReason{!why.empty(), std::move(why)};
+    });
+    if (const auto* gone = std::get_if<PeerGoneEvent>(&e);
+        gone != nullptr && gone->peer < workers_.size() &&
+        !LoseWorker(gone->peer, failure)) {
+      return false;
     }
   }
   return true;
@@ -949,20 +947,17 @@ bool ServerLcore::FinishedEarly(uint64_t it) {
 ServerLcore::PushEnd ServerLcore::RunPush(uint64_t it) {
   iteration_ = it;
   const uint32_t round = PushRound(it);
-  bool all_bye = false;
+  ServerJob::PushState state = ServerJob::PushState::kOpen;
   const bool ok = RunUntil(
       [&] {
-        bool stopped = true;
-        for (uint32_t w = 0; w < workers_.size(); ++w) {
-          if (job_.alive(w))
-            stopped = stopped && workers_[w]->push_stop.taken(round);
-        }
-        all_bye = job_.AllLiveSaidBye();
-        return stopped || all_bye;
+        state = job_.PushOver(
+            [&](uint32_t w) { return workers_[w]->push_stop.taken(round); });
+        return state != ServerJob::PushState::kOpen;
       },
       false);
   if (!ok) return PushEnd::kFailed;
-  return all_bye ? PushEnd::kAllBye : PushEnd::kStopped;
+  return state == ServerJob::PushState::kAllBye ? PushEnd::kAllBye
+                                                : PushEnd::kStopped;
 }
 
 void ServerLcore::OpenPush(uint64_t it, const RoundTolerance& tol) {
@@ -988,10 +983,8 @@ bool ServerLcore::RunBroadcast(uint64_t it) {
   }
   return RunUntil(
       [&] {
-        for (uint32_t w = 0; w < links_.size(); ++w) {
-          if (job_.alive(w) && !links_[w]->bcast.done()) return false;
-        }
-        return true;
+        return job_.BroadcastOver(
+            [&](uint32_t w) { return links_[w]->bcast.done(); });
       },
       true);
 }

@@ -489,8 +489,12 @@ std::string JobServer::ServeRounds(Outbox& out) {
     work = StepSides(out) || work;
     if (broadcasting_) work = StepBroadcast(out) || work;
     bool moved = CloseBroadcastIfDone();
-    if (!broadcasting_ && job_->AllLiveSaidBye()) return "";
     if (!broadcasting_ && CloseRoundIfStopped(out, &failure)) moved = true;
+    if (!broadcasting_ && failure.empty() && job_->PushOver([&](uint32_t w) {
+          return push_[w]->stopped();
+        }) == ServerJob::PushState::kAllBye) {
+      return "";
+    }
     if (!failure.empty()) return failure;
     if (failure = job_->RowsFailure(); !failure.empty()) return failure;
     const uint64_t next = Progress();
@@ -604,13 +608,10 @@ bool JobServer::TakeEvents(std::string* failure) {
   if (!events_.Drain(&taken_)) return false;
   for (const DatapathEvent& e : taken_) {
     ++departures_;  // only BYE and lost connections come here
-    if (const auto* bye = std::get_if<PeerByeEvent>(&e)) {
-      job_->OnBye(bye->peer);
-    } else if (const auto* gone = std::get_if<PeerGoneEvent>(&e);
-               gone != nullptr && failure->empty()) {
-      const Departure& d = gone_[gone->peer];
-      *failure = job_->OnGone(gone->peer, d.failed, d.why, it_);
-    }
+    std::string f = job_->OnEvent(e, it_, [&](uint32_t w) {
+      return ServerJob::GoneReason{gone_[w].failed, gone_[w].why};
+    });
+    if (failure->empty()) *failure = std::move(f);
   }
   return true;
 }
@@ -624,8 +625,9 @@ std::string JobServer::FinishedEarly() {
 // Every live push side sent its STOP: the job reduces and decides; the
 // next push opens and (in a job) the mean's broadcast begins.
 bool JobServer::CloseRoundIfStopped(Outbox& out, std::string* failure) {
-  for (uint32_t w = 0; w < o_.workers; ++w) {
-    if (Alive(w) && !push_[w]->stopped()) return false;
+  if (job_->PushOver([&](uint32_t w) { return push_[w]->stopped(); }) !=
+      ServerJob::PushState::kClosed) {
+    return false;
   }
   for (uint32_t w = 0; w < o_.workers; ++w) {
     push_[w]->Close();
@@ -664,9 +666,9 @@ void JobServer::BeginBroadcast() {
 
 // Every live worker holds its share of the mean: the rows are complete.
 bool JobServer::CloseBroadcastIfDone() {
-  if (!broadcasting_) return false;
-  for (uint32_t w = 0; w < o_.workers; ++w) {
-    if (Alive(w) && !bcast_[w]->done()) return false;
+  if (!broadcasting_ ||
+      !job_->BroadcastOver([&](uint32_t w) { return bcast_[w]->done(); })) {
+    return false;
   }
   broadcasting_ = false;
   std::vector<const SendSide*> sides;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstdio>
 
 #include "dblp/base/log.h"
 #include "dblp/base/rng.h"
@@ -10,6 +11,16 @@
 #include "dblp/wire/float_ops.h"
 
 namespace dblp {
+namespace {
+
+// A p in the journal: the same text from every transport.
+std::string NumberText(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.6g", v);
+  return buf;
+}
+
+}  // namespace
 
 ServerJob::ServerJob(const ServerJobSettings& s,
                      std::unique_ptr<TolerancePolicy> policy,
@@ -39,6 +50,8 @@ PushOpening ServerJob::OpenPush(uint64_t it, uint64_t now_ns) {
   push_tol_ = PushTolerance(it);
   push_open_ns_ = now_ns;
   const RoundTolerance& t = push_tol_;
+  Journal("open push " + std::to_string(it) + " (round " +
+          std::to_string(PushRound(it)) + ", p " + NumberText(t.p) + ")");
   // The minimum fraction counts only with a deadline.
   return PushOpening{
       RoundBeginRequest{Direction::kPush, PushRound(it), t.p, t.deadline_ns,
@@ -60,6 +73,19 @@ const ReducedPush& ServerJob::ClosePush(uint64_t it, const ClosedPush& c,
   }
   if (members > 0) iteration_.set_live_workers(members);
   reduced_ = iteration_.Reduce(it, c.now_ns - push_open_ns_);
+  broadcast_it_ = it;
+  if (LogEnabled(LogLevel::kDebug)) {
+    std::string arrived;
+    for (uint32_t w = 0; w < workers() && w < c.arrived.size(); ++w) {
+      arrived += (w ? " " : "") + std::to_string(c.arrived[w].Count());
+    }
+    Journal("close push " + std::to_string(it) + ": divisor " +
+            std::to_string(members) + ", chunks arrived [" + arrived + "] of " +
+            std::to_string(layout_.num_chunks()) +
+            (reduced_.resync ? ", resync" : "") + ", broadcast p " +
+            NumberText(reduced_.broadcast.p) + ", next p " +
+            NumberText(reduced_.next.p));
+  }
   // The phase's failure (a lost server shard) comes first.
   std::string bad = CheckContributions(it, reduced_);
   if (reduced_.failure.empty()) reduced_.failure = std::move(bad);
@@ -137,12 +163,25 @@ void ServerJob::BroadcastOrder(uint32_t w, uint64_t it, uint32_t num_chunks,
 
 void ServerJob::CloseBroadcast(
     std::span<const std::span<const SendSide* const>> sides) {
+  Journal("close broadcast " + std::to_string(broadcast_it_));
   const size_t first = rows_.size() - workers();
   for (uint32_t w = 0; w < workers(); ++w) {
     AddBroadcastToRow(sides[w], &rows_[first + w]);
   }
   // On disk before the next iteration: a kill -9 keeps them.
   if (stream_ != nullptr) stream_->Sync(rows_);
+}
+
+void ServerJob::OnBye(uint32_t w) {
+  if (!bye_[w].exchange(true, std::memory_order_relaxed)) {
+    Journal("bye from worker " + std::to_string(w));
+  }
+}
+
+void ServerJob::Journal(const std::string& what) const {
+  if (LogEnabled(LogLevel::kDebug)) {
+    DBLP_LOG(Debug, "%s: job: %s", app_.c_str(), what.c_str());
+  }
 }
 
 std::string ServerJob::CheckContributions(uint64_t it, const ReducedPush& r) {
@@ -238,6 +277,7 @@ std::string ServerJob::Lose(uint32_t w, const std::string& how, uint64_t it,
   // at once may both name it: it is lost once.
   if (!alive_[w].exchange(false)) return "";
   if (lost_now != nullptr) *lost_now = true;
+  Journal("lost worker " + std::to_string(w));
   DBLP_LOG(Warning, "%s: continuing without worker %u (%s)", app_.c_str(), w,
            how.c_str());
   if (live_count() == 0) return "every worker is gone";

@@ -12,8 +12,14 @@
 //   CloseBroadcast(it, ...) the rows are complete and on disk
 //
 // and, between turns, the workers' lifecycle: BYE, a lost connection, a
-// worker that finished early, each decided here (--on_worker_loss). The job
-// returns the control requests to post, in order; it never touches a frame.
+// worker that finished early, each decided here (--on_worker_loss). When a
+// round is over is decided here too (PushOver, BroadcastOver), from what
+// the transport's sides say of each worker. The job returns the control
+// requests to post, in order; it never touches a frame.
+//
+// At debug level every call above is logged as "<app>: job: ..." with what
+// it decided, in the order made: the same lines, in the same order, from
+// every transport running the same job (tests/server_call_order_test.py).
 #pragma once
 
 #include <atomic>
@@ -89,6 +95,34 @@ class ServerJob {
   // worker's broadcast sides, one per shard) and writes them.
   void CloseBroadcast(std::span<const std::span<const SendSide* const>> sides);
 
+  // ---- when a round is over: one rule for every transport ----
+  enum class PushState : uint8_t {
+    kOpen,    // a live worker still pushes
+    kClosed,  // every live worker's push STOPped: ClosePush
+    kAllBye,  // every live worker said BYE instead: the job is over
+  };
+  // `stopped(w)`: worker w's push side (on this datapath thread) STOPped.
+  template <class Stopped>
+  PushState PushOver(Stopped stopped) const;
+  // `done(w)`: worker w's broadcast side (on this thread) is done.
+  template <class Done>
+  bool BroadcastOver(Done done) const {
+    for (uint32_t w = 0; w < workers(); ++w) {
+      if (alive(w) && !done(w)) return false;
+    }
+    return true;
+  }
+  // How a worker's connection ended, as its control thread saw it.
+  struct GoneReason {
+    bool failed = false;  // an error, not a plain close
+    std::string why;
+  };
+  // A BYE or a lost connection from the control thread (`reason(w)`: how
+  // worker w's connection ended), during iteration `it`: "" while the job
+  // goes on, else why it ends.
+  template <class Reason>
+  std::string OnEvent(const DatapathEvent& e, uint64_t it, Reason reason);
+
   // ---- the workers ----
   // Any thread: whether worker w's frames still count.
   bool alive(uint32_t w) const {
@@ -99,7 +133,7 @@ class ServerJob {
   uint32_t live_count() const;
   uint32_t workers() const { return static_cast<uint32_t>(names_.size()); }
   // Coordinator: worker w finished its iterations (BYE).
-  void OnBye(uint32_t w) { bye_[w].store(true, std::memory_order_relaxed); }
+  void OnBye(uint32_t w);
   // Any thread.
   bool said_bye(uint32_t w) const {
     return bye_[w].load(std::memory_order_relaxed);
@@ -197,7 +231,36 @@ class ServerJob {
   uint64_t clipped_chunks_ = 0;
   uint64_t nonfinite_means_ = 0;
   uint64_t nonfinite_mean_floats_ = 0;  // set to 0 before the broadcast
+  uint64_t broadcast_it_ = 0;           // the iteration ClosePush closed
+  // One "job:" line at debug level (the header's comment).
+  void Journal(const std::string& what) const;
 };
+
+template <class Stopped>
+ServerJob::PushState ServerJob::PushOver(Stopped stopped) const {
+  bool all_stopped = true;
+  for (uint32_t w = 0; w < workers(); ++w) {
+    if (alive(w)) all_stopped = all_stopped && stopped(w);
+  }
+  // A push that every live worker STOPped closes even if they said BYE
+  // too: its mean is owed.
+  if (all_stopped) return PushState::kClosed;
+  return AllLiveSaidBye() ? PushState::kAllBye : PushState::kOpen;
+}
+
+template <class Reason>
+std::string ServerJob::OnEvent(const DatapathEvent& e, uint64_t it,
+                               Reason reason) {
+  if (const auto* bye = std::get_if<PeerByeEvent>(&e)) {
+    if (bye->peer < workers()) OnBye(bye->peer);
+  } else if (const auto* gone = std::get_if<PeerGoneEvent>(&e)) {
+    const uint32_t w = gone->peer;
+    if (w >= workers()) return "";
+    const GoneReason r = reason(w);
+    return OnGone(w, r.failed, r.why, it);
+  }
+  return "";
+}
 
 template <class Received, class Stopped>
 std::string ServerJob::FinishedEarly(uint64_t it, Received received,
