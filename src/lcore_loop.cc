@@ -9,6 +9,7 @@
 #include <variant>
 
 #include "dblp/base/log.h"
+#include "dblp/base/poll_loop.h"
 #include "dblp/job/diagnosis.h"
 
 namespace dblp {
@@ -374,55 +375,53 @@ uint64_t WorkerLcore::Progress() const {
 template <class Done>
 bool WorkerLcore::RunUntil(Done done, const char* waiting_for, uint64_t it,
                            std::string* failure) {
-  RoundPacer& pacer = *setup_.pacer;
-  pacer.Start(NowNs());
-  uint64_t mark = Progress();
-  for (;;) {
-    const uint64_t now = NowNs();
-    const bool work = Turn(now);
-    for (Lane& lane : lanes_) {
-      ReceiveSide& bcast = *lane.link->bcast;
-      if (bcast.stopped() && bcast.receiver().open()) {
-        times_.bcast_done_ns = std::max(times_.bcast_done_ns, bcast.stop_ns());
-        bcast.Close();
-      }
-    }
-    if (done()) return true;
-    for (const Lane& lane : lanes_) {
-      if (std::string e = lane.link->control.RingFailure(); !e.empty()) {
-        StopHelpers();
-        *failure = e;
-        return false;
-      }
-    }
-    if (links_.server_gone()) {
-      StopHelpers();
-      // The server's text, and what this worker measured itself (the
-      // server cannot see our mbuf pool or our injector).
-      *failure = links_.failure() + MeasuredHint(conf_.counters, setup_.loss);
-      return false;
-    }
-    const uint64_t next = Progress();
-    const bool progress = next != mark;
-    mark = next;
-    // Only a turn without progress can time out: only then is the kind of
-    // wait looked at.
-    const uint32_t patience =
-        !progress && (waiting_for != nullptr || AwaitsBroadcast()) ? 2 : 1;
-    switch (pacer.After(work, progress, now, patience)) {
-      case RoundPacer::Step::kContinue:
-        continue;
-      case RoundPacer::Step::kQuit:
-        StopHelpers();
-        *failure = "interrupted";
-        return false;
-      case RoundPacer::Step::kTimedOut:
-        StopHelpers();
-        *failure = Stalled(waiting_for, it) +
-                   MeasuredHint(conf_.counters, setup_.loss);
-        return false;
-    }
+  const PollEnd end = PollUntil(
+      *setup_.pacer, NowNs,
+      [&](uint64_t now) {
+        PollTurn t{Turn(now)};
+        for (Lane& lane : lanes_) {
+          ReceiveSide& bcast = *lane.link->bcast;
+          if (bcast.stopped() && bcast.receiver().open()) {
+            times_.bcast_done_ns =
+                std::max(times_.bcast_done_ns, bcast.stop_ns());
+            bcast.Close();
+          }
+        }
+        if (done()) {
+          t.then = PollTurn::Then::kDone;
+          return t;
+        }
+        for (const Lane& lane : lanes_) {
+          if (std::string e = lane.link->control.RingFailure(); !e.empty()) {
+            *failure = e;
+            t.then = PollTurn::Then::kFailed;
+            return t;
+          }
+        }
+        if (links_.server_gone()) {
+          // The server's text, and what this worker measured itself (the
+          // server cannot see our mbuf pool or our injector).
+          *failure =
+              links_.failure() + MeasuredHint(conf_.counters, setup_.loss);
+          t.then = PollTurn::Then::kFailed;
+        }
+        return t;
+      },
+      [&] { return Progress(); },
+      // Only a turn without progress can time out: only then is the kind
+      // of wait looked at.
+      [&](bool moved) -> uint32_t {
+        return !moved && (waiting_for != nullptr || AwaitsBroadcast()) ? 2 : 1;
+      },
+      NeverResume);
+  if (end == PollEnd::kDone) return true;
+  StopHelpers();
+  if (end == PollEnd::kQuit) *failure = "interrupted";
+  if (end == PollEnd::kTimedOut) {
+    *failure =
+        Stalled(waiting_for, it) + MeasuredHint(conf_.counters, setup_.loss);
   }
+  return false;
 }
 
 // Names the server shard and the phase that stalled (`waiting_for`: the
@@ -873,41 +872,43 @@ uint64_t ServerLcore::Progress() const {
 
 template <class Done>
 bool ServerLcore::RunUntil(Done done, bool broadcasting) {
-  pacer_.Start(NowNs());
   injected_at_start_ = setup_.loss ? setup_.loss->dropped() : 0;
-  uint64_t mark = Progress();
-  for (;;) {
-    const uint64_t now = NowNs();
-    const bool work = Turn(now, broadcasting);
-    if (conf_.shard == 0 && !HandleEvents()) return false;
-    if (sync_.failed()) return false;
-    if (done()) return true;
-    if (conf_.shard == 0 && !broadcasting && FinishedEarly(iteration_)) {
-      return false;
-    }
-    const uint64_t next = Progress();
-    const bool progress = next != mark;
-    mark = next;
-    switch (pacer_.After(work, progress, now)) {
-      case RoundPacer::Step::kContinue:
-        continue;
-      case RoundPacer::Step::kQuit:
-        sync_.Fail("interrupted");
-        return false;
-      case RoundPacer::Step::kTimedOut: {
+  std::string failure;
+  const PollEnd end = PollUntil(
+      pacer_, NowNs,
+      [&](uint64_t now) {
+        PollTurn t{Turn(now, broadcasting)};
+        if ((conf_.shard == 0 && !HandleEvents()) || sync_.failed()) {
+          t.then = PollTurn::Then::kFailed;
+        } else if (done()) {
+          t.then = PollTurn::Then::kDone;
+        } else if (conf_.shard == 0 && !broadcasting &&
+                   FinishedEarly(iteration_)) {
+          t.then = PollTurn::Then::kFailed;
+        }
+        return t;
+      },
+      [&] { return Progress(); }, OneTimeout,
+      [&](uint64_t) {
         // --on_worker_loss=continue: the workers this round still waits
         // for while the others are done are lost, and it goes on.
-        const std::string failure = LoseSilent(broadcasting);
-        if (failure.empty()) {
-          pacer_.Start(now);
-          injected_at_start_ = setup_.loss ? setup_.loss->dropped() : 0;
-          continue;
-        }
-        sync_.Fail(failure);
-        return false;
-      }
-    }
+        failure = LoseSilent(broadcasting);
+        injected_at_start_ = setup_.loss ? setup_.loss->dropped() : 0;
+        return failure.empty();
+      });
+  switch (end) {
+    case PollEnd::kDone:
+      return true;
+    case PollEnd::kFailed:  // the turn's failure is in sync_ already
+      return false;
+    case PollEnd::kQuit:
+      sync_.Fail("interrupted");
+      return false;
+    case PollEnd::kTimedOut:
+      sync_.Fail(failure);
+      return false;
   }
+  return false;
 }
 
 std::string ServerLcore::LoseSilent(bool broadcasting) {

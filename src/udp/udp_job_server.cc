@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "dblp/base/log.h"
+#include "dblp/base/poll_loop.h"
 #include "dblp/base/rng.h"
 #include "dblp/control/accepted_mail.h"
 #include "dblp/control/admission.h"
@@ -159,6 +160,7 @@ class JobServer {
   std::vector<uint32_t> order_buf_;
   std::vector<std::unique_ptr<PacketFrames<UdpSocketPort>>> frames_;
   uint64_t departures_ = 0;    // BYEs and lost connections taken
+  uint64_t closed_ = 0;        // pushes and broadcasts closed
   uint64_t it_ = 0;            // the open push round's iteration
   bool broadcasting_ = false;  // iteration it_ - 1's mean is going out
   uint64_t unpinned_ = 0;      // frames from an unpinned address
@@ -473,44 +475,54 @@ std::string JobServer::ServeRounds(Outbox& out) {
   // core.
   RoundPacer pacer(512, o_.idle_sleep_us, o_.round_timeout_ms, o_.quit, nullptr,
                    o_.deep_idle, IdleBackoff::Spin::kYield);
-  pacer.Start(NowNs());
   std::string failure;
   OpenPush(out);
-  uint64_t mark = Progress();
-  for (;;) {
-    // `work` ends the idle back-off; only progress (Progress: a new
-    // chunk, a first-pass frame, a BITMAP showing more, a STOP, a new
-    // round, a departure) feeds the watchdog, so a round whose every
-    // frame is lost, or whose peer stopped, still times out.
-    bool work = Receive();
-    work = TakeEvents(&failure) || work;
-    if (failure.empty()) failure = FinishedEarly();
-    if (!failure.empty()) return failure;
-    work = StepSides(out) || work;
-    if (broadcasting_) work = StepBroadcast(out) || work;
-    bool moved = CloseBroadcastIfDone();
-    if (!broadcasting_ && CloseRoundIfStopped(out, &failure)) moved = true;
-    if (!broadcasting_ && failure.empty() && job_->PushOver([&](uint32_t w) {
-          return push_[w]->stopped();
-        }) == ServerJob::PushState::kAllBye) {
+  // `work` ends the idle back-off; only progress (Progress: a new chunk, a
+  // first-pass frame, a BITMAP showing more, a STOP, a round closed, a
+  // departure) feeds the watchdog, so a round whose every frame is lost,
+  // or whose peer stopped, still times out.
+  const PollEnd end = PollUntil(
+      pacer, NowNs,
+      [&](uint64_t) {
+        PollTurn t{Receive()};
+        t.work = TakeEvents(&failure) || t.work;
+        if (failure.empty()) failure = FinishedEarly();
+        if (failure.empty()) {
+          t.work = StepSides(out) || t.work;
+          if (broadcasting_) t.work = StepBroadcast(out) || t.work;
+          t.work = CloseBroadcastIfDone() || t.work;
+          if (!broadcasting_ && CloseRoundIfStopped(out, &failure)) {
+            t.work = true;
+          }
+          if (!broadcasting_ && failure.empty() &&
+              job_->PushOver([&](uint32_t w) { return push_[w]->stopped(); }) ==
+                  ServerJob::PushState::kAllBye) {
+            t.then = PollTurn::Then::kDone;
+            return t;
+          }
+        }
+        if (failure.empty()) failure = job_->RowsFailure();
+        if (!failure.empty()) t.then = PollTurn::Then::kFailed;
+        return t;
+      },
+      [&] { return Progress(); }, OneTimeout,
+      [&](uint64_t) {
+        // --on_worker_loss=continue: the workers the round still waits for
+        // while the others are done are lost, and it goes on.
+        failure = LoseSilent(out);
+        ++departures_;
+        return failure.empty();
+      });
+  switch (end) {
+    case PollEnd::kDone:
       return "";
-    }
-    if (!failure.empty()) return failure;
-    if (failure = job_->RowsFailure(); !failure.empty()) return failure;
-    const uint64_t next = Progress();
-    const bool progress = moved || next != mark;
-    mark = next;
-    work = work || moved;
-    const RoundPacer::Step step = pacer.After(work, progress, NowNs());
-    if (step == RoundPacer::Step::kQuit) return "interrupted";
-    if (step == RoundPacer::Step::kTimedOut) {
-      // --on_worker_loss=continue: the workers the round still waits for
-      // while the others are done are lost, and it goes on.
-      if (failure = LoseSilent(out); !failure.empty()) return failure;
-      ++departures_;
-      pacer.Start(NowNs());
-    }
+    case PollEnd::kQuit:
+      return "interrupted";
+    case PollEnd::kFailed:
+    case PollEnd::kTimedOut:
+      return failure;
   }
+  return failure;
 }
 
 std::string JobServer::LoseSilent(Outbox& out) {
@@ -597,7 +609,7 @@ bool JobServer::StepBroadcast(Outbox& out) {
 // What moves the job (send_side.h, receive_side.h): never a duplicate, a
 // stranger's frame, a resent pass or a PROBE retry.
 uint64_t JobServer::Progress() const {
-  uint64_t mark = departures_;
+  uint64_t mark = departures_ + closed_;
   for (uint32_t w = 0; w < o_.workers; ++w) {
     mark += push_[w]->progress() + bcast_[w]->progress();
   }
@@ -647,6 +659,7 @@ bool JobServer::CloseRoundIfStopped(Outbox& out, std::string* failure) {
   // ACCEPTED and the broadcast's ROUND_BEGIN before the next push's.
   for (const ControlRequest& r : posts_) out.Post(r);
   res_.iterations = ++it_;
+  ++closed_;
   if (!o_.push_only) BeginBroadcast();
   OpenPush(out);
   return true;
@@ -671,6 +684,7 @@ bool JobServer::CloseBroadcastIfDone() {
     return false;
   }
   broadcasting_ = false;
+  ++closed_;
   std::vector<const SendSide*> sides;
   for (const auto& side : bcast_) sides.push_back(side.get());
   std::vector<std::span<const SendSide* const>> per_worker;

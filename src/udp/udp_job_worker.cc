@@ -12,6 +12,7 @@
 #include <variant>
 #include <vector>
 
+#include "dblp/base/poll_loop.h"
 #include "dblp/base/rng.h"
 #include "dblp/control/accepted_mail.h"
 #include "dblp/control/control.h"
@@ -466,22 +467,35 @@ bool JobWorker::TakeEvents() {
 
 // Waits for the server to open `round` (its ROUND_BEGIN).
 std::string JobWorker::AwaitRoundBegin(uint32_t round) {
-  pacer_->Start(NowNs());
-  while (!(have_go_ && go_round_ == round)) {
-    const bool any = TakeEvents();
-    if (server_gone_.load(std::memory_order_acquire)) return GoneWhy();
-    // Only the awaited ROUND_BEGIN (which ends the wait) moves it.
-    // Patience 2: the server may be waiting for another worker.
-    const RoundPacer::Step step = pacer_->After(any, false, NowNs(), 2);
-    if (step == RoundPacer::Step::kQuit) return "interrupted";
-    if (step == RoundPacer::Step::kTimedOut) {
-      return "the server never opened push round " + std::to_string(round) +
-             " (waited " + std::to_string(pacer_->limit_ms()) + " ms)";
-    }
+  const PollEnd end = PollUntil(
+      *pacer_, NowNs,
+      [&](uint64_t) {
+        PollTurn t{TakeEvents()};
+        if (have_go_ && go_round_ == round) {
+          t.then = PollTurn::Then::kDone;
+        } else if (server_gone_.load(std::memory_order_acquire)) {
+          t.then = PollTurn::Then::kFailed;
+        }
+        return t;
+      },
+      // Only the awaited ROUND_BEGIN (which ends the wait) moves it.
+      [] { return uint64_t{0}; },
+      // Patience 2: the server may be waiting for another worker.
+      [](bool) { return 2u; }, NeverResume);
+  switch (end) {
+    case PollEnd::kDone:
+      push_p_ = go_p_;
+      push_critical_ = go_critical_;
+      return "";
+    case PollEnd::kFailed:
+      return GoneWhy();
+    case PollEnd::kQuit:
+      return "interrupted";
+    case PollEnd::kTimedOut:
+      break;
   }
-  push_p_ = go_p_;
-  push_critical_ = go_critical_;
-  return "";
+  return "the server never opened push round " + std::to_string(round) +
+         " (waited " + std::to_string(pacer_->limit_ms()) + " ms)";
 }
 
 // The push of iteration `it` in `order` until STOP, and (in a job) its
@@ -496,42 +510,55 @@ std::string JobWorker::Exchange(uint64_t it, std::span<const uint32_t> order) {
   const uint32_t round = PushRound(it);
   if (std::string e = AwaitRoundBegin(round); !e.empty()) return e;
   push_->Begin(round, order, NowNs());
-  pacer_->Start(NowNs());
-  uint64_t mark = Progress();
-  for (;;) {
-    bool work = TakeEvents();
-    if (!o_.push_only) {
-      bool accepted = false;
-      work = Receive(&accepted) || work;
-      const RxProgress rx{accepted, poll_gen_, drained_gen_};
-      work = bcast_->Step(NowNs(), rx, out) || work;
-    }
-    work = push_->Step(NowNs(), *frames_, out) || work;
-    if (ExchangeDone()) {
+  std::string failure;
+  const PollEnd end = PollUntil(
+      *pacer_, NowNs,
+      [&](uint64_t now) {
+        PollTurn t{TakeEvents()};
+        if (!o_.push_only) {
+          bool accepted = false;
+          t.work = Receive(&accepted) || t.work;
+          const RxProgress rx{accepted, poll_gen_, drained_gen_};
+          t.work = bcast_->Step(now, rx, out) || t.work;
+        }
+        t.work = push_->Step(now, *frames_, out) || t.work;
+        if (ExchangeDone()) {
+          t.then = PollTurn::Then::kDone;
+        } else if (server_gone_.load(std::memory_order_acquire)) {
+          failure = GoneWhy();
+          t.then = PollTurn::Then::kFailed;
+        }
+        return t;
+      },
+      // A PROBE retry, a resent pass or a duplicate is work but no
+      // progress, so a silent server or a dead link still times the
+      // round out.
+      [&] { return Progress(); },
+      // Our push done and nothing of the broadcast yet: the server may be
+      // waiting for another worker (RoundPacer's patience).
+      [&](bool moved) -> uint32_t {
+        return !moved && push_->done() && !o_.push_only &&
+                       bcast_->receiver().received() == 0
+                   ? 2
+                   : 1;
+      },
+      NeverResume);
+  switch (end) {
+    case PollEnd::kDone: {
       // Each BITMAP the round used started a pass after the first, or
       // showed nothing missing (ended the round without STOP).
       const SenderRound& s = push_->sender();
       bitmaps_ += s.passes() - 1 + (s.stop_requested() ? 0 : 1);
       return "";
     }
-    if (server_gone_.load(std::memory_order_acquire)) return GoneWhy();
-    // A PROBE retry, a resent pass or a duplicate is work but no
-    // progress (Progress), so a silent server or a dead link still times
-    // the round out.
-    const uint64_t next = Progress();
-    const bool progress = next != mark;
-    mark = next;
-    // Our push done and nothing of the broadcast yet: the server may be
-    // waiting for another worker (RoundPacer's patience).
-    const bool awaits_broadcast = !progress && push_->done() && !o_.push_only &&
-                                  bcast_->receiver().received() == 0;
-    const RoundPacer::Step step =
-        pacer_->After(work, progress, NowNs(), awaits_broadcast ? 2 : 1);
-    if (step == RoundPacer::Step::kQuit) return "interrupted";
-    if (step == RoundPacer::Step::kTimedOut) {
+    case PollEnd::kQuit:
+      return "interrupted";
+    case PollEnd::kTimedOut:
       return Stalled(it);
-    }
+    case PollEnd::kFailed:
+      break;
   }
+  return failure;
 }
 
 // Chunks that set a new bit, first-pass frames, BITMAPs showing more
