@@ -39,7 +39,9 @@ def run(tmp_path, backend, env=None, ranks=3, iterations=150):
 
 
 def test_torchrun_three_ranks_default_policy_trains(tmp_path):
-    s = run(tmp_path, "dblp")
+    # 60 steps: 0.46 of the first loss and 0.78 accuracy on the 2-core VM
+    # (150 steps took 28 s of CI's time for the same two checks).
+    s = run(tmp_path, "dblp", iterations=60)
     assert s["world_size"] == 3 and s["backend"] == "dblp"
     # Rank 0 says what the default policy means, and how to get exact.
     assert "under --policy=dblp (broadcast: consistent)" in s["output"]
@@ -51,8 +53,7 @@ def test_torchrun_three_ranks_default_policy_trains(tmp_path):
 
 
 def test_torchrun_dblp_reliable_equals_gloo(tmp_path):
-    # 40 steps: equality holds at every step, and CI time is short (the
-    # 3-rank run above trains the 150 that accuracy needs).
+    # 40 steps: equality holds at every step, and CI time is short.
     gloo = run(tmp_path, "gloo", ranks=2, iterations=40)
     dblp = run(tmp_path, "dblp", {"DBLP_SERVER_FLAGS": "--policy=reliable"},
                ranks=2, iterations=40)
