@@ -13,10 +13,10 @@
 #include <string>
 #include <vector>
 
-#include "app_options.h"
 #include "dblp/base/version.h"
-#include "eal_app.h"
 #include "job_flags.h"
+#include "runtime/app_options.h"
+#include "runtime/eal_app.h"
 
 DEFINE_string(checksum, "auto",
               "auto (device offload when offered, else "

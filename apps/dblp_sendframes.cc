@@ -24,10 +24,10 @@
 #include "dblp/base/log.h"
 #include "dblp/base/version.h"
 #include "dblp/wire/wire.h"
-#include "eal_app.h"
 #include "flag_checks.h"
-#include "frame_builder.h"
-#include "port.h"
+#include "port/frame_builder.h"
+#include "port/port.h"
+#include "runtime/eal_app.h"
 
 DEFINE_string(dst_mac, "", "destination MAC (aa:bb:cc:dd:ee:ff), required");
 DEFINE_string(dst_ip, "", "destination IPv4, required");

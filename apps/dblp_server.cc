@@ -15,9 +15,9 @@
 #include "dblp/base/log.h"
 #include "dblp/control/control.h"
 #include "dblp/control/control_sidecar.h"
-#include "eal_app.h"
+#include "runtime/eal_app.h"
 #include "runtime_flags.h"
-#include "server_engine.h"
+#include "server/server_engine.h"
 #include "server_flags.h"
 
 DEFINE_string(listen, "127.0.0.1:9100", "TCP control address to listen on");

@@ -11,14 +11,14 @@
 #include "common_flags.h"
 #include "dblp/base/log.h"
 #include "dblp/handoff/gradient_source.h"
-#include "eal_app.h"
+#include "runtime/eal_app.h"
 #include "runtime_flags.h"
 #include "test_hooks/dumps.h"
 #ifdef DBLP_TEST_HOOKS
 #include "test_hooks/hostile_frames.h"
 #include "test_hooks/shard_map_override.h"
 #endif
-#include "worker_engine.h"
+#include "worker/worker_engine.h"
 #include "worker_flags.h"
 #ifdef DBLP_WITH_TRAINING
 #include "training/training_source.h"

@@ -1,7 +1,7 @@
 // The DPDK apps' operator interfaces: the runtime prompt (-i,
 // --cmdline-file), the /dblp/* telemetry commands and packet capture for
-// dpdk-dumpcap (src/prompt.h, src/app_telemetry.h). Include from the app's
-// single translation unit, after common_flags.h.
+// dpdk-dumpcap (src/dpdk/runtime/prompt.h, src/dpdk/runtime/app_telemetry.h).
+// Include from the app's single translation unit, after common_flags.h.
 #pragma once
 
 #include <gflags/gflags.h>
@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "app_telemetry.h"
 #include "dblp/obs/app_state.h"
 #include "dblp/policy/tolerance.h"
-#include "prompt.h"
+#include "runtime/app_telemetry.h"
+#include "runtime/prompt.h"
 
 DEFINE_bool(interactive, false,
             "a command prompt (DPDK cmdline: help, Tab completion) on the "

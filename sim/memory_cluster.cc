@@ -926,21 +926,20 @@ struct MemoryCluster::Impl {
       const RoundBeginRequest& rb = open.announce;
       Announce(rb, push_round, sh->index, it);
       for (auto& ln : sh->links) {
-        ln->push.Begin(push_round, rb.p, open.deadline_ns, rb.min_fraction,
-                       clock.ns());
+        ln->push.Begin(push_round, rb.p, 0, 0, clock.ns());
+        ln->push.DeadlineAfterFirstChunk(open.deadline_after_first_ns,
+                                         rb.min_fraction);
       }
     }
     push_opened = it + 1;
-    push_opened_at = clock.now;
   }
 
   // Push: every worker -> each shard; each shard decides STOP with its p.
-  void BeginPush(IterationOutcome& out,
+  void BeginPush(const IterationOutcome& out,
                  std::span<const std::vector<float>> grads) {
     push_start_ns = clock.now;
     MaybeSleep(Direction::kPush);
     if (push_opened != iteration + 1) OpenPush(iteration, out.push_round);
-    out.push_open_ns = push_start_ns - push_opened_at;
     for (uint32_t w = 0; w < workers.size(); ++w) {
       if (asleep[w]) continue;
       Worker& wk = *workers[w];
@@ -971,9 +970,14 @@ struct MemoryCluster::Impl {
   void ClosePushes(uint64_t push_end, bool burst) {
     auto close = [&](Shard& sh) {
       sh.posts.clear();
+      uint64_t first = 0;  // the push's first chunk at this shard
+      for (const auto& ln : sh.links) {
+        const uint64_t f = ln->push.first_ns();
+        if (f != 0 && (first == 0 || f < first)) first = f;
+      }
       sh.reduced = sh.job.ClosePush(
           iteration,
-          ClosedPush{push_end, sh.push_arrived, sh.push_stop_ns, burst},
+          ClosedPush{push_end, sh.push_arrived, sh.push_stop_ns, burst, first},
           &sh.accepted, &sh.posts);
     };
     if (shards.size() == 1) {
@@ -994,6 +998,13 @@ struct MemoryCluster::Impl {
       return true;
     });
     out.push_round_ns = push_end - push_start_ns;
+    double first = push_end;
+    AllPairs([&](uint32_t w, uint32_t k) {
+      const uint64_t f = shards[k]->links[w]->push.first_ns();
+      if (f != 0) first = std::min(first, static_cast<double>(f));
+      return true;
+    });
+    out.push_first_chunk_ns = first - push_start_ns;
     std::vector<Bitmap> local(shards.size());
     for (uint32_t w = 0; w < workers.size(); ++w) {
       for (auto& sh : shards) {

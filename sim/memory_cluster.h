@@ -105,10 +105,10 @@ struct IterationOutcome {
   bool burst = false;
   double grad_norm = 0;          // L2 norm of the server's mean
   double push_round_ns = 0;      // until the last worker saw STOP
-  // How long before its workers began the servers opened this push: as
-  // in the apps, a push opens beside the broadcast before it, and the
-  // servers time it (and its deadline) from then.
-  double push_open_ns = 0;
+  // When the servers saw this push's first chunk, after its workers
+  // began: the push's time as the servers measure it (what the deadline
+  // policies learn from) and its deadline run from there.
+  double push_first_chunk_ns = 0;
   double bcast_round_ns = 0;     // until the last worker had enough
   // One per worker still in the job, in rank order (IterationRecord::rank
   // names it); a silent member has none from the iteration it stopped in.

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "eal_app.h"
+#include "runtime/eal_app.h"
 
 namespace dblp::testing_env {
 

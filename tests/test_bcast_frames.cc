@@ -1,6 +1,6 @@
-// The broadcast's shared-payload frames (src/bcast_frames.h) against the
-// copied ones: linearised, every frame is the copied frame byte for byte
-// (headers, checksums, tag), for every checksum path and tag mode; the
+// The broadcast's shared-payload frames (src/dpdk/server/bcast_frames.h)
+// against the copied ones: linearised, every frame is the copied frame byte for
+// byte (headers, checksums, tag), for every checksum path and tag mode; the
 // chains free back to the pool and never write the mean; SendSharedChunks
 // sends what ChunkTransmitter::Send sends, over net_ring0 (which passes
 // mbufs through without copying, so the chains come back as sent).
@@ -19,13 +19,13 @@
 #include <string>
 #include <vector>
 
-#include "bcast_frames.h"
-#include "datapath.h"
 #include "dblp/wire/chunking.h"
-#include "eal_app.h"
 #include "eal_test_env.h"
-#include "frame_builder.h"
-#include "port.h"
+#include "port/datapath.h"
+#include "port/frame_builder.h"
+#include "port/port.h"
+#include "runtime/eal_app.h"
+#include "server/bcast_frames.h"
 
 namespace dblp {
 namespace {

@@ -1,6 +1,7 @@
-// The DPDK side's shared pieces (src/datapath.h, src/lcore_loop.h,
-// src/numa_placement.h) under a real EAL (--no-huge, no port): typed rings,
-// the pacer's watchdog, the lcores' phase barrier, NUMA placement.
+// The DPDK side's shared pieces (src/dpdk/port/datapath.h,
+// src/dpdk/server/server_lcore.h, src/dpdk/runtime/numa_placement.h) under a
+// real EAL (--no-huge, no port): typed rings, the pacer's watchdog, the lcores'
+// phase barrier, NUMA placement.
 #include <gtest/gtest.h>
 #include <rte_eal.h>
 #include <unistd.h>
@@ -11,11 +12,11 @@
 #include <thread>
 #include <vector>
 
-#include "datapath.h"
-#include "eal_app.h"
 #include "eal_test_env.h"
-#include "lcore_loop.h"
-#include "numa_placement.h"
+#include "port/datapath.h"
+#include "runtime/eal_app.h"
+#include "runtime/numa_placement.h"
+#include "server/server_lcore.h"
 
 namespace dblp {
 namespace {

@@ -21,15 +21,15 @@
 #include <string>
 #include <vector>
 
-#include "datapath.h"
 #include "dblp/wire/wire.h"
-#include "eal_app.h"
 #include "eal_test_env.h"
-#include "frame_builder.h"
-#include "payload_copy.h"
-#include "port.h"
-#include "push_rx.h"
-#include "steering.h"
+#include "port/datapath.h"
+#include "port/frame_builder.h"
+#include "port/payload_copy.h"
+#include "port/port.h"
+#include "port/steering.h"
+#include "runtime/eal_app.h"
+#include "server/push_rx.h"
 
 namespace dblp {
 namespace {

@@ -1,6 +1,6 @@
-// StopAndClosePorts on memif (src/port.h): a port whose peer just hung up
-// is torn down by memif on EAL's interrupt thread; closing it at that moment
-// from the main thread freed its regions twice (DPDK 22.11: "EAL: Error:
+// StopAndClosePorts on memif (src/dpdk/port/port.h): a port whose peer just
+// hung up is torn down by memif on EAL's interrupt thread; closing it at that
+// moment from the main thread freed its regions twice (DPDK 22.11: "EAL: Error:
 // Invalid memory", then a SEGV; CI's sanitizer run, a server aborting after
 // a worker was killed). Here a memif server and client live in one process:
 // the client closes, so the server's interrupt thread reads a hang-up and
@@ -23,9 +23,9 @@
 #include <cstdlib>
 #include <string>
 
-#include "eal_app.h"
 #include "eal_test_env.h"
-#include "port.h"
+#include "port/port.h"
+#include "runtime/eal_app.h"
 
 namespace dblp {
 namespace {

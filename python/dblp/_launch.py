@@ -133,7 +133,7 @@ def remove_runtime_dir(prefix):
     which another process may share, and never a path."""
     if not prefix.startswith("dblp-") or "/" in prefix or ".." in prefix:
         return
-    # Where EAL puts it (src/eal_cleanup.cc says the same).
+    # Where EAL puts it (src/dpdk/runtime/eal_cleanup.cc says the same).
     if os.geteuid() == 0:
         base = "/var/run"
     else:

@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "worker_engine.h"
+#include "worker/worker_engine.h"
 
 namespace dblp {
 

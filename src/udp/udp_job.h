@@ -1,10 +1,10 @@
 // A whole DBLP job over kernel UDP sockets (UdpSocketPort) and the real TCP
 // control channel (ControlSidecar): the fallback where DPDK cannot run.
-// Every iteration as the DPDK apps run it (src/server_engine.cc,
-// src/worker_engine.cc): the workers push under the current p, the server
-// reduces the mean, its tolerance policy picks the next p, and the server
-// broadcasts the mean to every worker under that p; each worker fills what
-// its broadcast missed and applies the mean.
+// Every iteration as the DPDK apps run it (src/dpdk/server/server_engine.cc,
+// src/dpdk/worker/worker_engine.cc): the workers push under the current p, the
+// server reduces the mean, its tolerance policy picks the next p, and the
+// server broadcasts the mean to every worker under that p; each worker fills
+// what its broadcast missed and applies the mean.
 //
 // The rounds are the shared sides' (dblp/send_side.h, dblp/receive_side.h):
 // the server has a ReceiveSide (push) and a SendSide (broadcast) per worker,

@@ -545,7 +545,8 @@ void JobServer::OpenPush(Outbox& out) {
   const PushOpening o = job_->OpenPush(it_, now);
   const RoundBeginRequest& rb = o.announce;
   for (auto& side : push_) {
-    side->Begin(rb.round, rb.p, o.deadline_ns, rb.min_fraction, now);
+    side->Begin(rb.round, rb.p, 0, 0, now);
+    side->DeadlineAfterFirstChunk(o.deadline_after_first_ns, rb.min_fraction);
   }
   out.Post(rb);
 }
@@ -649,8 +650,14 @@ bool JobServer::CloseRoundIfStopped(Outbox& out, std::string* failure) {
         UdpServerRound{it_, w, push_[w]->receiver().delivered_fraction()});
   }
   posts_.clear();
+  uint64_t first_ns = 0;
+  for (uint32_t w = 0; w < o_.workers; ++w) {
+    const uint64_t f = push_[w]->first_ns();
+    if (f != 0 && (first_ns == 0 || f < first_ns)) first_ns = f;
+  }
   const ReducedPush& reduced = job_->ClosePush(
-      it_, ClosedPush{NowNs(), arrived_, stop_ns_, loss_->InBurst(it_)},
+      it_,
+      ClosedPush{NowNs(), arrived_, stop_ns_, loss_->InBurst(it_), first_ns},
       &accepted_, &posts_);
   if (!reduced.failure.empty()) {  // --on_bad_gradient=abort: no mean goes out
     *failure = reduced.failure;
@@ -714,8 +721,8 @@ void JobServer::Finish(Outbox& out, const std::string& failure) {
   std::this_thread::sleep_for(std::chrono::milliseconds(5));
 }
 
-// The DPDK server's names (src/server_report.cc) for what both count, so
-// tools and tests read one set.
+// The DPDK server's names (src/dpdk/server/server_report.cc) for what both
+// count, so tools and tests read one set.
 void JobServer::FillCounters() {
   uint64_t probes = 0;
   for (const auto& side : bcast_) probes += side->probes_sent();

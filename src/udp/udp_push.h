@@ -1,8 +1,8 @@
 // The push direction of DBLP over kernel UDP sockets (UdpSocketPort) and the
 // real TCP control channel (ControlSidecar): the same rounds as the DPDK
-// apps (src/worker_engine.cc, src/server_engine.cc), without DPDK, for a
-// benchmark comparison. It is udp_job.h's job without the broadcast, run
-// with a fixed p and a deterministic bench gradient.
+// apps (src/dpdk/worker/worker_engine.cc, src/dpdk/server/server_engine.cc),
+// without DPDK, for a benchmark comparison. It is udp_job.h's job without the
+// broadcast, run with a fixed p and a deterministic bench gradient.
 //
 // Each side runs a control sidecar thread and one datapath thread (the
 // caller's). The rounds are the shared sides' (dblp/send_side.h,

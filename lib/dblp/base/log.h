@@ -1,10 +1,11 @@
 // Logging of every DBLP program: one call, DBLP_LOG(level, fmt, ...), with
 // levels. The sink is the program's: the DPDK apps install one on DPDK's
-// registered log type "dblp" (src/eal_app.h), so --log-level=dblp:debug
-// filters it like any DPDK component; the other programs keep the default,
-// stderr with DBLP_LOG_LEVEL (error|warning|notice|info|debug) as filter.
-// Under systemd (JOURNAL_STREAM set) each line starts with its syslog
-// priority, "<3>" for an error, which journald turns into the severity.
+// registered log type "dblp" (src/dpdk/runtime/eal_app.h), so
+// --log-level=dblp:debug filters it like any DPDK component; the other programs
+// keep the default, stderr with DBLP_LOG_LEVEL
+// (error|warning|notice|info|debug) as filter. Under systemd (JOURNAL_STREAM
+// set) each line starts with its syslog priority, "<3>" for an error, which
+// journald turns into the severity.
 //
 // Logs are for operators (what happened, what failed and the fix). A
 // program's results (its summary, stats lines, --help) are its output and

@@ -56,7 +56,7 @@ PushOpening ServerJob::OpenPush(uint64_t it, uint64_t now_ns) {
   return PushOpening{
       RoundBeginRequest{Direction::kPush, PushRound(it), t.p, t.deadline_ns,
                         t.deadline_ns ? t.min_fraction : 0, t.critical},
-      t.deadline_ns ? now_ns + t.deadline_ns : 0};
+      t.deadline_ns};
 }
 
 const ReducedPush& ServerJob::ClosePush(uint64_t it, const ClosedPush& c,
@@ -72,7 +72,8 @@ const ReducedPush& ServerJob::ClosePush(uint64_t it, const ClosedPush& c,
     members += alive(w) || (w < c.arrived.size() && c.arrived[w].Count() > 0);
   }
   if (members > 0) iteration_.set_live_workers(members);
-  reduced_ = iteration_.Reduce(it, c.now_ns - push_open_ns_);
+  const uint64_t began = c.first_ns != 0 ? c.first_ns : push_open_ns_;
+  reduced_ = iteration_.Reduce(it, c.now_ns > began ? c.now_ns - began : 0);
   broadcast_it_ = it;
   if (LogEnabled(LogLevel::kDebug)) {
     std::string arrived;

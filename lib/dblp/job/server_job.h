@@ -49,13 +49,19 @@ struct ClosedPush {
   std::span<const Bitmap> arrived;
   std::span<const uint64_t> stop_ns;
   bool burst = false;  // the iteration ran in a microburst
+  // When the push's first chunk arrived, on any side (ReceiveSide::
+  // first_ns; 0: none). The push's time, which the deadline policies
+  // learn from, runs from here, not from the opening beside the broadcast
+  // before it.
+  uint64_t first_ns = 0;
 };
 
-// An opened push round: its ROUND_BEGIN, and the absolute deadline of the
-// push sides (0: none).
+// An opened push round: its ROUND_BEGIN, and the push sides' deadline,
+// counted from each side's first chunk (ReceiveSide::
+// DeadlineAfterFirstChunk; 0: none).
 struct PushOpening {
   RoundBeginRequest announce;
-  uint64_t deadline_ns = 0;
+  uint64_t deadline_after_first_ns = 0;
 };
 
 class ServerJob {

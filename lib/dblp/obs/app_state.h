@@ -1,6 +1,7 @@
 // What a running app publishes about itself for readers on other threads:
-// DPDK's telemetry thread (/dblp/* commands, src/app_telemetry.h) and the
-// runtime prompt (-i / --cmdline-file, src/prompt.h). No DPDK here.
+// DPDK's telemetry thread (/dblp/* commands, src/dpdk/runtime/app_telemetry.h)
+// and the runtime prompt (-i / --cmdline-file, src/dpdk/runtime/prompt.h). No
+// DPDK here.
 //
 // Writers are the engines, at round boundaries (the server's coordinator on
 // lcore 0, the worker's iteration loop); every reader only loads atomics, so

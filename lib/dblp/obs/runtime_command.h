@@ -1,7 +1,7 @@
-// The arguments of the runtime prompt's commands (src/prompt.h), parsed and
-// validated without DPDK: what `set p`, `set policy` and `inject burst`
-// accept, and how a --cmdline-file splits into numbered lines. Every error
-// names the command and an accepted value.
+// The arguments of the runtime prompt's commands (src/dpdk/runtime/prompt.h),
+// parsed and validated without DPDK: what `set p`, `set policy` and `inject
+// burst` accept, and how a --cmdline-file splits into numbered lines. Every
+// error names the command and an accepted value.
 #pragma once
 
 #include <cstdint>

@@ -9,6 +9,8 @@ void ReceiveSide::Begin(uint32_t round, double p, uint64_t deadline_abs_ns,
   begun_ = true;
   probe_pending_ = false;
   stop_ns_ = 0;
+  first_ns_ = 0;
+  deadline_after_ns_ = 0;
   poll_stop_ = false;
   if (have_early_ && early_.round == round) Apply(early_, now_ns);
   have_early_ = false;

@@ -58,6 +58,14 @@ class ReceiveSide {
   // only a complete buffer, which satisfies any p, can STOP it early.
   void Begin(uint32_t round, double p, uint64_t deadline_abs_ns,
              double min_fraction, uint64_t now_ns);
+  // Datapath, after Begin: the open round's deadline is `after_ns` after
+  // its first chunk arrives (0 = none). A server opens a push beside the
+  // broadcast before it, while the trainers still compute: timed from the
+  // opening, a deadline would count their compute and that broadcast.
+  void DeadlineAfterFirstChunk(uint64_t after_ns, double min_fraction) {
+    deadline_after_ns_ = after_ns;
+    deadline_min_fraction_ = min_fraction;
+  }
 
   // Datapath: a ROUND_BEGIN. The open round takes its p (and deadline,
   // relative to now) at once; a newer round's is kept for its Begin; an
@@ -104,6 +112,8 @@ class ReceiveSide {
                          : rx_.stop_taken();
   }
   uint64_t stop_ns() const { return stop_ns_; }
+  // The loop turn that first saw a chunk of the open round (0: none yet).
+  uint64_t first_ns() const { return first_ns_; }
   // Datapath: grows with every chunk that set a new bit, every round
   // begun and every STOP; never with a duplicate, a stranger's frame or a
   // retransmission of what already arrived. The loops' watchdog compares
@@ -134,6 +144,9 @@ class ReceiveSide {
   bool have_early_ = false;
   RoundBeginEvent early_;   // a ROUND_BEGIN ahead of its Begin
   uint64_t stop_ns_ = 0;
+  uint64_t first_ns_ = 0;
+  uint64_t deadline_after_ns_ = 0;  // DeadlineAfterFirstChunk's, until armed
+  double deadline_min_fraction_ = 0;
   uint64_t stops_ = 0;
   uint64_t progress_base_ = 0;  // progress() of the rounds before this one
   Bitmap snapshot_;
@@ -143,6 +156,13 @@ template <ControlOutbox Outbox>
 bool ReceiveSide::Step(uint64_t now_ns, const RxProgress& rx,
                        Outbox& outbox) {
   bool asked = false;
+  if (first_ns_ == 0 && rx_.received() > 0) {
+    first_ns_ = now_ns;
+    if (deadline_after_ns_ != 0) {
+      rx_.SetDeadline(now_ns + deadline_after_ns_, deadline_min_fraction_);
+      deadline_after_ns_ = 0;
+    }
+  }
   if (rx.arrivals || poll_stop_ || rx_.deadline_ns() != 0) {
     poll_stop_ = false;
     uint32_t received = 0;

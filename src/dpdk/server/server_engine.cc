@@ -1,0 +1,285 @@
+#include "server/server_engine.h"
+
+#include <rte_ethdev.h>
+#include <rte_lcore.h>
+
+#include <cstdio>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "dblp/base/log.h"
+#include "dblp/job/server_job.h"
+#include "dblp/obs/run_report.h"
+#include "dblp/policy/loss_fill.h"
+#include "port/datapath.h"
+#include "port/port.h"
+#include "runtime/app_telemetry.h"
+#include "runtime/eal_app.h"
+#include "runtime/engine_runtime.h"
+#include "runtime/numa_placement.h"
+#include "server/server_control.h"
+#include "server/server_lcore.h"
+#include "server/server_report.h"
+#include "server/server_setup.h"
+
+namespace dblp {
+namespace {
+
+// One dblp-server run: the DPDK transport under the ServerJob. Lcore 0
+// coordinates (ServerCoordinator: the job's entry points between the
+// lcores' phases); every lcore runs its shard of every round.
+class ServerRun {
+ public:
+  explicit ServerRun(const ServerOptions& o)
+      : o_(o), quit_(InstallQuitHandlers()) {
+    if (o.shard_role.count > 1) {
+      runtime_.RefusePolicyChanges(
+          "set p / set policy: not with --shards > 1 (every shard's p comes "
+          "from the directory's one phase); restart the job with the new "
+          "policy on every shard");
+    }
+  }
+  int Run();
+
+ private:
+  void BuildJob();
+  void AnnouncePush(uint64_t it);
+  RoundTolerance Reduce(uint64_t it);
+  void BroadcastDone(uint64_t it);
+  void FillCounters(RunReport* report);
+  int Report(const std::string& failure);
+
+  const ServerOptions& o_;
+  const std::atomic<bool>& quit_;
+  RowStream rows_;
+  EngineRuntime runtime_{"dblp-server", true};
+  ServerAdmission a_;  // its policy moves into job_ in BuildJob
+  ChunkLayout layout_;
+  ShardMap shards_;
+  std::unique_ptr<ServerJob> job_;
+  std::vector<std::unique_ptr<WorkerState>> workers_;
+  LinkGrid links_;
+  std::unique_ptr<JobSync> sync_;
+  ServerDecisions decisions_;
+  ServerLcores lcores_;
+  // Lcore 0's coordinator's scratch: each closed push per worker.
+  std::vector<Bitmap> arrived_;
+  std::vector<uint64_t> stop_ns_;
+  std::vector<ControlRequest> posts_;
+  std::vector<std::vector<const SendSide*>> bcast_sides_;  // [w][shard]
+  std::unique_ptr<ResourceTrack> resources_;
+  uint64_t iterations_done_ = 0;
+};
+
+// The job the workers joined: its layout, the ServerJob, every lcore's
+// links to every worker, the lcores.
+void ServerRun::BuildJob() {
+  const uint32_t W = o_.workers;
+  const auto S = static_cast<uint32_t>(a_.confs.size());
+  layout_ = ChunkLayout(
+      a_.gradient_bytes,
+      ChunkPayloadForMtu(a_.ports.caps[0].mtu, FrameTagBytes(o_.frame_auth)));
+  shards_ = ShardMap(layout_.num_chunks(), S);
+  std::vector<std::string> names;
+  for (uint32_t w = 0; w < W; ++w) {
+    names.push_back(a_.control->worker_name(w));
+    workers_.push_back(std::make_unique<WorkerState>());
+    workers_.back()->source = a_.control->pinned_source(w);
+    workers_.back()->frame_key = a_.control->member_frame_key(w);
+  }
+  // A server shard: the job's phase decides the norm and p; the clip
+  // share counts the whole gradient.
+  ServerJobSettings settings = o_;
+  if (ShardLinks* links = a_.control->shard_links()) {
+    settings.phase = links;
+    settings.model_floats = links->partition().model_bytes / sizeof(float);
+  }
+  job_ = std::make_unique<ServerJob>(settings, std::move(a_.policy), layout_,
+                                     std::move(names), o_.dp.send_order,
+                                     o_.dp.seed, "dblp-server", S);
+  job_->set_row_stream(&rows_);
+  const int node = PortNumaNode(0);
+  PlaceOnNodeOrWarn(job_->iteration().reducer().sum_storage(), node,
+                    "sum buffer");
+  PlaceOnNodeOrWarn(job_->iteration().mean(), node, "mean buffer");
+  links_ = BuildLinkGrid(a_.session, layout_, shards_, o_.dp.burst, workers_);
+  std::vector<std::vector<ReceiveSide*>> push_sides(W);
+  std::vector<std::vector<SendSide*>> bcast_sides(W);
+  bcast_sides_.resize(W);
+  for (auto& shard : links_) {
+    for (uint32_t w = 0; w < W; ++w) {
+      push_sides[w].push_back(&shard[w]->push);
+      bcast_sides[w].push_back(&shard[w]->bcast);
+      bcast_sides_[w].push_back(&shard[w]->bcast);
+    }
+  }
+  a_.control->Attach(push_sides, bcast_sides);
+  sync_ = std::make_unique<JobSync>(S, &quit_);
+  decisions_.next_push = job_->PushTolerance(0);
+  lcores_ = BuildServerLcores(
+      ServerShared{&o_, &a_.ports, a_.local_ip, &layout_, &shards_, job_.get(),
+                   a_.control.get(), sync_.get(), &decisions_, &quit_},
+      a_.confs, workers_, links_);
+  arrived_.resize(W);
+  stop_ns_.resize(W);
+  resources_ = std::make_unique<ResourceTrack>(a_.ports.pool);
+}
+
+void ServerRun::AnnouncePush(uint64_t it) {
+  const RoundTolerance t = job_->PushTolerance(it);
+  const PushOpening open = job_->OpenPush(it, NowNs());
+  a_.control->Publish(it, t.p, t.critical);
+  runtime_.PushOpened(it, t);
+  lcores_.lcores[0]->outbox().Post(open.announce);
+}
+
+// Every lcore's push sides are closed: the job decides; the prompt's
+// change applies at this boundary (iteration it + 1 on).
+RoundTolerance ServerRun::Reduce(uint64_t it) {
+  const uint32_t N = layout_.num_chunks();
+  uint64_t first_ns = 0;  // the push's first chunk, on any lcore
+  for (uint32_t w = 0; w < o_.workers; ++w) {
+    arrived_[w] = MergedPushBitmap(links_, w, N);
+    stop_ns_[w] = 0;
+    for (const auto& shard : links_) {
+      stop_ns_[w] = std::max(stop_ns_[w], shard[w]->push.stop_ns());
+      const uint64_t f = shard[w]->push.first_ns();
+      if (f != 0 && (first_ns == 0 || f < first_ns)) first_ns = f;
+    }
+  }
+  posts_.clear();
+  const ReducedPush& r =
+      job_->ClosePush(it,
+                      ClosedPush{NowNs(), arrived_, stop_ns_,
+                                 lcores_.losses[0]->InBurst(it), first_ns},
+                      a_.control->accepted(), &posts_);
+  if (!r.failure.empty()) {  // --on_bad_gradient=abort: no mean goes out
+    sync_->Fail(r.failure);
+    return job_->PushTolerance(it + 1);
+  }
+  for (const ControlRequest& req : posts_)
+    lcores_.lcores[0]->outbox().Post(req);
+  std::unique_ptr<TolerancePolicy>& live = job_->iteration().policy();
+  if (runtime_.ApplyServerCommand(it + 1, &live)) {
+    job_->OverrideNextPush(live->Current());
+  }
+  // A push-only job's rows are complete now (on disk, or the job ends).
+  if (std::string e = job_->RowsFailure(); !e.empty()) sync_->Fail(e);
+  const RoundTolerance next = job_->PushTolerance(it + 1);
+  runtime_.BroadcastOpened(it, r.broadcast, next);
+  if (o_.push_only) runtime_.IterationDone(it);
+  runtime_.PublishStats();  // the other lcores wait at the barrier
+  return next;
+}
+
+void ServerRun::BroadcastDone(uint64_t it) {
+  iterations_done_ = it + 1;
+  resources_->Sample(it + 1);
+  std::vector<std::span<const SendSide* const>> sides;
+  for (const auto& w : bcast_sides_) sides.emplace_back(w);
+  job_->CloseBroadcast(sides);
+  if (std::string e = job_->RowsFailure(); !e.empty()) sync_->Fail(e);
+  runtime_.IterationDone(it);
+}
+
+int ServerRun::Run() {
+  // Rows are streamed as the rounds end: a directory that cannot take them
+  // fails the server now, before workers join a job it could not record.
+  rows_.set_on_error(o_.dp.rows_on_error);
+  if (std::string err;
+      !o_.dp.out_dir.empty() && !rows_.Open(o_.dp.out_dir, &err)) {
+    DBLP_LOG(Error, "dblp-server: %s", err.c_str());
+    return 1;
+  }
+  a_ = AdmitServerWorkers(o_, quit_);
+  runtime_.SetPolicy(o_.policy, 0, false);
+  BuildJob();
+  {
+    std::vector<const LcoreConf*> lc;
+    for (const auto& c : a_.confs) lc.push_back(c.get());
+    runtime_.SetLcores(std::move(lc), a_.ports.nb_ports);
+  }
+  runtime_.SetCounters([&](CounterList* out) {
+    RunReport live;
+    FillCounters(&live);
+    *out = std::move(live.counters);
+  });
+  ServerCoordinator coord;
+  coord.announce_push = [&](uint64_t it) { AnnouncePush(it); };
+  coord.reduce = [&](uint64_t it) { return Reduce(it); };
+  coord.broadcast_done = [&](uint64_t it) { BroadcastDone(it); };
+  for (auto& lc : lcores_.lcores) lc->OpenPush(0, decisions_.next_push);
+  AnnouncePush(0);
+  std::printf(
+      "dblp-server: %u workers joined; %u chunks of %u B per round, "
+      "%zu datapath lcore(s)\n",
+      o_.workers, layout_.num_chunks(), layout_.chunk_payload(),
+      a_.confs.size());
+  std::fflush(stdout);
+  const uint64_t start_ns = NowNs();
+  for (auto& l : lcores_.losses) l->StartClock(start_ns);
+  LaunchRemoteLcores(lcores_, a_.confs, o_.dp.realtime);
+  runtime_.SetRunning(true);
+  lcores_.lcores[0]->Run(&coord);
+  rte_eal_mp_wait_lcore();
+  runtime_.SetRunning(false);
+  return Report(sync_->failure());
+}
+
+void ServerRun::FillCounters(RunReport* report) {
+  AddServerCounters(a_.confs, *a_.control, links_, a_.ports.nb_ports, report);
+  if (job_) job_->AddCounters(&report->counters);
+}
+
+// The summary and the exit code, once every lcore stopped.
+int ServerRun::Report(const std::string& failure) {
+  if (!failure.empty()) {
+    a_.control->Fail(failure);
+  } else {
+    a_.control->Finish();  // peer server shards: a BYE, no loss
+  }
+  a_.control->Stop();
+  RunReport report;
+  report.role = "server";
+  report.burst_iterations = o_.dp.bursts.iterations;
+  FillCounters(&report);
+  resources_->AddTo(iterations_done_, &report.counters);
+  for (uint16_t p = 0; p < a_.ports.nb_ports; ++p) {
+    report.xstats.emplace_back("port" + std::to_string(p), ReadXstats(p));
+  }
+  runtime_.PublishFinal(report.counters, !failure.empty());
+  // Workers on memif wait for this close before they close their side
+  // (port.h, AwaitPeerClose): closed right after the job.
+  std::vector<uint16_t> ports(a_.ports.nb_ports);
+  std::iota(ports.begin(), ports.end(), uint16_t{0});
+  if (const std::string err = StopAndClosePorts(ports); !err.empty()) {
+    DBLP_LOG(Warning, "dblp-server: %s", err.c_str());
+  }
+  report.info = job_->Info();
+  report.info.emplace_back("loss", FormatLossSpec(o_.dp.loss));
+  report.info.emplace_back("link_gbps", o_.dp.link_gbps > 0
+                                            ? std::to_string(o_.dp.link_gbps)
+                                            : "unpaced");
+  // The prompt may have changed it.
+  report.policy = job_->iteration().policy()->Describe();
+  // The rows of a round the job ended in (push summed, broadcast cut
+  // short) were not streamed yet.
+  rows_.Sync(job_->rows());
+  report.rows = std::move(job_->rows());
+  std::fputs(FormatRunSummary(report).c_str(), stdout);
+  int exit_code = failure.empty() ? 0 : 1;
+  if (const std::string err = CloseRunReport(rows_, report); !err.empty()) {
+    DBLP_LOG(Error, "dblp-server: %s", err.c_str());
+    exit_code = 1;
+  }
+  if (!failure.empty()) DBLP_LOG(Error, "dblp-server: %s", failure.c_str());
+  return exit_code;
+}
+
+}  // namespace
+
+int RunServer(const ServerOptions& o) { return ServerRun(o).Run(); }
+
+}  // namespace dblp
