@@ -12,6 +12,7 @@ import hashlib
 import hmac
 import json
 import os
+import signal
 import socket
 import struct
 import subprocess
@@ -253,11 +254,13 @@ def main():
                   srv.communicate()[0][-600:])
             return
 
-        # Two real workers; one duplicate name in between.
-        ws = []
-        for w, name in ((0, "alpha"), (1, "alpha"), (1, "beta")):
+        # Two real workers; one duplicate name in between. Which of the two
+        # alphas JOINs first depends on how fast each EAL starts (under
+        # load the second may win): the one that JOINs second is refused,
+        # whichever it is, and beta takes its memif socket.
+        def start(w, name):
             p = subprocess.Popen(
-                [worker] + eal("w%d-%s-%d" % (w, name, len(ws)),
+                [worker] + eal("w%d-%s-%d" % (w, name, len(procs)),
                                "net_memif0,role=client,socket=%s,id=0"
                                % socks[w],
                                lcore="1" if os.cpu_count() > 1 else "0") +
@@ -267,16 +270,40 @@ def main():
                  "--floats=20000", "--stats_period=0"],
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             procs.append(p)
-            ws.append(p)
-            if len(ws) == 2:
-                out, _ = p.communicate(timeout=30)
-                check("a second worker named alpha is refused",
-                      p.returncode == 1 and "unique --name" in out, out[-400:])
-            time.sleep(0.5)
-        # The job is full and running: a third worker with the right secret
-        # is refused too (a surplus JOIN), and the job goes on.
-        rc, out = run_worker(worker, "surplus", port, secret,
-                             ["--name=gamma"])
+            return p
+        alphas = [start(0, "alpha")]
+        time.sleep(0.5)
+        alphas.append(start(1, "alpha"))
+        deadline = time.time() + 60
+        refused = None
+        while refused is None and time.time() < deadline:
+            refused = next((a for a in alphas if a.poll() is not None), None)
+            time.sleep(0.05)
+        out = refused.communicate(timeout=10)[0] if refused else ""
+        check("a second worker named alpha is refused",
+              refused is not None and refused.returncode == 1 and
+              "unique --name" in out, out[-400:])
+        time.sleep(0.5)
+        survivor = alphas[1] if refused is alphas[0] else alphas[0]
+        beta = start(1 if refused is alphas[1] or refused is None else 0,
+                     "beta")
+        ws = [survivor, refused, beta]
+        # The job is full once it runs (its first rows are on disk). It
+        # lasts a few seconds: one of its workers is held (SIGSTOP) while a
+        # third worker with the right secret starts and JOINs, so that it
+        # meets a full, running job whatever the load (a surplus JOIN,
+        # refused), then let go: the job goes on.
+        rows_path = os.path.join(out_dir, "iterations.jsonl")
+        deadline = time.time() + 60
+        while time.time() < deadline and not (
+                os.path.exists(rows_path) and os.path.getsize(rows_path)):
+            time.sleep(0.05)
+        survivor.send_signal(signal.SIGSTOP)
+        try:
+            rc, out = run_worker(worker, "surplus", port, secret,
+                                 ["--name=gamma"])
+        finally:
+            survivor.send_signal(signal.SIGCONT)
         check("a surplus worker (right secret, job full) is refused",
               rc == 1 and "all workers" in out, out[-400:])
         outs = {}
