@@ -3,11 +3,14 @@
 read off the tree is checked, so that it fails here when the code moves
 and the text does not.
 
-- README's protocol version ("Version N (this one)") is the control
-  codec's kControlVersion (lib/dblp/control/control.h).
-- README's lib/dblp layer table lists every header of each layer, and only
-  headers that exist; its src/ table lists every header of src/ and
-  src/test_hooks/, and only ones that exist.
+- The protocol version of docs/PROTOCOL.md ("Version N (this one)") is
+  the control codec's kControlVersion (lib/dblp/control/control.h).
+- docs/ARCHITECTURE.md's lib/dblp layer table lists every header of each
+  layer, and only headers that exist; its src/ table lists every header
+  of src/dpdk/ and src/test_hooks/, and only ones that exist.
+- README's sample of the main job's output is the report the code makes
+  of the run kept in docs/results/readme-main-job/
+  (tools/gen-readme-sample --check): regenerated, never pasted.
 - Every repository path that README.md and docs/*.md name in backticks
   (lib/, src/, apps/, sim/, training/, python/, tools/, tests/, deploy/,
   docs/, examples/) exists.
@@ -20,6 +23,7 @@ Usage: docs_check_test.py SOURCE_DIR
 import glob
 import os
 import re
+import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -59,11 +63,11 @@ def ticked(cell):
     return re.findall(r"`([^`]+)`", cell)
 
 
-def check_version(src, readme):
+def check_version(src, protocol):
     code = re.search(r"kControlVersion = (\d+);",
                      read(src, "lib/dblp/control/control.h"))
-    doc = re.findall(r"Version (\d+) \(this one\)", readme)
-    check("README's protocol version is the code's (%s, README %s)" %
+    doc = re.findall(r"Version (\d+) \(this one\)", protocol)
+    check("docs/PROTOCOL.md's protocol version is the code's (%s, doc %s)" %
           (code and code.group(1), doc),
           code is not None and doc == [code.group(1)])
 
@@ -77,28 +81,39 @@ def check_lib_table(src, readme):
         listed = set(ticked(row[1]))
         have = set(os.path.basename(p) for p in
                    glob.glob(os.path.join(src, "lib", "dblp", layer, "*.h")))
-        check("README's %s/ row lists its headers" % layer, listed == have,
+        check("ARCHITECTURE's %s/ row lists its headers" % layer, listed == have,
               "missing: %s; not in the tree: %s" %
               (sorted(have - listed), sorted(listed - have)))
     layers = set(d for d in os.listdir(os.path.join(src, "lib", "dblp"))
                  if os.path.isdir(os.path.join(src, "lib", "dblp", d)))
-    check("README's layer table has every layer of lib/dblp",
+    check("ARCHITECTURE's layer table has every layer of lib/dblp",
           layers == seen, "missing: %s; extra: %s" %
           (sorted(layers - seen), sorted(seen - layers)))
 
 
 def check_src_table(src, readme):
-    rows = table_rows(readme, "`src/` — the DPDK network function:")
+    rows = table_rows(readme, "| file | what |")
     listed = set()
     for row in rows:
         listed |= set(ticked(row[0]))
     have = set(os.path.relpath(p, os.path.join(src, "src")) for p in
                glob.glob(os.path.join(src, "src", "*.h")) +
+               glob.glob(os.path.join(src, "src", "dpdk", "*", "*.h")) +
                glob.glob(os.path.join(src, "src", "test_hooks", "*.h")))
-    check("README's src/ table lists every header of src/ and "
+    check("ARCHITECTURE's src/ table lists every header of src/dpdk/ and "
           "src/test_hooks/", have <= listed, sorted(have - listed))
-    check("README's src/ table names only headers that exist",
+    check("ARCHITECTURE's src/ table names only headers that exist",
           listed <= have, sorted(listed - have))
+
+
+def check_sample(src):
+    r = subprocess.run([sys.executable,
+                        os.path.join(src, "tools", "gen-readme-sample"),
+                        "--check", "--source", src],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True, timeout=120)
+    check("README's main-job sample is the code's report of the kept run",
+          r.returncode == 0, r.stdout.strip())
 
 
 def check_paths(src):
@@ -124,10 +139,11 @@ def main():
         print(__doc__)
         return 2
     src = os.path.abspath(sys.argv[1])
-    readme = read(src, "README.md")
-    check_version(src, readme)
-    check_lib_table(src, readme)
-    check_src_table(src, readme)
+    architecture = read(src, "docs/ARCHITECTURE.md")
+    check_version(src, read(src, "docs/PROTOCOL.md"))
+    check_lib_table(src, architecture)
+    check_src_table(src, architecture)
+    check_sample(src)
     check_paths(src)
     finish()
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A 2-lcore dblp-server on a real (virtual) port: NIC queue steering
-(issue #22, src/steering.h).
+(issue #22, src/dpdk/port/steering.h).
 
 The netns testbed (deploy/netns-testbed.sh, 3 hosts): the server in h0 on
 net_tap (its kernel side dtap0 bridged with h0's eth0), two workers in h1,
