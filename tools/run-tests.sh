@@ -8,17 +8,19 @@ BUILD=${BUILD_DIR:-build}
 tools/install-deps.sh
 # -Dtest_hooks=true: the tests' twins of the apps with fault flags
 # (build/apps/hooked/); the apps themselves stay without them.
-# DBLP_FAST_BUILD=1 (.ci/run sets it): a fresh build dir without debug
-# info (-O2 and assert()s as always), about 13% less compile time than
-# with -g: for a build that is thrown away after one run. (A unity build
-# was tried for CI and was slower there: one unit of the three torch files
-# held a core for two minutes while the other waited.) DBLP_BUILD_ONLY=1:
-# stop after the build (.ci/run builds first, then starts the sanitizer
-# build beside the tests).
+# DBLP_FAST_BUILD=1 (.ci/run sets it): a fresh build dir for one run and
+# then thrown away: no debug info (-O2 and assert()s as always) and a
+# unity build (the torch units apart: training/meson.build), about half
+# the compile work of the per-file build with -g. What a unity build alone
+# warns of is quieted as in tools/run-sanitizers.sh; a developer's build
+# keeps one compile per file (a missing include shows) and -g.
+# DBLP_BUILD_ONLY=1: stop after the build (.ci/run builds first, then
+# starts the sanitizer build beside the tests).
 if [ ! -f "$BUILD/build.ninja" ]; then
   kind=(--buildtype=debugoptimized)
   if [ "${DBLP_FAST_BUILD:-0}" = 1 ]; then
-    kind=(-Doptimization=2 -Ddebug=false)
+    kind=(-Doptimization=2 -Ddebug=false --unity=on
+          "-Dcpp_args=-Wno-subobject-linkage -Wno-deprecated-declarations")
   fi
   meson setup "$BUILD" "${kind[@]}" -Dtest_hooks=true
 elif ! meson introspect "$BUILD" --buildoptions |
