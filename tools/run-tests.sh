@@ -10,8 +10,9 @@ tools/install-deps.sh
 # (build/apps/hooked/); the apps themselves stay without them.
 # DBLP_FAST_BUILD=1 (.ci/run sets it): a fresh build dir for one run and
 # then thrown away: no debug info (-O2 and assert()s as always) and a
-# unity build (the torch units apart: training/meson.build), about half
-# the compile work of the per-file build with -g. What a unity build alone
+# unity build (the torch units apart: training/meson.build): 438
+# CPU-seconds from scratch on the 2-core VM, where the per-file build kept
+# both cores busy for 338 s (docs/RELIABILITY.md, "Time in CI"). What a unity build alone
 # warns of is quieted as in tools/run-sanitizers.sh; a developer's build
 # keeps one compile per file (a missing include shows) and -g.
 # DBLP_BUILD_ONLY=1: stop after the build (.ci/run builds first, then
