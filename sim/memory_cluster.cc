@@ -1187,7 +1187,6 @@ struct MemoryCluster::Impl {
   uint32_t round;
   uint64_t iteration = 0;
   uint64_t push_opened = 0;   // the last push opened + 1 (0: none yet)
-  double push_opened_at = 0;  // ...at this time
   double push_start_ns = 0;
   double bcast_start_ns = 0;
   uint64_t poll_gen = 0;  // RX polls so far, all endpoints
