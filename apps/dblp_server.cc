@@ -19,6 +19,7 @@
 #include "runtime_flags.h"
 #include "server/server_engine.h"
 #include "server_flags.h"
+#include "shard_flags.h"
 
 DEFINE_string(listen, "127.0.0.1:9100", "TCP control address to listen on");
 DEFINE_string(local_ip, "10.0.0.1", "the server's IPv4 on the data ports");
@@ -47,129 +48,17 @@ DEFINE_string(bcast_frames, "auto",
               "that worker's headers; for a NIC that DMAs) or auto (copy on "
               "net_memif and other software ports, which copy frames "
               "themselves; shared where the mean could be DMA-mapped)");
-DEFINE_uint32(shards, 1,
-              "server shards of the job: dblp-server processes that each "
-              "own a partition of the gradient's chunks (1..64)");
-DEFINE_uint32(shard_index, 0,
-              "this server's shard, 0..shards-1; shard 0 is the job's "
-              "directory, the address every worker joins");
-DEFINE_string(directory, "",
-              "shard 0's control address (its --listen), for a shard "
-              "index > 0; it registers there");
 
 namespace {
 
-// The flags every server shard must share: a shard whose differ is
-// refused, naming the first (ShardRegistry).
-constexpr const char* kShardJobFlags[] = {
-    "workers",
-    // The tolerance policy's.
-    "policy", "p_fixed", "p_low", "p_high", "clr_freq", "clr_eta",
-    "ltp_deadline_factor", "ltp_window", "ltp_min_fraction",
-    "deadline_percentile", "deadline_factor", "deadline_window",
-    "deadline_min_fraction",
-    // The rest of the job's.
-    "frame_auth", "push_fill", "resync_every", "bcast_tolerance",
-    "push_feedback", "on_bad_gradient", "clip_norm", "on_worker_loss",
-    "zero_fraction", "zero_iters", "mtu", "insecure", "paper_mode",
-    "max_gradient_mb"};
-
-// Doubles in their shortest exact form ("0.008", not gflags'
-// "0.0080000000000000002"): the same value gives the same text.
-std::string ShardJobFlags() {
-  std::string out;
-  for (const char* name : kShardJobFlags) {
-    gflags::CommandLineFlagInfo info;
-    if (!gflags::GetCommandLineFlagInfo(name, &info)) continue;
-    std::string value = info.current_value;
-    if (info.type == "double") {
-      char buf[64];
-      const double d = std::strtod(value.c_str(), nullptr);
-      const auto r = std::to_chars(buf, buf + sizeof buf, d);
-      value.assign(buf, r.ptr);
-    }
-    out += std::string("--") + name + "=" + value + "\n";
-  }
-  return out;
-}
-
-bool IsLoopback(const std::string& endpoint) {
-  return endpoint.rfind("127.", 0) == 0 || endpoint.rfind("localhost", 0) == 0;
-}
-
-// What a sharded job cannot take: a fixed --session (every shard derives
-// its own, so frames of one shard never pass for another's), losing a
-// worker mid-job (each shard would drop it at its own iteration), a
-// loopback --listen advertised to workers on other hosts, and a control
-// budget without room for the other shards' connections.
-void ShardedJobFlagChecks() {
-  if (FLAGS_session != 0) {
+// dblp-server's own check of a sharded job: a fixed --session (every
+// shard derives its own, so frames of one shard never pass for another's).
+void CheckSessionForShards() {
+  if (FLAGS_shards > 1 && FLAGS_session != 0) {
     dblp::FlagError("--session=" + std::to_string(FLAGS_session) +
                     " with --shards > 1: drop --session (each shard derives "
                     "its own from its job nonce)");
   }
-  if (FLAGS_on_worker_loss != "abort") {
-    dblp::FlagError("--on_worker_loss=" + FLAGS_on_worker_loss +
-                    " is not supported with --shards > 1 (each shard would "
-                    "drop a lost worker at its own iteration): use "
-                    "--on_worker_loss=abort");
-  }
-  if (FLAGS_shard_index > 0 && IsLoopback(FLAGS_listen) &&
-      !IsLoopback(FLAGS_directory)) {
-    dblp::FlagError("--listen=" + FLAGS_listen +
-                    " is a loopback address, but the directory (" +
-                    FLAGS_directory +
-                    ") is on another host and advertises it to the workers: "
-                    "give --listen an address they can reach");
-  }
-  if (FLAGS_shard_index == 0 &&
-      FLAGS_control_max_connections < FLAGS_workers + FLAGS_shards - 1) {
-    dblp::FlagError(
-        "--control_max_connections=" +
-        std::to_string(FLAGS_control_max_connections) +
-        " leaves no room for the job: the directory holds --workers + "
-        "--shards - 1 = " +
-        std::to_string(FLAGS_workers + FLAGS_shards - 1) + " connections");
-  }
-}
-
-// Checked before the EAL starts: exits 2 naming the flag.
-dblp::ShardRole ShardRoleFromFlags() {
-  if (FLAGS_shards < 1 || FLAGS_shards > dblp::kMaxServerShards) {
-    dblp::FlagError("--shards=" + std::to_string(FLAGS_shards) +
-                    " is out of range: use 1.." +
-                    std::to_string(dblp::kMaxServerShards));
-  }
-  if (FLAGS_shard_index >= FLAGS_shards) {
-    dblp::FlagError("--shard_index=" + std::to_string(FLAGS_shard_index) +
-                    " needs --shards above it: use 0.." +
-                    std::to_string(FLAGS_shards - 1));
-  }
-  if (FLAGS_shard_index > 0 && FLAGS_directory.empty()) {
-    dblp::FlagError("--shard_index=" + std::to_string(FLAGS_shard_index) +
-                    " needs --directory=IP:PORT, the --listen of shard 0");
-  }
-  if (FLAGS_shard_index == 0 && !FLAGS_directory.empty()) {
-    dblp::FlagError(
-        "--directory is for shards 1..shards-1; shard 0 is the "
-        "directory (drop --directory or set --shard_index)");
-  }
-  // Before the checks that compare it with --listen: a malformed
-  // directory is named as such, not as "another host".
-  if (FLAGS_shard_index > 0) {
-    sockaddr_in sa{};
-    std::string err;
-    if (!dblp::ParseIpv4Endpoint(FLAGS_directory, false, false, "10.0.0.1:9100",
-                                 &sa, &err)) {
-      dblp::FlagError("--directory=" + FLAGS_directory + ": " + err);
-    }
-  }
-  if (FLAGS_shards > 1) ShardedJobFlagChecks();
-  dblp::ShardRole role;
-  role.index = static_cast<uint16_t>(FLAGS_shard_index);
-  role.count = static_cast<uint16_t>(FLAGS_shards);
-  role.directory = FLAGS_shard_index > 0 ? FLAGS_directory : FLAGS_listen;
-  return role;
 }
 
 }  // namespace
@@ -183,7 +72,8 @@ int main(int argc, char** argv) {
       "--workers=1 --policy=dblp");
 
   dblp::ServerOptions o;
-  o.shard_role = ShardRoleFromFlags();
+  CheckSessionForShards();
+  o.shard_role = dblp::ShardRoleFromFlags(FLAGS_listen, "listen");
   o.listen = FLAGS_listen;
   o.workers = FLAGS_workers;
   o.local_ip = FLAGS_local_ip;
@@ -216,7 +106,7 @@ int main(int argc, char** argv) {
   o.dp = dblp::DatapathOptionsFromFlags();
   // After --paper_mode rewrote the flags it implies: the values the job
   // runs with are the ones every shard must share.
-  o.shard_job_flags = ShardJobFlags();
+  o.shard_job_flags = dblp::ShardJobFlags();
   o.session = FLAGS_session;
   o.max_gradient_bytes = dblp::MaxGradientBytesFromFlags();
   o.rank_by_name = dblp::RankByNameFromFlags();

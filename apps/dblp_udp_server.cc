@@ -5,6 +5,10 @@
 // dblp-server (lib/dblp/job/server_iteration.h). Flags mean what
 // dblp-server's of the same name mean.
 //
+// With --shards=S, S dblp-udp-server processes serve one job, each a
+// partition of the gradient (dblp/job/shard_links.h); the workers join
+// shard 0, the directory, and it names the others.
+//
 // Exit codes: 0 done, 1 the job failed (a worker lost, a round without
 // progress), 2 bad flags.
 #include <gflags/gflags.h>
@@ -20,6 +24,7 @@
 #include "dblp/wire/chunking.h"
 #include "job_flags.h"
 #include "server_flags.h"
+#include "shard_flags.h"
 #include "udp/udp_job.h"
 
 DEFINE_string(control, "127.0.0.1:9100",
@@ -66,6 +71,8 @@ dblp::UdpJobServerOptions OptionsFromFlags() {
   o.join_timeout_ms = FLAGS_join_timeout_ms;
   o.max_gradient_bytes = dblp::MaxGradientBytesFromFlags();
   o.rank_by_name = dblp::RankByNameFromFlags();
+  o.shard_role = dblp::ShardRoleFromFlags(FLAGS_control, "control");
+  o.shard_job_flags = dblp::ShardJobFlags();
   o.control_limits = dblp::ControlLimitsFromFlags();
   o.cpu = FLAGS_cpu;
   o.idle_sleep_us = FLAGS_idle_sleep_us;

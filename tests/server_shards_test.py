@@ -15,6 +15,10 @@
 The full sharded job (means, CLR decisions, a killed shard) needs sharded
 workers: tests/shard_cluster_test.py.
 
+dblp-udp-server's shards (the same flags, apps/shard_flags.h): the same
+flag refusals naming its --control, a shard with other job flags refused,
+a shard whose directory never answers ending with the fix.
+
 Usage: server_shards_test.py BUILD_DIR
 """
 import os
@@ -127,7 +131,59 @@ def main():
         finally:
             d.kill()
             ended(d, 5)
+    udp_door(build)
     finish()
+
+
+def udp_server(build, name_flags):
+    cmd = [os.path.join(build, "apps", "dblp-udp-server"), "--workers=1",
+           "--insecure", "--join_timeout_ms=20000"] + name_flags
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def udp_door(build):
+    """dblp-udp-server takes the same shard flags (apps/shard_flags.h):
+    the same refusals, naming its own --control, and the same door."""
+    srv = os.path.join(build, "apps", "dblp-udp-server")
+    for flags, named in (
+            (["--shards=2", "--on_worker_loss=continue"], "--on_worker_loss"),
+            (["--shards=2", "--workers=4", "--control_max_connections=4"],
+             "--control_max_connections"),
+            (["--shards=2", "--shard_index=1", "--directory=10.1.2.3:9100",
+              "--control=127.0.0.1:9100"], "--control"),
+            (["--shards=2", "--shard_index=1"], "--directory"),
+            (["--shards=65"], "--shards")):
+        r = subprocess.run([srv, "--insecure"] + flags, capture_output=True,
+                           text=True, timeout=30)
+        out = r.stdout + r.stderr
+        check("dblp-udp-server %s is refused, naming %s" % (" ".join(flags),
+                                                            named),
+              r.returncode == 2 and named in out, out[-600:])
+    p0, p1 = free_port(), free_port()
+    directory = "127.0.0.1:%d" % p0
+    d = udp_server(build, ["--control=" + directory, "--shards=2",
+                           "--p_low=0.008"])
+    try:
+        time.sleep(0.5)
+        bad = udp_server(build, ["--control=127.0.0.1:%d" % p1, "--shards=2",
+                                 "--shard_index=1", "--directory=" + directory,
+                                 "--p_low=0.02"])
+        rc, out = ended(bad)
+        check("a UDP shard with another --p_low is refused, naming the flag "
+              "on both sides", rc == 1 and
+              "--p_low=0.008 at the directory, --p_low=0.02 at server shard 1"
+              in out, out[-1500:])
+        lost = udp_server(build, ["--control=127.0.0.1:%d" % p1, "--shards=2",
+                                  "--shard_index=1", "--join_timeout_ms=1500",
+                                  "--directory=127.0.0.1:%d" % free_port()])
+        rc, out = ended(lost)
+        check("a UDP shard whose directory never answers ends (exit 1) "
+              "naming it and the fix", rc == 1 and "directory" in out and
+              "--shard_index=0" in out, out[-1500:])
+    finally:
+        d.kill()
+        ended(d, 5)
 
 
 if __name__ == "__main__":

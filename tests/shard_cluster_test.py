@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Server shards over memif: one job on S dblp-server processes (each owns a
 partition of the gradient's chunks, shard 0 is the directory) against the
-same job on one dblp-server.
+same job on one dblp-server. With --transport=udp the same over kernel UDP:
+S dblp-udp-server processes and dblp-udp-workers, against one
+dblp-udp-server.
 
 Modes (one per meson test):
 
@@ -37,12 +39,16 @@ Modes (one per meson test):
           wrong shard map (--shard_map_override) is refused by the shard it
           claims, naming the claim and the directory.
 
+  --transport=udp  (parity, --loss, --kill, --wrong_map without the shard
+          map hook, which only dblp-worker has) the kernel-UDP apps.
+
   --worker_lcores=N  (parity, --loss) every server and worker runs N
           lcores: each worker's push sides (N per shard) split over its N
           lcores, every one of which must send.
 
 Usage: shard_cluster_test.py BUILD_DIR [--policy=fixed|dblp] [--resync=K]
            [--loss | --kill | --wrong_map | --netns] [--worker_lcores=N]
+           [--transport=dpdk|udp]
 """
 
 import json
@@ -76,7 +82,8 @@ def fail(msg):
 
 def parse_args():
     a = {"build": sys.argv[1], "policy": "fixed", "resync": 0,
-         "mode": "parity", "netns": False, "worker_lcores": 1}
+         "mode": "parity", "netns": False, "worker_lcores": 1,
+         "transport": "dpdk"}
     for arg in sys.argv[2:]:
         key, _, value = arg.lstrip("-").partition("=")
         if key in ("loss", "kill", "wrong_map"):
@@ -89,6 +96,8 @@ def parse_args():
             a["worker_lcores"] = int(value)
         elif key == "policy":
             a["policy"] = value
+        elif key == "transport" and value in ("dpdk", "udp"):
+            a["transport"] = value
         else:
             fail("unknown argument " + arg)
     return a
@@ -233,6 +242,32 @@ class NetnsJob(Job):
                 self.worker_flags)
 
 
+class UdpJob(Job):
+    """The same job over kernel UDP: dblp-udp-server shards (each its own
+    data socket, learnt by the workers from the WELCOMEs) and
+    dblp-udp-workers, every one on 127.0.0.1."""
+
+    def server_cmd(self, k):
+        own = ["--control=127.0.0.1:%d" % self.ports[k],
+               "--out_dir=%s/server%d" % (self.tmp, k),
+               "--dump_dir=%s/dump/s%d" % (self.tmp, k)]
+        if self.shards > 1:
+            own += ["--shards=%d" % self.shards, "--shard_index=%d" % k]
+            if k > 0:
+                own.append("--directory=127.0.0.1:%d" % self.ports[0])
+        return [self.app("dblp-udp-server")] + own + self.flags
+
+    def worker_cmd(self, w, server=None):
+        own = ["--server=127.0.0.1:%d" % (server or self.ports[0]),
+               "--name=w%d" % w, "--out_dir=%s/worker%d" % (self.tmp, w),
+               "--dump_dir=%s/dump/w" % self.tmp]
+        return [self.app("dblp-udp-worker")] + own + self.worker_flags
+
+
+def job_class(a):
+    return UdpJob if a["transport"] == "udp" else Job
+
+
 def job_flags(a, secret, lossy):
     common = ["--secret_file=" + secret, "--seed=11", "--idle_sleep_us=50",
               "--round_timeout_ms=20000", "--dump_iterations=%d" % DUMP_ITERS]
@@ -261,7 +296,7 @@ def run_job(a, tmp, shards, lossy=False, bed=None):
     server = [f for f in server if not f.startswith("--workers=")] + [
         "--workers=%d" % workers]
     job = (NetnsJob(bed, a, tmp, shards, workers, server, worker) if bed
-           else Job(a, tmp, shards, workers, server, worker))
+           else job_class(a)(a, tmp, shards, workers, server, worker))
     try:
         job.start()
         results = job.wait(TIMEOUT_S)
@@ -507,7 +542,7 @@ def kill_shard(a):
                         "--round_timeout_ms=%d" % KILL_ROUND_TIMEOUT_MS)
               .replace("--iterations=%d" % ITERATIONS, "--iterations=100000")
               for f in worker]
-    job = Job(a, tmp, 2, 2, flags, wflags)
+    job = job_class(a)(a, tmp, 2, 2, flags, wflags)
     try:
         job.start()
         rows = os.path.join(tmp, "worker0", "iterations.jsonl")
@@ -540,7 +575,7 @@ def wrong_map(a):
     tmp = tempfile.mkdtemp(prefix="dblp-shards-map-")
     secret = make_secret(os.path.join(tmp, "job.secret"))
     server, worker = job_flags(a, secret, False)
-    job = Job(a, tmp, 2, WORKERS, server, worker)
+    job = job_class(a)(a, tmp, 2, WORKERS, server, worker)
     try:
         for k in range(2):
             job.spawn("shard%d" % k, job.server_cmd(k))
@@ -560,7 +595,8 @@ def wrong_map(a):
     finally:
         job.kill()
     shutil.rmtree(tmp, ignore_errors=True)
-    wrong_claim(a)
+    if a["transport"] == "dpdk":  # the shard map hook is dblp-worker's
+        wrong_claim(a)
 
 
 def wrong_claim(a):

@@ -27,6 +27,7 @@
 #include "dblp/base/deep_idle.h"
 #include "dblp/control/control_sidecar.h"
 #include "dblp/control/job_auth.h"
+#include "dblp/control/server_shards.h"
 #include "dblp/emul/loss_model.h"
 #include "dblp/handoff/gradient_source.h"
 #include "dblp/job/server_iteration.h"
@@ -80,6 +81,10 @@ struct UdpJobServerOptions : ServerJobSettings {
   // mean: about two copies of the gradient).
   uint64_t max_gradient_bytes = uint64_t{1} << 30;
   bool rank_by_name = false;  // --rank_order=name (JoinPolicy)
+  // A server shard of a sharded job (--shards > 1, dblp/job/shard_links.h):
+  // its place, and the "--name=value" job flags every shard must share.
+  ShardRole shard_role;
+  std::string shard_job_flags;
   // What anyone who reaches the control port can make the server hold.
   ControlLimits control_limits;
   int cpu = -1;  // pin the datapath thread (-1: no pinning)

@@ -25,6 +25,7 @@
 #include "dblp/job/counters.h"
 #include "dblp/job/diagnosis.h"
 #include "dblp/job/server_job.h"
+#include "dblp/job/shard_links.h"
 #include "dblp/obs/run_report.h"
 #include "dblp/policy/loss_fill.h"
 #include "dblp/policy/mean_reducer.h"
@@ -67,9 +68,17 @@ class JobServer {
   }
   std::string CheckOptions();
   std::string OpenSockets(ControlSidecar& sidecar);
+  std::string LinkShards(ControlSidecar& sidecar);
+  // A sharded job's failure from the sidecar (a shard gone, the phase):
+  // "" if none.
+  std::string ShardFailure() const {
+    return shard_failed_.load(std::memory_order_acquire) ? shard_failure_ : "";
+  }
 
   // Sidecar thread.
   void OnMessage(ConnId c, const ControlMessage& m);
+  void OnShardMessage(ConnId c, const ControlMessage& m);
+  void MaybeWelcome();
   void Welcome();
   void MakeSides(const ChunkLayout& layout);
   void OnClose(ConnId c, const std::string& reason);
@@ -119,15 +128,30 @@ class JobServer {
   // sides are made with the last JOIN, so the sidecar can hand them PROBE,
   // STOP and BITMAP as soon as `joined_` is set.
   std::mutex join_mu_;
-  Admission admission_{
-      JoinPolicy{o_.workers, o_.mtu, o_.max_gradient_bytes, true,
-                 o_.rank_by_name}, o_.secret,
-      "udp-server"};
+  Admission admission_{JoinPolicy{.workers = o_.workers,
+                                  .mtu = o_.mtu,
+                                  .max_gradient_bytes = o_.max_gradient_bytes,
+                                  .require_data_port = true,
+                                  .rank_by_name = o_.rank_by_name,
+                                  .rank_by_claim = o_.shard_role.index > 0},
+                       o_.secret, "udp-server"};
   JoinDesk& desk_ = admission_.desk();
   std::vector<Departure> gone_;  // by worker rank, sized at the WELCOME
   std::vector<std::unique_ptr<ReceiveSide>> push_;  // by worker rank
   std::vector<std::unique_ptr<SendSide>> bcast_;    // by worker rank
   std::atomic<bool> joined_{false};
+  // The bytes this server reduces: the gradient's, or its partition's in a
+  // sharded job. Sidecar: wo before `joined_`.
+  uint64_t job_bytes_ = 0;
+  // Why the job cannot start (a sharded WELCOME refused): sidecar wo under
+  // join_mu_; the datapath reads it under join_mu_.
+  std::string admit_failure_;
+  // A sharded job's links to the other server shards (null unsharded):
+  // made before the sidecar thread; the phase's Decide runs on the
+  // datapath, the rest on the sidecar.
+  std::unique_ptr<ShardLinks> shards_;
+  std::string shard_failure_;  // sidecar: wo (once) before `shard_failed_`
+  std::atomic<bool> shard_failed_{false};
 
   EventQueue<DatapathEvent> events_;     // sidecar -> datapath: BYE, gone
   EventQueue<ControlRequest> requests_;  // datapath -> sidecar
@@ -244,6 +268,7 @@ UdpJobServerResult JobServer::Run() {
   ControlSidecar sidecar(cb, kMaxControlFrame, o_.control_limits);
   sc_ = &sidecar;
   if (std::string e = OpenSockets(sidecar); !e.empty()) return Fail(1, e);
+  if (std::string e = LinkShards(sidecar); !e.empty()) return Fail(1, e);
   // The sidecar thread starts before the pinning, so it does not inherit
   // the datapath's CPU.
   SidecarThread sidecar_thread(sidecar);
@@ -274,14 +299,55 @@ UdpJobServerResult JobServer::Run() {
   return res_;
 }
 
+// A server shard of a sharded job: its links to the others, over the
+// sidecar; shard k > 0 registers with the directory before the sidecar
+// thread runs (its JOIN goes out first).
+std::string JobServer::LinkShards(ControlSidecar& sidecar) {
+  if (!o_.shard_role.sharded()) return "";
+  admission_.set_role(o_.shard_role);
+  // The address the directory lists: the bound control port, so an
+  // ephemeral --control works too.
+  sockaddr_in ctrl{};
+  std::string err;
+  ParseIpv4Endpoint(o_.control, true, true, "127.0.0.1:9100", &ctrl, &err);
+  ctrl.sin_port = htons(sidecar.bound_port());
+  ShardRole role = o_.shard_role;
+  if (role.index == 0) role.directory = FormatIpv4Endpoint(ctrl);
+  shards_ = std::make_unique<ShardLinks>(
+      ShardLinksConfig{.app = "dblp-udp-server",
+                       .role = role,
+                       .listen = FormatIpv4Endpoint(ctrl),
+                       .job_flags = o_.shard_job_flags,
+                       .local_ip = ntohl(port_.bound_addr().sin_addr.s_addr),
+                       .mac = {},
+                       .udp_port = port_.bound_port(),
+                       .queues = 1,
+                       .mtu = o_.mtu,
+                       .secret = &o_.secret,
+                       .policy = o_.policy,
+                       .resync_every = o_.resync_every,
+                       .round_timeout_ms = o_.round_timeout_ms},
+      sidecar, [this](const std::string& why) {
+        if (shard_failed_.load(std::memory_order_acquire)) return;
+        shard_failure_ = why;
+        shard_failed_.store(true, std::memory_order_release);
+      });
+  if (role.index > 0) return shards_->ConnectDirectory(o_.join_timeout_ms);
+  return "";
+}
+
 // ---- sidecar thread -------------------------------------------------------
 
 void JobServer::OnMessage(ConnId c, const ControlMessage& m) {
+  if (shards_ && shards_->Owns(c)) return OnShardMessage(c, m);
   Admission::Step step;
   {
     std::lock_guard<std::mutex> lock(join_mu_);
     step = admission_.OnMessage(*sc_, c, m);
-    if (step == Admission::Step::kAdmitted && desk_.full()) Welcome();
+    if (step == Admission::Step::kShard) {
+      shards_->OnRegistration(c, admission_.registration());
+    }
+    if (step == Admission::Step::kAdmitted) MaybeWelcome();
   }
   if (step != Admission::Step::kMember) return;
   if (!joined_.load(std::memory_order_acquire)) return;
@@ -297,6 +363,24 @@ void JobServer::OnMessage(ConnId c, const ControlMessage& m) {
   } else if (const auto* e = std::get_if<ErrorMsg>(&m)) {
     TellGone(peer, true, e->text);
   }
+}
+
+// A message on the directory's or a server shard's connection.
+void JobServer::OnShardMessage(ConnId c, const ControlMessage& m) {
+  std::lock_guard<std::mutex> lock(join_mu_);
+  const ShardLinks::Event e = shards_->OnMessage(c, m);
+  if (e == ShardLinks::Event::kAssigned) {
+    admission_.Assign(*sc_, shards_->partition());
+  }
+  if (e != ShardLinks::Event::kNone) MaybeWelcome();
+}
+
+// Under join_mu_: WELCOME everyone once every worker (and, in a sharded
+// job, every shard or the partition) is in.
+void JobServer::MaybeWelcome() {
+  if (joined_.load() || !admit_failure_.empty() || !desk_.full()) return;
+  if (shards_ && !shards_->ready()) return;
+  Welcome();
 }
 
 // One push receiver and one broadcast sender per worker.
@@ -321,15 +405,30 @@ void JobServer::MakeSides(const ChunkLayout& layout) {
 }
 
 // The last JOIN: the sides, then WELCOME to every worker, then `joined_`.
+// A server shard's WELCOMEs describe its partition (ShardLinks), and the
+// sides run over it.
 void JobServer::Welcome() {
   desk_.Close();
   gone_.resize(o_.workers);
+  std::vector<WelcomeMsg> welcomes;
   for (uint32_t w = 0; w < o_.workers; ++w) {
     keys_.push_back(admission_.MemberFrameKey(w, job_nonce_, o_.frame_auth));
+    welcomes.push_back(desk_.Welcome(w, chunk_payload_));
+    welcomes.back().model_bytes = welcomes.back().total_bytes;
+    if (!shards_) continue;
+    if (std::string why = shards_->FillWelcome(&welcomes.back(), job_nonce_);
+        !why.empty()) {
+      admit_failure_ = why;
+      for (const JoinDesk::Member& m : desk_.members()) {
+        sc_->Send(m.conn, ErrorMsg{2, "the job failed: " + why});
+      }
+      return;
+    }
   }
-  MakeSides(ChunkLayout(desk_.first().total_bytes, chunk_payload_));
+  job_bytes_ = welcomes[0].total_bytes;
+  MakeSides(ChunkLayout(job_bytes_, chunk_payload_));
   for (uint32_t w = 0; w < o_.workers; ++w) {
-    WelcomeMsg wm = desk_.Welcome(w, chunk_payload_);
+    WelcomeMsg& wm = welcomes[w];
     wm.session = session_;
     wm.resync_every = o_.resync_every;
     wm.consistent_broadcast = o_.consistent_broadcast;
@@ -359,6 +458,10 @@ void JobServer::Welcome() {
 
 void JobServer::OnClose(ConnId c, const std::string& reason) {
   std::lock_guard<std::mutex> lock(join_mu_);
+  if (shards_ && shards_->Owns(c)) {
+    shards_->OnClose(c, reason);
+    return;
+  }
   const int w = admission_.OnClose(c);  // frees a slot during the join
   if (w < 0 || !joined_.load()) return;
   TellGone(static_cast<uint32_t>(w), false, reason);
@@ -376,6 +479,7 @@ void JobServer::TellGone(uint32_t w, bool failed, const std::string& why) {
 }
 
 void JobServer::OnWakeup() {
+  if (shards_) shards_->Flush();  // the phase's partial or decision
   if (!requests_.Drain(&sending_)) return;
   for (const ControlRequest& r : sending_) {
     std::visit(
@@ -405,6 +509,8 @@ void JobServer::OnWakeup() {
                 if (!f.ok) sc_->Send(w.conn, ErrorMsg{2, failure_});
                 sc_->Close(w.conn, f.ok ? "job finished" : failure_);
               }
+              // BYE or the ERROR to the other server shards.
+              if (shards_) shards_->Finish(f.ok ? "" : failure_);
               finished_.store(true, std::memory_order_release);
             },
             [&](const auto& side) {  // a side's request for worker side.peer
@@ -421,28 +527,53 @@ void JobServer::OnWakeup() {
 // ---- datapath thread ------------------------------------------------------
 
 std::string JobServer::AwaitWorkers() {
+  std::string failure;
+  auto failed = [&] {
+    std::lock_guard<std::mutex> lock(join_mu_);
+    failure = admit_failure_.empty() ? ShardFailure() : admit_failure_;
+    return !failure.empty();
+  };
   if (udp::WaitFor(
-          [&] { return joined_.load(std::memory_order_acquire) || Quit(); },
+          [&] {
+            return joined_.load(std::memory_order_acquire) || Quit() ||
+                   failed();
+          },
           o_.join_timeout_ms)) {
+    if (!failure.empty()) return failure;
     return Quit() ? "interrupted" : "";
   }
   std::string shortfall;
   {
     std::lock_guard<std::mutex> lock(join_mu_);
     shortfall = desk_.Shortfall();
+    if (shards_ && !shards_->Shortfall().empty()) {
+      shortfall += "; " + shards_->Shortfall();
+    }
   }
+  const std::string fix =
+      shards_ ? "start the workers with --server=" + o_.shard_role.directory +
+                    " and every server shard with --directory=" +
+                    o_.shard_role.directory
+              : "start the workers with the server's control address";
   return shortfall + " within " + std::to_string(o_.join_timeout_ms) +
-         " ms: start the workers with the server's control address";
+         " ms: " + fix;
 }
 
 std::string JobServer::SetUpJob() {
   const uint32_t W = o_.workers;
-  layout_ = ChunkLayout(desk_.first().total_bytes, chunk_payload_);
+  layout_ = ChunkLayout(job_bytes_, chunk_payload_);
   res_.chunks = layout_.num_chunks();
   std::vector<std::string> names;
   for (const JoinDesk::Member& m : desk_.members()) names.push_back(m.name);
+  // A server shard: the job's phase decides the norm and p; the clip share
+  // counts the whole gradient.
+  ServerJobSettings settings = o_;
+  if (shards_) {
+    settings.phase = shards_.get();
+    settings.model_floats = shards_->partition().model_bytes / sizeof(float);
+  }
   try {
-    job_ = std::make_unique<ServerJob>(o_, std::move(policy_), layout_,
+    job_ = std::make_unique<ServerJob>(settings, std::move(policy_), layout_,
                                        std::move(names), o_.send_order, o_.seed,
                                        "dblp-udp-server");
   } catch (const std::bad_alloc&) {
@@ -618,6 +749,7 @@ uint64_t JobServer::Progress() const {
 }
 
 bool JobServer::TakeEvents(std::string* failure) {
+  if (failure->empty()) *failure = ShardFailure();
   if (!events_.Drain(&taken_)) return false;
   for (const DatapathEvent& e : taken_) {
     ++departures_;  // only BYE and lost connections come here

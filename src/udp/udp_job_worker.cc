@@ -1,5 +1,7 @@
-// The kernel-UDP worker of a whole job (udp_job.h): a push SendSide and a
-// broadcast ReceiveSide over one UDP socket, around a GradientSource.
+// The kernel-UDP worker of a whole job (udp_job.h): per server (one, or
+// every server shard of a sharded job) a link with a push SendSide and a
+// broadcast ReceiveSide (udp_server_link.h), all over one UDP socket,
+// around a GradientSource.
 #include <arpa/inet.h>
 
 #include <algorithm>
@@ -36,14 +38,13 @@
 #include "dblp/wire/wire.h"
 #include "udp/udp_common.h"
 #include "udp/udp_job.h"
+#include "udp/udp_server_link.h"
 
 namespace dblp {
 namespace {
 
-using udp::EventQueue;
-using udp::kServerEndpoint;
 using udp::NowNs;
-using udp::Outbox;
+using udp::ServerLink;
 
 class JobWorker {
  public:
@@ -52,29 +53,29 @@ class JobWorker {
   UdpJobWorkerResult Run();
 
   // What the model asks of the control plane (AcceptedChannel): push
-  // feedback's ACCEPTED, and whether the server is gone. Datapath thread.
-  bool TakeAccepted(uint32_t round, Bitmap* out) {
-    return accepted_.Take(round, out);
-  }
-  bool server_gone() const {
-    return server_gone_.load(std::memory_order_acquire);
-  }
-  const std::string& failure() const { return gone_why_; }
+  // feedback's ACCEPTED (every link's, as one bitmap of global chunks),
+  // and whether a server is gone. Datapath thread.
+  bool TakeAccepted(uint32_t round, Bitmap* out);
+  bool server_gone() const;
+  // The first link that is gone, named (unsharded: as its control says).
+  std::string failure() const;
+
+  // The WorkerJob's transport (WorkerExchanger).
+  std::string Exchange(uint64_t it, std::span<const uint32_t> order);
+  WorkerExchange Exchanged(uint64_t it) const;
+  const Bitmap& arrived() const { return arrived_; }
 
  private:
   UdpJobWorkerResult Fail(int code, const std::string& msg) {
     return udp::Failed(&res_, code, msg);
   }
   std::string CheckOptions();
-  std::string Join(ControlSidecar& sidecar);
-
-  // Sidecar thread.
-  void OnMessage(const ControlMessage& m);
-  void OnWakeup();
-  void ServerGone(const std::string& why);
+  JoinMsg BaseJoin(std::string* error);
+  std::string JoinServers();
+  std::string JoinShards(const JoinMsg& base);
+  void FinishLinks(const std::string& failure);
 
   // Datapath thread.
-  std::string AwaitWelcome();
   std::string SetUpJob();
   std::string StartSource();
   std::string RunIterations();
@@ -82,81 +83,42 @@ class JobWorker {
   // The server's text, and what this worker measured itself (the server
   // cannot see our injector).
   std::string GoneWhy() const {
-    return gone_why_ + MeasuredCauses(0, loss_->dropped(), loss_->considered());
+    return failure() + MeasuredCauses(0, loss_->dropped(), loss_->considered());
   }
   bool Quit() const {
     return o_.quit != nullptr && o_.quit->load(std::memory_order_relaxed);
   }
   uint64_t Progress() const;
   std::string AwaitRoundBegin(uint32_t round);
-
- public:
-  // The WorkerJob's transport (WorkerExchanger).
-  std::string Exchange(uint64_t it, std::span<const uint32_t> order);
-  WorkerExchange Exchanged(uint64_t it) const;
-  const Bitmap& arrived() const { return arrived_; }
-
- private:
+  void Split(std::span<const uint32_t> order);
   bool ExchangeDone();
   bool Receive(bool* progress);
   std::string Stalled(uint64_t it) const;
-  void Finish(Outbox& out, const std::string& failure);
   void Report();
 
   const UdpJobWorkerOptions& o_;
   GradientSource& source_;
-  UdpJobWorkerResult res_;     // datapath only
-  UdpSocketPort port_;         // datapath only
-  sockaddr_in server_ctrl_{};  // datapath only
-  // Set before the sidecar thread starts, read-only after.
-  ControlSidecar* sc_ = nullptr;
-  ConnId conn_ = 0;
-
-  // Shared with the sidecar; each field's writer noted. The datapath reads
-  // a text only after the flag written after it (acquire).
-  WorkerHandshake handshake_{o_.secret};  // sidecar (Run starts it before)
-  JoinMsg join_;        // Run: wo before the sidecar thread; sidecar: ro
-  WelcomeMsg welcome_;  // sidecar: wo before `welcomed_`
-  std::atomic<bool> welcomed_{false};
-  std::string gone_why_;  // sidecar: wo (once) before `server_gone_`
-  std::atomic<bool> server_gone_{false};
-  std::atomic<bool> closed_{false};  // sidecar: wo
-  AcceptedInbox accepted_;  // sidecar: puts; datapath (the model): takes
-  // The two directions: made by the datapath once WELCOME named the
-  // session and rank, then published (release) for the sidecar, which
-  // hands the push side STOP and BITMAP, the broadcast side PROBE; null
-  // before.
-  std::unique_ptr<SendSide> push_;
-  std::unique_ptr<ReceiveSide> bcast_;
-  std::atomic<bool> sides_live_{false};
-  EventQueue<DatapathEvent> events_;     // sidecar -> datapath: ROUND_BEGIN
-  EventQueue<ControlRequest> requests_;  // datapath -> sidecar
-  std::vector<ControlRequest> sending_;  // sidecar only
-  // The job's failure text: datapath wo before its FinishRequest; the
-  // sidecar reads it when handling that request.
-  std::string failure_;
+  UdpJobWorkerResult res_;  // datapath only
+  UdpSocketPort port_;      // datapath only
+  // Every server in shard order (the directory first); link k is the
+  // port's endpoint k.
+  std::vector<std::unique_ptr<ServerLink>> links_;
+  std::vector<uint32_t> firsts_;  // each link's first global chunk
 
   // Datapath only, from SetUpJob on.
-  ChunkLayout layout_;
+  WelcomeMsg welcome_;  // the directory's (or the only server's)
+  ChunkLayout layout_;  // the whole gradient's
   // The job (the same as dblp-worker's): the model (the gradient the push
   // sends, the mean the broadcast fills), the push order, the rows.
   std::optional<WorkerJob> job_;
-  Outbox* out_ = nullptr;  // the datapath's, for the sides' requests
-  const SendSide* push_sides_[1] = {};
-  std::unique_ptr<PacketFrames<UdpSocketPort>> frames_;
+  std::vector<const SendSide*> push_sides_;  // every link's, for the row
   std::unique_ptr<RxLossInjector> loss_;
   std::vector<Packet> pkts_;
   std::optional<RoundPacer> pacer_;
-  std::vector<DatapathEvent> taken_;
-  bool have_go_ = false;  // a push ROUND_BEGIN came; go_round_ is its round
-  uint32_t go_round_ = 0;
-  uint64_t announcements_ = 0;  // ROUND_BEGINs taken: they move the job
-  double go_p_ = 0;
-  bool go_critical_ = false;
-  // What the server announced for this iteration's push.
+  // What the servers announced for this iteration's push.
   double push_p_ = 0;
   bool push_critical_ = false;
-  Bitmap arrived_;  // this iteration's broadcast chunks
+  Bitmap arrived_;  // this iteration's broadcast chunks, global
   uint64_t poll_gen_ = 0, drained_gen_ = 0;
   uint64_t bcast_done_ns_ = 0;
   uint64_t bitmaps_ = 0;  // BITMAPs that started a pass or ended a round
@@ -178,8 +140,9 @@ std::string JobWorker::CheckOptions() {
   }
   std::string err;
   if (!udp::CheckCpu(o_.cpu, &err)) return "worker datapath: " + err;
-  if (!ParseIpv4Endpoint(o_.server, false, false, "127.0.0.1:9100",
-                         &server_ctrl_, &err)) {
+  sockaddr_in server{};
+  if (!ParseIpv4Endpoint(o_.server, false, false, "127.0.0.1:9100", &server,
+                         &err)) {
     return "--server: " + err;
   }
   try {
@@ -190,14 +153,8 @@ std::string JobWorker::CheckOptions() {
   return "";
 }
 
-// Connects to the server and sends the JOIN (the sidecar answers the rest
-// of the handshake).
-std::string JobWorker::Join(ControlSidecar& sidecar) {
-  std::string err;
-  if (!sidecar.Connect(o_.server, o_.join_timeout_ms, &conn_, &err,
-                       UdpServerApp())) {
-    return "cannot reach the server at " + o_.server + ": " + err;
-  }
+// The JOIN every server gets (a shard's with the claim added).
+JoinMsg JobWorker::BaseJoin(std::string* error) {
   JoinMsg join;
   join.worker_name = o_.name;
   join.total_bytes = source_.floats() * sizeof(float);
@@ -205,19 +162,70 @@ std::string JobWorker::Join(ControlSidecar& sidecar) {
   try {
     join.layers = source_.Layers();
   } catch (const std::exception& e) {
-    return std::string("the gradient source's layers: ") + e.what();
+    *error = std::string("the gradient source's layers: ") + e.what();
   }
-  // Our data socket, which the server pins (0.0.0.0: the address it sees
+  // Our data socket, which each server pins (0.0.0.0: the address it sees
   // our control connection come from).
   join.data_ipv4 = ntohl(port_.bound_addr().sin_addr.s_addr);
   join.data_udp_port = port_.bound_port();
-  handshake_.Start(&join);
-  join_ = join;
-  // A JOIN the codec refuses is said now, not at the join deadline.
-  if (!sidecar.Send(conn_, join, &err)) {
-    return "cannot send JOIN to the server at " + o_.server + ": " + err;
+  return join;
+}
+
+// The directory (or the only server), then, when its WELCOME lists server
+// shards, every shard k > 0 with the claim the map gives (shard_claim.h),
+// checking that its WELCOME confirms it.
+std::string JobWorker::JoinServers() {
+  std::string err;
+  const JoinMsg base = BaseJoin(&err);
+  if (!err.empty()) return err;
+  links_.push_back(std::make_unique<ServerLink>(0, o_.server, o_.secret));
+  ServerLink& dir = *links_[0];
+  if (std::string e = dir.Join(base, o_.join_timeout_ms); !e.empty()) return e;
+  if (std::string e = dir.AwaitWelcome(o_.join_timeout_ms, o_.quit);
+      !e.empty()) {
+    return e;
+  }
+  welcome_ = dir.welcome();
+  if (!IsShardedWelcome(welcome_)) return "";
+  return JoinShards(base);
+}
+
+std::string JobWorker::JoinShards(const JoinMsg& base) {
+  if (std::string bad = CheckShardMap(welcome_); !bad.empty()) {
+    return "the directory's shard map is inconsistent: " + bad +
+           " (dblp-udp-server at " + o_.server +
+           "): run every server shard and worker from the same DBLP build";
+  }
+  for (uint16_t k = 1; k < welcome_.shard_count; ++k) {
+    const ShardEntry& entry = welcome_.shards[k];
+    links_.push_back(
+        std::make_unique<ServerLink>(k, ShardControlAddress(entry), o_.secret));
+    ServerLink& link = *links_.back();
+    const JoinMsg claim = ShardJoin(base, welcome_, k, entry);
+    if (std::string e = link.Join(claim, o_.join_timeout_ms); !e.empty()) {
+      return e;
+    }
+    if (std::string e = link.AwaitWelcome(o_.join_timeout_ms, o_.quit);
+        !e.empty()) {
+      return e;
+    }
+    if (std::string bad =
+            CheckShardWelcome(welcome_, claim, entry, link.welcome());
+        !bad.empty()) {
+      return link.Name() +
+             "'s WELCOME does not confirm the shard map's claim: " + bad +
+             ": give every worker the directory's shard map (--server= the "
+             "directory, shard 0)";
+    }
   }
   return "";
+}
+
+// BYE when done, ERROR with the reason otherwise, to every server: none
+// must mistake a finished worker for a lost one.
+void JobWorker::FinishLinks(const std::string& failure) {
+  for (const auto& l : links_) l->Finish(failure.empty(), failure);
+  for (const auto& l : links_) l->Stop();
 }
 
 UdpJobWorkerResult JobWorker::Run() {
@@ -232,25 +240,18 @@ UdpJobWorkerResult JobWorker::Run() {
   UdpPortOptions popts;
   popts.max_datagram = o_.mtu - udp::kIpUdpHeaders;
   if (!port_.Open(o_.data, popts, &err)) return Fail(1, "--data: " + err);
-
-  ControlSidecar::Callbacks cb;
-  cb.on_message = [this](ConnId, const ControlMessage& m) { OnMessage(m); };
-  cb.on_close = [this](ConnId, const std::string& reason) {
-    ServerGone("control connection to the server at " + o_.server +
-               " closed: " + reason);
-    closed_.store(true, std::memory_order_release);
-  };
-  cb.on_wakeup = [this] { OnWakeup(); };
-  ControlSidecar sidecar(cb);
-  sc_ = &sidecar;
-  if (std::string e = Join(sidecar); !e.empty()) return Fail(1, e);
-  SidecarThread sidecar_thread(sidecar);
-  if (!udp::PinThisThread(o_.cpu, &err)) return Fail(2, err);
-  if (std::string e = AwaitWelcome(); !e.empty()) return Fail(1, e);
-
-  Outbox out(&requests_, &sidecar);
-  std::string failure = SetUpJob();
-  out_ = &out;
+  // The sidecar threads start before the pinning, so they do not inherit
+  // the datapath's CPU.
+  std::string failure = JoinServers();
+  if (!failure.empty()) {
+    FinishLinks(failure);
+    return Fail(1, failure);
+  }
+  if (!udp::PinThisThread(o_.cpu, &err)) {
+    FinishLinks(err);
+    return Fail(2, err);
+  }
+  failure = SetUpJob();
   if (failure.empty()) failure = RunIterations();
   if (!failure.empty()) {
     res_.exit_code = 1;
@@ -261,148 +262,49 @@ UdpJobWorkerResult JobWorker::Run() {
       // Telling the trainer is best effort: the job failed either way.
     }
   }
-  Finish(out, failure);
-  sidecar_thread.Stop();
+  FinishLinks(failure);
   Report();
   return res_;
 }
 
-// ---- sidecar thread -------------------------------------------------------
-
-void JobWorker::OnMessage(const ControlMessage& m) {
-  if (const auto* c = std::get_if<ChallengeMsg>(&m)) {
-    ProofMsg proof;
-    if (std::string why = handshake_.OnChallenge(*c, &proof); !why.empty()) {
-      sc_->Close(conn_, why);
-      return ServerGone(why);
-    }
-    sc_->Send(conn_, proof);
-    sc_->Authenticate(conn_, handshake_.Keys());
-  } else if (const auto* w = std::get_if<WelcomeMsg>(&m)) {
-    // Authenticated, then checked against what we can hold.
-    std::string why = handshake_.CheckWelcome(*w);
-    if (why.empty()) why = ValidateWelcome(*w, join_);
-    if (why.empty() && IsShardedWelcome(*w)) {
-      why = "the job has " + std::to_string(w->shard_count) +
-            " server shards, which only dblp-worker (DPDK) joins; run "
-            "dblp-worker, or one dblp-server without --shards";
-    }
-    if (!why.empty() || welcomed_.load()) {
-      if (why.empty()) why = "the server sent WELCOME twice";
-      why = "the server's WELCOME is refused: " + why;
-      sc_->Send(conn_, ErrorMsg{3, why});
-      sc_->Close(conn_, why);
-      return ServerGone(why);
-    }
-    welcome_ = *w;
-    welcomed_.store(true, std::memory_order_release);
-  } else if (!welcomed_.load() && !std::holds_alternative<ErrorMsg>(m)) {
-    const std::string why =
-        std::string("the server sent ") + ControlTypeName(m) + " out of order";
-    sc_->Close(conn_, why);
-    ServerGone(why);
-  } else if (const auto* a = std::get_if<AcceptedMsg>(&m)) {
-    accepted_.Put(*a);  // push feedback: what the server summed
-  } else if (const auto* rb = std::get_if<RoundBeginMsg>(&m)) {
-    events_.Push(RoundBeginEvent{rb->direction, rb->round, rb->p,
-                                 rb->deadline_ns, rb->min_fraction,
-                                 rb->critical});
-  } else if (sides_live_.load(std::memory_order_acquire) &&
-             DeliverToSides(m, push_.get(), bcast_.get(), NowNs())) {
-    // STOP or BITMAP for the push, PROBE for the broadcast.
-  } else if (const auto* e = std::get_if<ErrorMsg>(&m)) {
-    ServerGone("the server at " + o_.server + ": " + e->text);
-  } else if (std::holds_alternative<ByeMsg>(m)) {
-    ServerGone("server said BYE");
-  }
-}
-
-void JobWorker::ServerGone(const std::string& why) {
-  if (server_gone_.load()) return;  // the first cause is the one told
-  gone_why_ = why;
-  server_gone_.store(true, std::memory_order_release);
-}
-
-void JobWorker::OnWakeup() {
-  if (!requests_.Drain(&sending_)) return;
-  for (const ControlRequest& r : sending_) {
-    if (const auto* f = std::get_if<FinishRequest>(&r)) {
-      if (f->ok) {
-        // The server closes once every worker said BYE. Closing first
-        // would race the server's next ROUND_BEGIN: its write could fail
-        // on our closed socket before it read this BYE, and a finished
-        // worker would look lost. Finish waits (bounded) for that close.
-        sc_->Send(conn_, ByeMsg{"done"});
-      } else {
-        sc_->Send(conn_, ErrorMsg{2, failure_});
-        sc_->Close(conn_, "job failed");
-      }
-    } else {
-      // The push side's PROBE; the broadcast side's STOP and BITMAP.
-      for (const ControlMessage& m : SideRequestMessages(r, bcast_.get())) {
-        sc_->Send(conn_, m);
-      }
-    }
-  }
-}
-
 // ---- datapath thread ------------------------------------------------------
 
-std::string JobWorker::AwaitWelcome() {
-  if (!udp::WaitFor(
-          [&] { return welcomed_.load() || server_gone_.load() || Quit(); },
-          o_.join_timeout_ms) ||
-      !welcomed_.load()) {
-    if (Quit()) return "interrupted";
-    return "no WELCOME from the server at " + o_.server +
-           (server_gone_.load()
-                ? " (" + gone_why_ + ")"
-                : " within " + std::to_string(o_.join_timeout_ms) + " ms");
-  }
-  // OnMessage authenticated and validated it (ValidateWelcome).
-  layout_ = ChunkLayout(welcome_.total_bytes, welcome_.chunk_payload);
-  return "";
-}
-
-// The server's data address, the source, the send order and the sides.
+// The source, the send order, and each link's sides over its partition.
 std::string JobWorker::SetUpJob() {
   const WelcomeMsg& w = welcome_;
   res_.rank = w.rank;
+  layout_ = ChunkLayout(links_.size() > 1 ? w.model_bytes : w.total_bytes,
+                        w.chunk_payload);
   res_.chunks = layout_.num_chunks();
-  sockaddr_in server_data = server_ctrl_;
-  if (w.server_ipv4 != 0) server_data.sin_addr.s_addr = htonl(w.server_ipv4);
-  server_data.sin_port = htons(w.udp_base_port);
-  port_.AddPeer(kServerEndpoint, server_data);
   if (std::string e = StartSource(); !e.empty()) return e;
-
-  const FrameKey key =
-      handshake_.MemberFrameKey(w.job_nonce, static_cast<uint16_t>(w.rank),
-                                static_cast<FrameAuthMode>(w.frame_auth));
-  frames_ = std::make_unique<PacketFrames<UdpSocketPort>>(
-      &port_, kServerEndpoint,
-      reinterpret_cast<const uint8_t*>(job_->model().grad().data()), &layout_,
-      o_.burst);
-  frames_->set_auth(key);
-  SendSideConfig sc;
-  sc.type = FrameType::kPush;
-  sc.session = w.session;
-  sc.sender_rank = w.rank;
-  sc.peer = 0;  // the server
-  sc.direction = Direction::kPush;
-  sc.burst = o_.burst;
-  push_ = std::make_unique<SendSide>(sc);
-  push_sides_[0] = push_.get();
-  bcast_ = std::make_unique<ReceiveSide>(ReceiveSideConfig{
-      ReceiverConfig{w.session, FrameType::kBroadcast, kServerRank, layout_, 0,
-                     UINT32_MAX, key},
-      Direction::kBroadcast, 0});
-  sides_live_.store(true, std::memory_order_release);
+  const auto* grad =
+      reinterpret_cast<const uint8_t*>(job_->model().grad().data());
+  uint32_t next = 0;
+  for (const auto& l : links_) {
+    const WelcomeMsg& lw = l->welcome();
+    const uint32_t first = links_.size() > 1 ? lw.first_chunk : 0;
+    const ChunkLayout part(lw.total_bytes, lw.chunk_payload);
+    // The partitions, in order, tile the gradient (CheckShardMap and each
+    // shard's WELCOME said so; the sides must never reach past it).
+    if (first != next || next + part.num_chunks() > layout_.num_chunks()) {
+      return l->Name() + " holds chunks from " + std::to_string(first) +
+             ", but the partitions before it end at " + std::to_string(next);
+    }
+    next += part.num_chunks();
+    l->Start(&port_, part, first, grad + layout_.Offset(first), o_.burst);
+    firsts_.push_back(first);
+    push_sides_.push_back(l->push.get());
+  }
+  if (next != layout_.num_chunks()) {
+    return "the server shards' partitions hold " + std::to_string(next) +
+           " chunks, the gradient " + std::to_string(layout_.num_chunks());
+  }
   loss_ = std::make_unique<RxLossInjector>(ParseLossSpec(o_.loss), o_.bursts,
                                            HashMix(o_.seed, w.rank + 1));
   loss_->StartClock(NowNs());
   pkts_.resize(udp::kRxBurst);
   for (Packet& p : pkts_) p.bytes.reserve(o_.mtu - udp::kIpUdpHeaders);
-  // Yields, not pauses, while spinning: the sidecar thread may share the
+  // Yields, not pauses, while spinning: the sidecar threads may share the
   // core.
   pacer_.emplace(512, o_.idle_sleep_us, o_.round_timeout_ms, o_.quit, nullptr,
                  o_.deep_idle, IdleBackoff::Spin::kYield);
@@ -446,34 +348,66 @@ std::string JobWorker::RunIterations() {
 }
 
 bool JobWorker::TakeEvents() {
-  if (!events_.Drain(&taken_)) return false;
   const uint64_t now = NowNs();
-  for (const DatapathEvent& e : taken_) {
-    const auto* rb = std::get_if<RoundBeginEvent>(&e);
-    if (rb == nullptr) continue;
-    ++announcements_;
-    if (rb->direction == Direction::kPush) {
-      have_go_ = true;
-      go_round_ = rb->round;
-      go_p_ = rb->p;
-      go_critical_ = rb->critical;
-      res_.p = rb->p;
-    } else if (bcast_) {
-      bcast_->Announce(*rb, now);  // the broadcast's p, now or at its Begin
-    }
+  bool any = false;
+  for (const auto& l : links_) any = l->TakeEvents(now) || any;
+  return any;
+}
+
+bool JobWorker::server_gone() const {
+  for (const auto& l : links_) {
+    if (l->gone()) return true;
   }
+  return false;
+}
+
+std::string JobWorker::failure() const {
+  for (const auto& l : links_) {
+    if (l->gone()) return l->gone_why();
+  }
+  return "";
+}
+
+bool JobWorker::TakeAccepted(uint32_t round, Bitmap* out) {
+  if (links_.size() == 1) return links_[0]->TakeAccepted(round, out);
+  bool all = true;
+  for (const auto& l : links_) {
+    if (l->have_accepted && l->accepted_round == round) continue;
+    l->have_accepted = l->TakeAccepted(round, &l->accepted);
+    l->accepted_round = round;
+    all = all && l->have_accepted;
+  }
+  if (!all) return false;
+  Bitmap whole(layout_.num_chunks());
+  for (const auto& l : links_) {
+    // A partition's ACCEPTED of another size would not fit: refused.
+    if (l->accepted.size() != l->layout.num_chunks() ||
+        !whole.PlaceAt(l->first_chunk, l->accepted)) {
+      *out = Bitmap(0);
+      return true;
+    }
+    l->have_accepted = false;
+  }
+  *out = std::move(whole);
   return true;
 }
 
-// Waits for the server to open `round` (its ROUND_BEGIN).
+// Waits for every server to open `round` (its ROUND_BEGIN); the shards'
+// phase gave them one p.
 std::string JobWorker::AwaitRoundBegin(uint32_t round) {
+  auto all_open = [&] {
+    for (const auto& l : links_) {
+      if (!l->go().have || l->go().round != round) return false;
+    }
+    return true;
+  };
   const PollEnd end = PollUntil(
       *pacer_, NowNs,
       [&](uint64_t) {
         PollTurn t{TakeEvents()};
-        if (have_go_ && go_round_ == round) {
+        if (all_open()) {
           t.then = PollTurn::Then::kDone;
-        } else if (server_gone_.load(std::memory_order_acquire)) {
+        } else if (server_gone()) {
           t.then = PollTurn::Then::kFailed;
         }
         return t;
@@ -484,8 +418,9 @@ std::string JobWorker::AwaitRoundBegin(uint32_t round) {
       [](bool) { return 2u; }, NeverResume);
   switch (end) {
     case PollEnd::kDone:
-      push_p_ = go_p_;
-      push_critical_ = go_critical_;
+      push_p_ = links_[0]->go().p;
+      push_critical_ = links_[0]->go().critical;
+      res_.p = push_p_;
       return "";
     case PollEnd::kFailed:
       return GoneWhy();
@@ -494,22 +429,46 @@ std::string JobWorker::AwaitRoundBegin(uint32_t round) {
     case PollEnd::kTimedOut:
       break;
   }
-  return "the server never opened push round " + std::to_string(round) +
-         " (waited " + std::to_string(pacer_->limit_ms()) + " ms)";
+  for (const auto& l : links_) {
+    if (l->go().have && l->go().round == round) continue;
+    return (links_.size() > 1 ? l->Name() : std::string("the server")) +
+           " never opened push round " + std::to_string(round) + " (waited " +
+           std::to_string(pacer_->limit_ms()) + " ms)";
+  }
+  return "";
 }
 
-// The push of iteration `it` in `order` until STOP, and (in a job) its
-// broadcast until our receiver STOPped at the broadcast's p.
+// Each link's `order`: the push order's chunks in its partition, as local
+// seqs, in the same order.
+void JobWorker::Split(std::span<const uint32_t> order) {
+  if (links_.size() == 1) {  // unsharded: local seqs are global
+    links_[0]->order.assign(order.begin(), order.end());
+    return;
+  }
+  for (const auto& l : links_) l->order.clear();
+  for (const uint32_t g : order) {
+    const auto at = std::upper_bound(firsts_.begin(), firsts_.end(), g);
+    ServerLink& l = *links_[static_cast<size_t>(at - firsts_.begin()) - 1];
+    l.order.push_back(g - l.first_chunk);
+  }
+}
+
+// The push of iteration `it` in `order` until every server's STOP, and
+// (in a job) its broadcast until each of our receivers STOPped at the
+// broadcast's p.
 std::string JobWorker::Exchange(uint64_t it, std::span<const uint32_t> order) {
-  Outbox& out = *out_;
   if (!o_.push_only) {
-    // Until its ROUND_BEGIN announces the broadcast's p, the receiver may
+    // Until its ROUND_BEGIN announces the broadcast's p, a receiver may
     // only STOP on a complete buffer (p = 0), which satisfies any p.
-    bcast_->Begin(BroadcastRound(it), 0.0, 0, 0, NowNs());
+    for (const auto& l : links_) {
+      l->bcast->Begin(BroadcastRound(it), 0.0, 0, 0, NowNs());
+    }
   }
   const uint32_t round = PushRound(it);
   if (std::string e = AwaitRoundBegin(round); !e.empty()) return e;
-  push_->Begin(round, order, NowNs());
+  Split(order);
+  for (const auto& l : links_) l->push->Begin(round, l->order, NowNs());
+  bcast_done_ns_ = 0;
   std::string failure;
   const PollEnd end = PollUntil(
       *pacer_, NowNs,
@@ -519,12 +478,16 @@ std::string JobWorker::Exchange(uint64_t it, std::span<const uint32_t> order) {
           bool accepted = false;
           t.work = Receive(&accepted) || t.work;
           const RxProgress rx{accepted, poll_gen_, drained_gen_};
-          t.work = bcast_->Step(now, rx, out) || t.work;
+          for (const auto& l : links_) {
+            t.work = l->bcast->Step(now, rx, *l->outbox) || t.work;
+          }
         }
-        t.work = push_->Step(now, *frames_, out) || t.work;
+        for (const auto& l : links_) {
+          t.work = l->push->Step(now, *l->frames, *l->outbox) || t.work;
+        }
         if (ExchangeDone()) {
           t.then = PollTurn::Then::kDone;
-        } else if (server_gone_.load(std::memory_order_acquire)) {
+        } else if (server_gone()) {
           failure = GoneWhy();
           t.then = PollTurn::Then::kFailed;
         }
@@ -537,18 +500,23 @@ std::string JobWorker::Exchange(uint64_t it, std::span<const uint32_t> order) {
       // Our push done and nothing of the broadcast yet: the server may be
       // waiting for another worker (RoundPacer's patience).
       [&](bool moved) -> uint32_t {
-        return !moved && push_->done() && !o_.push_only &&
-                       bcast_->receiver().received() == 0
-                   ? 2
-                   : 1;
+        if (moved || o_.push_only) return 1;
+        for (const auto& l : links_) {
+          if (!l->push->done() || l->bcast->receiver().received() != 0) {
+            return 1;
+          }
+        }
+        return 2;
       },
       NeverResume);
   switch (end) {
     case PollEnd::kDone: {
       // Each BITMAP the round used started a pass after the first, or
       // showed nothing missing (ended the round without STOP).
-      const SenderRound& s = push_->sender();
-      bitmaps_ += s.passes() - 1 + (s.stop_requested() ? 0 : 1);
+      for (const auto& l : links_) {
+        const SenderRound& s = l->push->sender();
+        bitmaps_ += s.passes() - 1 + (s.stop_requested() ? 0 : 1);
+      }
       return "";
     }
     case PollEnd::kQuit:
@@ -564,53 +532,83 @@ std::string JobWorker::Exchange(uint64_t it, std::span<const uint32_t> order) {
 // Chunks that set a new bit, first-pass frames, BITMAPs showing more
 // delivered, STOPs, ROUND_BEGINs (send_side.h, receive_side.h).
 uint64_t JobWorker::Progress() const {
-  return push_->progress() + (bcast_ ? bcast_->progress() : 0) + announcements_;
-}
-
-// The push is done and the broadcast receiver STOPped (closed here, its
-// chunks snapshot: later frames count as late and are not copied).
-bool JobWorker::ExchangeDone() {
-  if (!o_.push_only && bcast_->stopped() && bcast_->receiver().open()) {
-    bcast_done_ns_ = bcast_->stop_ns();
-    bcast_->Close();
-    bcast_->receiver().SnapshotBitmap(arrived_);
+  uint64_t mark = 0;
+  for (const auto& l : links_) {
+    mark += l->push->progress() + l->bcast->progress() + l->announcements();
   }
-  return push_->done() && (o_.push_only || !bcast_->receiver().open());
+  return mark;
 }
 
-// One RX poll: the server's broadcast frames, copied into the mean.
+// Every push is done and every broadcast receiver STOPped (closed here,
+// its chunks snapshot: later frames count as late and are not copied).
+bool JobWorker::ExchangeDone() {
+  bool done = true;
+  for (const auto& l : links_) {
+    if (!o_.push_only && l->bcast->stopped() && l->bcast->receiver().open()) {
+      bcast_done_ns_ = std::max(bcast_done_ns_, l->bcast->stop_ns());
+      l->bcast->Close();
+      l->bcast->receiver().SnapshotBitmap(l->arrived);
+    }
+    done = done && l->push->done() &&
+           (o_.push_only || !l->bcast->receiver().open());
+  }
+  if (!done || o_.push_only) return done;
+  if (links_.size() == 1) {
+    std::swap(arrived_, links_[0]->arrived);  // no copy per iteration
+    return true;
+  }
+  if (arrived_.size() != layout_.num_chunks()) {
+    arrived_.Resize(layout_.num_chunks());
+  }
+  for (const auto& l : links_) arrived_.PlaceAt(l->first_chunk, l->arrived);
+  return true;
+}
+
+// One RX poll: the servers' broadcast frames, copied into the mean.
 bool JobWorker::Receive(bool* progress) {
   ++poll_gen_;
   const uint16_t n = port_.RxBurst(pkts_.data(), udp::kRxBurst);
   if (n < udp::kRxBurst) drained_gen_ = poll_gen_;
-  auto copy = [&](const DataHeader& h, const uint8_t* payload) {
-    std::memcpy(reinterpret_cast<uint8_t*>(job_->model().avg().data()) +
-                    layout_.Offset(h.seq),
-                payload, h.payload_len);
-  };
+  auto* avg = reinterpret_cast<uint8_t*>(job_->model().avg().data());
   const uint64_t now = n > 0 ? NowNs() : 0;
   for (uint16_t i = 0; i < n; ++i) {
     const uint8_t* buf = pkts_[i].bytes.data();
     const size_t len = pkts_[i].bytes.size();
-    if (pkts_[i].src != kServerEndpoint) {  // only the server broadcasts
+    if (pkts_[i].src >= links_.size()) {  // only the servers broadcast
       ++unpinned_;
       continue;
     }
     if (loss_->ShouldDrop(buf, len, now)) continue;
-    if (bcast_->OnFrame(buf, len, copy) == Verdict::kAccepted) {
+    ServerLink& l = *links_[pkts_[i].src];
+    uint8_t* part = avg + layout_.Offset(l.first_chunk);
+    auto copy = [&](const DataHeader& h, const uint8_t* payload) {
+      std::memcpy(part + l.layout.Offset(h.seq), payload, h.payload_len);
+    };
+    if (l.bcast->OnFrame(buf, len, copy) == Verdict::kAccepted) {
       *progress = true;
     }
   }
   return n > 0;
 }
 
+// Names the first server whose push or broadcast is not done.
 std::string JobWorker::Stalled(uint64_t it) const {
-  const SenderRound& s = push_->sender();
+  const ServerLink* stuck = links_[0].get();
+  for (const auto& l : links_) {
+    if (!l->push->done() || (!o_.push_only && l->bcast->receiver().open())) {
+      stuck = l.get();
+      break;
+    }
+  }
+  const SendSide& push = *stuck->push;
+  const SenderRound& s = push.sender();
+  const std::string server =
+      links_.size() > 1 ? stuck->Name() : "server " + o_.server;
   std::string why = "iteration " + std::to_string(it) + ": the " +
-                    (push_->done() ? "broadcast" : "push") +
-                    " stalled: no progress from server " + o_.server + " for " +
+                    (push.done() ? "broadcast" : "push") +
+                    " stalled: no progress from " + server + " for " +
                     std::to_string(pacer_->limit_ms()) + " ms (push ";
-  if (push_->done()) {
+  if (push.done()) {
     why += "done";
   } else {
     why +=
@@ -620,8 +618,9 @@ std::string JobWorker::Stalled(uint64_t it) const {
                                                           : "no STOP");
   }
   if (!o_.push_only) {
-    why += "; broadcast " + std::to_string(bcast_->receiver().received()) +
-           "/" + std::to_string(layout_.num_chunks()) + " chunks";
+    why += "; broadcast " +
+           std::to_string(stuck->bcast->receiver().received()) + "/" +
+           std::to_string(stuck->layout.num_chunks()) + " chunks";
   }
   return why +
          "); check that the server runs and that frames pass both ways "
@@ -632,34 +631,32 @@ std::string JobWorker::Stalled(uint64_t it) const {
 // The row's inputs (the push bench's delivered fraction is its push's).
 WorkerExchange JobWorker::Exchanged(uint64_t it) const {
   const double n = layout_.num_chunks();
-  return WorkerExchange{
-      it,
-      res_.rank,
-      push_sides_,
-      o_.push_only ? 0 : bcast_done_ns_,
-      o_.push_only ? push_->stop_received() / n : arrived_.Count() / n,
-      push_p_,
-      push_critical_,
-      loss_->InBurst(it),
-      false};
+  uint64_t stop_received = 0;
+  for (const auto& l : links_) stop_received += l->push->stop_received();
+  return WorkerExchange{it,
+                        res_.rank,
+                        push_sides_,
+                        o_.push_only ? 0 : bcast_done_ns_,
+                        o_.push_only ? stop_received / n : arrived_.Count() / n,
+                        push_p_,
+                        push_critical_,
+                        loss_->InBurst(it),
+                        false};
 }
-
-// BYE when done, ERROR with the reason otherwise: the server must not
-// mistake a finished worker for a lost one. After a BYE the server closes
-// the connection; the sidecar stops after at most a second either way.
-void JobWorker::Finish(Outbox& out, const std::string& failure) {
-  failure_ = failure;  // before the request: the sidecar reads it then
-  out.Post(FinishRequest{failure.empty()});
-  udp::WaitFor([&] { return closed_.load(std::memory_order_acquire); }, 1000);
-}
-
 
 void JobWorker::Report() {
+  uint64_t probes = 0;
+  std::vector<const ReceiverRound*> receivers;
+  for (const auto& l : links_) {
+    if (!l->push) continue;
+    probes += l->push->probes_sent();
+    receivers.push_back(&l->bcast->receiver());
+  }
   res_.counters = {
       {"tx_frames", port_.tx_frames()},
       {"tx_eagain", port_.tx_eagain()},
       {"tx_errors", port_.tx_errors()},
-      {"probes", push_ ? push_->probes_sent() : 0},
+      {"probes", probes},
       {"bitmaps", bitmaps_},
   };
   if (!o_.push_only) {
@@ -668,9 +665,8 @@ void JobWorker::Report() {
     res_.counters["bcast_injected_drops"] = loss_ ? loss_->dropped() : 0;
     res_.counters["bcast_unpinned_source"] = unpinned_;
     res_.counters["bcast_socket_drops"] = port_.socket_drops();
-    if (bcast_) {
+    if (!receivers.empty()) {
       NamedCounters c;
-      const ReceiverRound* receivers[] = {&bcast_->receiver()};
       AddReceiverCounters("bcast_", receivers, false, &c);
       res_.counters.insert(c.begin(), c.end());
     }
@@ -685,6 +681,9 @@ void JobWorker::Report() {
                   {"loss", o_.loss},
                   {"chunks", std::to_string(layout_.num_chunks())},
                   {"chunk_bytes", std::to_string(layout_.chunk_payload())}};
+  if (links_.size() > 1) {
+    report_.info.emplace_back("server_shards", std::to_string(links_.size()));
+  }
   udp::FinishReport(row_stream_, std::move(report_), &res_);
 }
 

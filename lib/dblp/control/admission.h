@@ -36,8 +36,8 @@ class Admission {
     // directory assigned the partition; Assign() decides it.
     kHeld,
   };
-  // This server's place in a sharded job (server_shards.h): JOINs not for
-  // it are refused naming the directory. Before the first message.
+  // This server's place in a sharded job (dblp/control/server_shards.h): JOINs
+  // not for it are refused naming the directory. Before the first message.
   void set_role(const ShardRole& role) { role_ = role; }
   // A server shard k > 0: the directory's assignment. Decides the held
   // claims (refused, or admitted: kAdmitted for any means check full()).

@@ -30,9 +30,9 @@ struct JoinPolicy {
   // than by the order the JOINs came in: a launcher that names its workers
   // after its own ranks (torch.distributed's) gets the same ranks here.
   bool rank_by_name = false;
-  // A server shard k > 0 (server_shards.h): each worker takes the rank
-  // its claim names (the directory's), so every shard's rank r is the
-  // same worker. Duplicates and ranks >= workers are refused.
+  // A server shard k > 0 (dblp/control/server_shards.h): each worker takes the
+  // rank its claim names (the directory's), so every shard's rank r is the same
+  // worker. Duplicates and ranks >= workers are refused.
   bool rank_by_claim = false;
 };
 

@@ -1,7 +1,7 @@
 // The door of a sharded job (dblp-server --shards=S --shard_index=k
 // --directory=HOST:PORT): which JOINs each server shard admits, and the
 // directory's registry of the other shards. Transport-free; the TCP side
-// is src/dpdk/server/server_shards.h, the phase lib/dblp/job/phase_link.h.
+// is lib/dblp/job/shard_links.h, the phase lib/dblp/job/phase_link.h.
 //
 // Three kinds of JOIN (control.h v6):
 //   plain         shard_index 0: a worker joining the directory (or an

@@ -9,7 +9,7 @@
 // to one server's over the whole gradient.
 //
 // This file is transport-free: PhaseLeader is the gathering and the policy
-// (shard 0's TCP side feeds it, src/dpdk/server/server_shards.h),
+// (shard 0's TCP side feeds it, shard_links.h),
 // InProcessPhase links shards that run as threads of one process (tests, the
 // simulator).
 #pragma once

@@ -103,7 +103,16 @@ void ServerControl::Welcome() {
     wm.frame_auth = static_cast<uint8_t>(cfg_.frame_auth);
     wm.job_nonce = cfg_.job_nonce;
     wm.model_bytes = wm.total_bytes;
-    if (shards_ && !WelcomeShards(&wm)) return;
+    if (shards_) {
+      if (std::string why = shards_->FillWelcome(&wm, cfg_.job_nonce);
+          !why.empty()) {
+        admit_failure_ = why;
+        for (const JoinDesk::Member& m : desk.members()) {
+          sidecar_.Send(m.conn, ErrorMsg{2, "the job failed: " + why});
+        }
+        return;
+      }
+    }
     admission_.SealWelcome(w, &wm);
     Endpoint& pin = pinned_[w];
     std::memcpy(pin.mac.addr_bytes, member.data_mac.data(), 6);
@@ -113,40 +122,6 @@ void ServerControl::Welcome() {
     sidecar_.Send(member.conn, wm);
   }
   joined_.store(true, std::memory_order_release);
-}
-
-// A server shard's WELCOME describes its partition and, from the
-// directory, every shard. False: the job cannot start (said to everyone).
-bool ServerControl::WelcomeShards(WelcomeMsg* wm) {
-  if (cfg_.sharding->role.index == 0 && wm->rank == 0) {
-    const std::string why = shards_->AssignPartitions(
-        wm->total_bytes, wm->chunk_payload, cfg_.job_nonce);
-    if (!why.empty()) {
-      admit_failure_ = why;
-      shards_->Finish(why);
-      for (const JoinDesk::Member& m : admission_.desk().members()) {
-        sidecar_.Send(m.conn, ErrorMsg{2, "the job failed: " + why});
-      }
-      return false;
-    }
-  }
-  const ShardAssignMsg& own = shards_->partition();
-  if (own.chunk_payload != wm->chunk_payload) {
-    admit_failure_ = "this server shard's chunks hold " +
-                     std::to_string(wm->chunk_payload) + " bytes, the " +
-                     "directory's " + std::to_string(own.chunk_payload) +
-                     ": give every server shard the same --mtu and "
-                     "--frame_auth";
-    return false;
-  }
-  wm->shard_index = own.shard_index;
-  wm->shard_count = own.shard_count;
-  wm->first_chunk = own.first_chunk;
-  wm->model_bytes = own.model_bytes;
-  wm->total_bytes = shards_->PartitionBytes();
-  wm->num_chunks = own.num_chunks;
-  if (own.shard_index == 0) wm->shards = shards_->entries();
-  return true;
 }
 
 void ServerControl::MaybeWelcome() {
@@ -332,8 +307,9 @@ AppFailure ServerControl::AdmitWorkers(const std::string& listen,
   std::fflush(stdout);
   if (shards_ && cfg_.sharding->role.index > 0) {
     // Registered before the thread runs: the JOIN goes out first.
-    const AppFailure f = shards_->ConnectDirectory(timeout_ms);
-    if (f.failed()) return f;
+    if (std::string why = shards_->ConnectDirectory(timeout_ms); !why.empty()) {
+      return {why, "see above"};
+    }
   }
   thread_ = std::make_unique<SidecarThread>(sidecar_);
   SetControlPriorities(*thread_, "dblp-server", realtime);

@@ -16,12 +16,12 @@
 #include "dblp/control/control.h"
 #include "dblp/control/control_sidecar.h"
 #include "dblp/control/job_auth.h"
+#include "dblp/job/shard_links.h"
 #include "dblp/round/receive_side.h"
 #include "dblp/round/send_side.h"
 #include "dblp/round/shards.h"
 #include "port/datapath.h"
 #include "port/port.h"
-#include "server/server_shards.h"
 
 namespace dblp {
 
@@ -44,7 +44,7 @@ struct ServerJoinConfig {
   FrameAuthMode frame_auth = FrameAuthMode::kNone;  // told in WELCOME
   AuthBytes job_nonce{};  // the frame key and session derive from it
   // A server shard of a sharded job (--shards > 1): its place, the
-  // directory, the phase's settings (server_shards.h).
+  // directory, the phase's settings (dblp/job/shard_links.h).
   std::optional<ShardLinksConfig> sharding;
 };
 
@@ -150,7 +150,6 @@ class ServerControl {
   // Under mu_, sidecar: WELCOME everyone once every worker (and, in a
   // sharded job, every shard or the partition) is in.
   void MaybeWelcome();
-  bool WelcomeShards(WelcomeMsg* wm);
   void OnShardMessage(ConnId c, const ControlMessage& m);
   void FailFromSidecar(const std::string& why);
 

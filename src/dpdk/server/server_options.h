@@ -40,7 +40,7 @@ struct ServerOptions : ServerJobSettings {
   uint64_t max_gradient_bytes = uint64_t{1} << 30;
   bool rank_by_name = false;  // --rank_order=name (JoinPolicy)
   // A server shard of a sharded job (--shards, --shard_index,
-  // --directory; server_shards.h) and the job flags every shard must
+  // --directory; lib/dblp/job/shard_links.h) and the job flags every shard must
   // share ("--name=value" lines).
   ShardRole shard_role;
   std::string shard_job_flags;

@@ -1,4 +1,4 @@
-#include "server/server_shards.h"
+#include "dblp/job/shard_links.h"
 
 #include <arpa/inet.h>
 
@@ -58,14 +58,13 @@ std::string ShardLinks::ShardName(uint16_t k) const {
   return ServerShardLabel(k) + (at.empty() ? "" : " at " + at);
 }
 
-AppFailure ShardLinks::ConnectDirectory(uint32_t timeout_ms) {
+std::string ShardLinks::ConnectDirectory(uint32_t timeout_ms) {
   std::string err;
   if (!sc_.Connect(cfg_.role.directory, timeout_ms, &directory_, &err)) {
-    return {"server shard " + std::to_string(cfg_.role.index) +
-                " cannot reach the directory at " + cfg_.role.directory + ": " +
-                err,
-            "start server shard 0 (dblp-server --shard_index=0) and check "
-            "--directory=IP:PORT"};
+    return "server shard " + std::to_string(cfg_.role.index) +
+           " cannot reach the directory at " + cfg_.role.directory + ": " +
+           err + ": start server shard 0 (" + cfg_.app +
+           " --shard_index=0) and check --directory=IP:PORT";
   }
   JoinMsg j;
   j.worker_name = ServerShardLabel(cfg_.role.index);
@@ -74,7 +73,7 @@ AppFailure ShardLinks::ConnectDirectory(uint32_t timeout_ms) {
   j.shard_count = cfg_.role.count;
   handshake_.Start(&j);
   sc_.Send(directory_, j);
-  return {};
+  return "";
 }
 
 bool ShardLinks::Owns(ConnId c) const {
@@ -85,8 +84,8 @@ bool ShardLinks::Owns(ConnId c) const {
 void ShardLinks::OnRegistration(ConnId c, const JoinMsg& j) {
   if (std::string why = registry_.OnRegistration(c, j.shard_index);
       !why.empty()) {
-    DBLP_LOG(Warning, "dblp-server: refused %s: %s", sc_.PeerAddress(c).c_str(),
-             why.c_str());
+    DBLP_LOG(Warning, "%s: refused %s: %s", cfg_.app.c_str(),
+             sc_.PeerAddress(c).c_str(), why.c_str());
     sc_.Send(c, ErrorMsg{1, why});
     sc_.Close(c, why);
   }
@@ -106,13 +105,13 @@ ShardLinks::Event ShardLinks::OnShardMessage(uint16_t k,
     if (hello.control_ipv4 == 0)
       hello.control_ipv4 = PeerIpv4(sc_.PeerAddress(c));
     if (std::string why = registry_.OnHello(c, hello); !why.empty()) {
-      DBLP_LOG(Warning, "dblp-server: refused %s: %s", ShardName(k).c_str(),
-               why.c_str());
+      DBLP_LOG(Warning, "%s: refused %s: %s", cfg_.app.c_str(),
+               ShardName(k).c_str(), why.c_str());
       sc_.Send(c, ErrorMsg{1, why});
       sc_.Close(c, why);
       return Event::kNone;
     }
-    std::printf("dblp-server: %s registered with the directory\n",
+    std::printf("%s: %s registered with the directory\n", cfg_.app.c_str(),
                 ShardName(k).c_str());
     std::fflush(stdout);
     return registry_.complete() ? Event::kRegistered : Event::kNone;
@@ -173,7 +172,7 @@ ShardLinks::Event ShardLinks::OnDirectoryMessage(const ControlMessage& m) {
     h.shard_count = cfg_.role.count;
     ListenAddress(cfg_.listen, &h.control_ipv4, &h.control_port);
     h.data_ipv4 = cfg_.local_ip;
-    std::memcpy(h.data_mac.data(), cfg_.mac.addr_bytes, 6);
+    h.data_mac = cfg_.mac;
     h.udp_base_port = cfg_.udp_port;
     h.queues = cfg_.queues;
     h.mtu = cfg_.mtu;
@@ -191,9 +190,9 @@ ShardLinks::Event ShardLinks::OnDirectoryMessage(const ControlMessage& m) {
     own_ = *a;
     assigned_ = true;
     std::printf(
-        "dblp-server: server shard %u of %u: chunks [%u, %llu) of %llu "
-        "bytes, from %s\n",
-        a->shard_index, a->shard_count, a->first_chunk,
+        "%s: server shard %u of %u: chunks [%u, %llu) of %llu bytes, from "
+        "%s\n",
+        cfg_.app.c_str(), a->shard_index, a->shard_count, a->first_chunk,
         static_cast<unsigned long long>(uint64_t{a->first_chunk} +
                                         a->num_chunks),
         static_cast<unsigned long long>(a->model_bytes), ShardName(0).c_str());
@@ -234,8 +233,8 @@ void ShardLinks::OnClose(ConnId c, const std::string& reason) {
   if (registry_.OnClose(c) < 0) return;
   if (!ready() || leader_ == nullptr) {
     // Before the job: its place is free again (it may come back).
-    DBLP_LOG(Warning, "dblp-server: %s left before the job started (%s)",
-             name.c_str(), reason.c_str());
+    DBLP_LOG(Warning, "%s: %s left before the job started (%s)",
+             cfg_.app.c_str(), name.c_str(), reason.c_str());
     return;
   }
   if (!bye_[k]) Fail(name + " is gone: " + reason);
@@ -323,7 +322,7 @@ std::string ShardLinks::AssignPartitions(uint64_t model_bytes,
     if (k == 0) {
       ListenAddress(cfg_.listen, &e.control_ipv4, &e.control_port);
       e.data_ipv4 = cfg_.local_ip;
-      std::memcpy(e.data_mac.data(), cfg_.mac.addr_bytes, 6);
+      e.data_mac = cfg_.mac;
       e.udp_base_port = cfg_.udp_port;
       e.queues = cfg_.queues;
     } else {
@@ -352,6 +351,32 @@ std::string ShardLinks::AssignPartitions(uint64_t model_bytes,
   std::lock_guard lock(mu_);
   leader_ = std::make_unique<PhaseLeader>(TolerancePolicy::Create(cfg_.policy),
                                           cfg_.resync_every, blocks);
+  return "";
+}
+
+std::string ShardLinks::FillWelcome(WelcomeMsg* wm,
+                                    const AuthBytes& job_nonce) {
+  if (cfg_.role.index == 0 && wm->rank == 0) {
+    if (std::string why =
+            AssignPartitions(wm->total_bytes, wm->chunk_payload, job_nonce);
+        !why.empty()) {
+      Finish(why);
+      return why;
+    }
+  }
+  if (own_.chunk_payload != wm->chunk_payload) {
+    return "this server shard's chunks hold " +
+           std::to_string(wm->chunk_payload) + " bytes, the directory's " +
+           std::to_string(own_.chunk_payload) +
+           ": give every server shard the same --mtu and --frame_auth";
+  }
+  wm->shard_index = own_.shard_index;
+  wm->shard_count = own_.shard_count;
+  wm->first_chunk = own_.first_chunk;
+  wm->model_bytes = own_.model_bytes;
+  wm->total_bytes = PartitionBytes();
+  wm->num_chunks = own_.num_chunks;
+  if (own_.shard_index == 0) wm->shards = entries_;
   return "";
 }
 

@@ -1,5 +1,6 @@
-// dblp-server's side of a sharded job (--shards=S --shard_index=k
-// --directory=HOST:PORT) over its control sidecar: shard k > 0 registers
+// A server's side of a sharded job (--shards=S --shard_index=k
+// --directory=HOST:PORT) over its control sidecar, whatever its transport
+// (dblp-server, dblp-udp-server): shard k > 0 registers
 // with the directory (shard 0) over an authenticated connection (the
 // workers' handshake, then SHARD_HELLO) and gets its partition
 // (SHARD_ASSIGN); the directory registers every shard, cuts the gradient
@@ -9,12 +10,12 @@
 // decides and sends PHASE_DECISION back. A shard that goes away ends the
 // others' jobs naming it.
 //
-// Threads: the sidecar thread runs everything but Decide (the coordinator,
-// lcore 0, once per iteration); they share the phase's state under mu_.
+// Threads: the sidecar thread runs everything but Decide (the coordinator:
+// DPDK's lcore 0, the UDP server's datapath thread; once per iteration);
+// they share the phase's state under mu_.
 #pragma once
 
-#include <rte_ether.h>
-
+#include <array>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -30,16 +31,16 @@
 #include "dblp/control/server_shards.h"
 #include "dblp/job/phase_link.h"
 #include "dblp/policy/tolerance.h"
-#include "runtime/eal_app.h"
 
 namespace dblp {
 
 struct ShardLinksConfig {
+  std::string app = "dblp-server";  // names this server in its lines
   ShardRole role;
   std::string listen;     // this server's --listen
   std::string job_flags;  // "--name=value" lines every shard must share
   uint32_t local_ip = 0;
-  rte_ether_addr mac{};
+  std::array<uint8_t, 6> mac{};  // the data port's (DPDK; zero over UDP)
   uint16_t udp_port = 0;
   uint16_t queues = 1;  // datapath lcores
   uint32_t mtu = 0;
@@ -58,8 +59,9 @@ class ShardLinks : public PhaseLink {
 
   // ---- shard k > 0, before the sidecar thread runs ----
   // Connects to the directory (retrying until timeout_ms: start order does
-  // not matter) and sends the registration JOIN.
-  AppFailure ConnectDirectory(uint32_t timeout_ms);
+  // not matter) and sends the registration JOIN. "" or why not, with the
+  // fix.
+  std::string ConnectDirectory(uint32_t timeout_ms);
 
   // ---- sidecar thread ----
   // The directory's connection (k > 0) or a registered shard's.
@@ -84,6 +86,12 @@ class ShardLinks : public PhaseLink {
   // Why the job did not start, for the join's shortfall ("" if nothing
   // of the shards is missing).
   std::string Shortfall() const;
+  // Worker wm->rank's WELCOME, once every worker joined and ready(): the
+  // directory assigns the partitions at rank 0's; then every WELCOME
+  // describes this shard's partition and, from the directory, lists every
+  // shard. "" or why the job cannot start (the other shards are told; the
+  // caller tells its workers).
+  std::string FillWelcome(WelcomeMsg* wm, const AuthBytes& job_nonce);
 
   // ---- after ready() / AssignPartitions ----
   // Every shard in index order (the directory's WELCOME).
