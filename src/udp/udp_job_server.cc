@@ -410,11 +410,21 @@ void JobServer::MakeSides(const ChunkLayout& layout) {
 void JobServer::Welcome() {
   desk_.Close();
   gone_.resize(o_.workers);
+  const JobWelcome job{.session = session_,
+                       .resync_every = o_.resync_every,
+                       .push_feedback = o_.push_feedback,
+                       .consistent_broadcast = o_.consistent_broadcast,
+                       .lanes = 1,
+                       .server_ipv4 = ntohl(port_.bound_addr().sin_addr.s_addr),
+                       .server_mac = {},
+                       .udp_base_port = port_.bound_port(),
+                       .policy = policy_text_,
+                       .frame_auth = o_.frame_auth,
+                       .job_nonce = job_nonce_};
   std::vector<WelcomeMsg> welcomes;
   for (uint32_t w = 0; w < o_.workers; ++w) {
     keys_.push_back(admission_.MemberFrameKey(w, job_nonce_, o_.frame_auth));
-    welcomes.push_back(desk_.Welcome(w, chunk_payload_));
-    welcomes.back().model_bytes = welcomes.back().total_bytes;
+    welcomes.push_back(admission_.Welcome(w, chunk_payload_, job));
     if (!shards_) continue;
     if (std::string why = shards_->FillWelcome(&welcomes.back(), job_nonce_);
         !why.empty()) {
@@ -429,15 +439,6 @@ void JobServer::Welcome() {
   MakeSides(ChunkLayout(job_bytes_, chunk_payload_));
   for (uint32_t w = 0; w < o_.workers; ++w) {
     WelcomeMsg& wm = welcomes[w];
-    wm.session = session_;
-    wm.resync_every = o_.resync_every;
-    wm.consistent_broadcast = o_.consistent_broadcast;
-    wm.push_feedback = o_.push_feedback;
-    wm.udp_base_port = port_.bound_port();
-    wm.server_ipv4 = ntohl(port_.bound_addr().sin_addr.s_addr);
-    wm.policy = policy_text_;
-    wm.frame_auth = static_cast<uint8_t>(o_.frame_auth);
-    wm.job_nonce = job_nonce_;
     // Frames of worker w count only from the address it named at JOIN
     // (its control connection's IPv4 if it named none); the broadcast
     // goes there.

@@ -96,6 +96,24 @@ Admission::Step Admission::Assign(ControlSidecar& sc, const ShardAssignMsg& a) {
   return step;
 }
 
+WelcomeMsg Admission::Welcome(uint32_t w, uint32_t chunk_payload,
+                              const JobWelcome& job) const {
+  WelcomeMsg wm = desk_.Welcome(w, chunk_payload);
+  wm.model_bytes = wm.total_bytes;
+  wm.session = job.session;
+  wm.resync_every = job.resync_every;
+  wm.push_feedback = job.push_feedback;
+  wm.consistent_broadcast = job.consistent_broadcast;
+  wm.num_shards = job.lanes;
+  wm.server_ipv4 = job.server_ipv4;
+  wm.server_mac = job.server_mac;
+  wm.udp_base_port = job.udp_base_port;
+  wm.policy = job.policy;
+  wm.frame_auth = static_cast<uint8_t>(job.frame_auth);
+  wm.job_nonce = job.job_nonce;
+  return wm;
+}
+
 int Admission::OnClose(ConnId c) {
   handshake_.Forget(c);
   std::erase_if(held_, [c](const auto& h) { return h.first == c; });

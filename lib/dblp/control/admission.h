@@ -7,6 +7,7 @@
 // server. Sidecar thread only.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <string>
@@ -18,6 +19,23 @@
 #include "dblp/control/server_shards.h"
 
 namespace dblp {
+
+// What every WELCOME of a job says beyond the layout the desk holds: the
+// job's settings, the server's data address and the frames' keys. The
+// same for every worker; a server fills it once.
+struct JobWelcome {
+  uint32_t session = 0;
+  uint32_t resync_every = 0;
+  bool push_feedback = false;
+  bool consistent_broadcast = false;
+  uint16_t lanes = 1;  // the server's datapath lcores (WELCOME num_shards)
+  uint32_t server_ipv4 = 0;
+  std::array<uint8_t, 6> server_mac{};  // zero over kernel UDP
+  uint16_t udp_base_port = 0;
+  std::string policy;  // described
+  FrameAuthMode frame_auth = FrameAuthMode::kNone;
+  AuthBytes job_nonce{};
+};
 
 class Admission {
  public:
@@ -50,6 +68,12 @@ class Admission {
   // started, frees its slot. Returns its rank, or -1.
   int OnClose(ConnId c);
 
+  // Once desk().full(): worker w's WELCOME (its rank, the layout of the
+  // first JOIN at `chunk_payload`, and `job`), not yet sealed. The
+  // transport adds the address w's frames come from (worker_ipv4); a
+  // server shard describes its partition (ShardLinks::FillWelcome).
+  WelcomeMsg Welcome(uint32_t w, uint32_t chunk_payload,
+                     const JobWelcome& job) const;
   // After desk().full(): closes the desk and seals w's WELCOME.
   void SealWelcome(uint32_t w, WelcomeMsg* wm) const {
     handshake_.SealWelcome(desk_.members()[w].conn, wm);

@@ -86,23 +86,22 @@ void ServerControl::Welcome() {
       ChunkPayloadForMtu(cfg_.mtu, FrameTagBytes(cfg_.frame_auth));
   pinned_.resize(cfg_.workers);
   keys_.resize(cfg_.workers);
+  const JobWelcome job{.session = cfg_.session,
+                       .resync_every = cfg_.resync_every,
+                       .push_feedback = cfg_.push_feedback,
+                       .consistent_broadcast = cfg_.consistent_broadcast,
+                       .lanes = cfg_.shards,
+                       .server_ipv4 = cfg_.local_ip,
+                       .server_mac = std::to_array(cfg_.mac.addr_bytes),
+                       .udp_base_port = cfg_.udp_port,
+                       .policy = cfg_.policy,
+                       .frame_auth = cfg_.frame_auth,
+                       .job_nonce = cfg_.job_nonce};
   for (uint32_t w = 0; w < cfg_.workers; ++w) {
     const JoinDesk::Member& member = desk.members()[w];
-    WelcomeMsg wm = desk.Welcome(w, payload);
-    wm.session = cfg_.session;
-    wm.udp_base_port = cfg_.udp_port;
-    wm.num_shards = cfg_.shards;
-    wm.resync_every = cfg_.resync_every;
-    wm.push_feedback = cfg_.push_feedback;
-    wm.consistent_broadcast = cfg_.consistent_broadcast;
-    wm.server_ipv4 = cfg_.local_ip;
-    std::memcpy(wm.server_mac.data(), cfg_.mac.addr_bytes, 6);
-    wm.policy = cfg_.policy;
+    WelcomeMsg wm = admission_.Welcome(w, payload, job);
     wm.worker_ipv4 =
         member.data_ipv4 != 0 ? member.data_ipv4 : kDefaultWorkerIpv4 + w;
-    wm.frame_auth = static_cast<uint8_t>(cfg_.frame_auth);
-    wm.job_nonce = cfg_.job_nonce;
-    wm.model_bytes = wm.total_bytes;
     if (shards_) {
       if (std::string why = shards_->FillWelcome(&wm, cfg_.job_nonce);
           !why.empty()) {
