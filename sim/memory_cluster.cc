@@ -365,7 +365,7 @@ struct MemoryCluster::Impl {
 
   uint32_t Node(uint32_t rank) const { return cfg.server_shards + rank; }
 
-  // Partitions: ShardMap's contiguous ranges, multiples of 64 chunks, so
+  // Partitions: ChunkRanges's contiguous ranges, multiples of 64 chunks, so
   // each partition's bitmap is a word-aligned slice of the whole one. With
   // several shards, one phase: each shard's Reduce hands its block squares
   // to shard 0's leader (in process) and runs under its decision.
@@ -1174,7 +1174,7 @@ struct MemoryCluster::Impl {
   ClusterConfig cfg;
   std::vector<GradientSource*> external;  // the caller's, one per worker
   ChunkLayout layout;                     // the whole gradient's
-  ShardMap shard_map;                     // its partitions
+  ChunkRanges shard_map;                  // its partitions
   LoopbackFabric fabric;
   SimClock clock;
   // A sharded job's phase (phase_link.h); null with one shard.

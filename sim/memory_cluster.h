@@ -57,7 +57,7 @@ struct ClusterConfig : ServerJobSettings {
   size_t ring_size = 1 << 16;       // receive ring per endpoint
   SimCosts costs;                   // the clock's model (10 Gb/s links)
   // Server shards (processes), each over its own partition of the chunks
-  // (ShardMap(num_chunks, S)) with its own link; and the datapath lcores of
+  // (ChunkRanges(num_chunks, S)) with its own link; and the datapath lcores of
   // each shard and of each worker, which share its CPU work evenly.
   uint32_t server_shards = 1;
   uint32_t server_lcores = 1;

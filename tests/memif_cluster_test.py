@@ -20,7 +20,7 @@ write, the protocol's promises:
     still completed.
 
 With --server_lcores=2 the server runs two datapath lcores: each round's
-chunks are sharded over them (the workers get two memif queues), and the
+chunks are split over them (lanes) (the workers get two memif queues), and the
 same checks hold (bit-exact means, every round at or above the threshold
 although its STOP is decided from two lcores' counts), plus: no frame
 reached the wrong lcore. With --worker_lcores=2 as well, each worker's

@@ -323,7 +323,7 @@ def test_telemetry(build, tmp):
           lc["0"][lc["fields"].index("rx_frames")] > 0, lc)
     check("/dblp/lcores,0: lcore 0, shard 0",
           second["/dblp/lcores,0"].get("lcore") == 0 and
-          second["/dblp/lcores,0"].get("shard") == 0, second["/dblp/lcores,0"])
+          second["/dblp/lcores,0"].get("lane") == 0, second["/dblp/lcores,0"])
     cfg = second["/dblp/config"]
     check("/dblp/config: flags and EAL",
           cfg.get("workers") == "2" and cfg.get("policy") == "fixed" and

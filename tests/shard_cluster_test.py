@@ -122,7 +122,7 @@ class Job:
 
     def eal(self, who, vdevs, lcore):
         # --worker_lcores=N: every process runs N distinct EAL lcores (the
-        # servers N lcore shards, so each worker has N push sides per
+        # servers N lanes, so each worker has N push sides per
         # shard to split over its N lcores), even on fewer cores.
         n = self.a["worker_lcores"]
         ncpu = os.cpu_count() or 1
@@ -349,7 +349,7 @@ def sharded_mean(tmp, shards, it):
 
 CHUNK_FLOATS = (((1500 - 20 - 8 - 20) & ~3) - 16) // 4  # full tags: 359
 N_CHUNKS = (FLOATS + CHUNK_FLOATS - 1) // CHUNK_FLOATS
-BOUNDS = {1: [0, N_CHUNKS], 2: [0, 128, N_CHUNKS]}  # ShardMap's, 64-aligned
+BOUNDS = {1: [0, N_CHUNKS], 2: [0, 128, N_CHUNKS]}  # ChunkRanges' cut, 64-aligned
 
 
 def push_bits(tmp, shards, rank, it):

@@ -164,7 +164,7 @@ std::vector<ControlMessage> Samples() {
   w.num_chunks = 17474;
   w.total_bytes = 25'161'728;
   w.udp_base_port = 40000;
-  w.num_shards = 4;
+  w.lanes = 4;
   w.resync_every = 10;
   w.push_feedback = true;
   w.consistent_broadcast = true;

@@ -228,7 +228,7 @@ std::vector<ControlMessage> AllMessages() {
   w.num_chunks = 729;
   w.total_bytes = 1 << 20;
   w.udp_base_port = 40000;
-  w.num_shards = 2;
+  w.lanes = 2;
   w.server_ipv4 = 0x7f000001;
   w.server_mac = {0x02, 0, 0, 0, 0, 1};
   w.policy = "dblp";

@@ -28,7 +28,7 @@ TEST(TypedRing, CarriesEveryKindByValue) {
   ring.Push(FinishRequest{false});
   ControlRequest r;
   ASSERT_TRUE(ring.Pop(&r));
-  EXPECT_EQ(std::get<ProbeRequest>(r).shard, 1u);
+  EXPECT_EQ(std::get<ProbeRequest>(r).lane, 1u);
   EXPECT_EQ(std::get<ProbeRequest>(r).pass, 2u);
   ASSERT_TRUE(ring.Pop(&r));
   EXPECT_EQ(std::get<BitmapRequest>(r).askers, 0b101u);

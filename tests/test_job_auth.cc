@@ -289,7 +289,7 @@ WelcomeMsg GoodWelcome(const JoinMsg& j) {
   wm.total_bytes = j.total_bytes;
   wm.num_chunks = ChunkLayout(j.total_bytes, wm.chunk_payload).num_chunks();
   wm.udp_base_port = 47000;
-  wm.num_shards = 1;
+  wm.lanes = 1;
   wm.layers = j.layers;
   return wm;
 }
@@ -318,7 +318,7 @@ TEST(ValidateWelcome, RefusesEveryLie) {
       {"rank past the workers", [](WelcomeMsg& w) { w.rank = 3; }},
       {"no workers", [](WelcomeMsg& w) { w.num_workers = 0; }},
       {"chunk count", [](WelcomeMsg& w) { w.num_chunks += 1; }},
-      {"no shards", [](WelcomeMsg& w) { w.num_shards = 0; }},
+      {"no shards", [](WelcomeMsg& w) { w.lanes = 0; }},
       {"ports wrap", [](WelcomeMsg& w) { w.udp_base_port = 65534; }},
       {"another MTU", [](WelcomeMsg& w) { w.mtu = 9000; }},
       {"another model", [](WelcomeMsg& w) { w.layers.clear(); }},

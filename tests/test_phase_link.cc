@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "dblp/job/phase_link.h"
-#include "dblp/round/shards.h"
+#include "dblp/round/chunk_ranges.h"
 #include "dblp/wire/chunking.h"
 #include "dblp/wire/float_ops.h"
 
@@ -90,7 +90,7 @@ TEST(PhaseNorm, BlockSquaresMatchTheirDefinitionInAnyStepping) {
   }
 }
 
-// Partitions cut by ShardMap hold whole blocks, so their blocks in shard
+// Partitions cut by ChunkRanges hold whole blocks, so their blocks in shard
 // order are the whole gradient's: the same norm, bit for bit.
 TEST(PhaseNorm, PartitionsGiveTheWholeNormBits) {
   const uint32_t chunk_floats = 363;  // ChunkPayloadForMtu(1500) / 4
@@ -99,7 +99,7 @@ TEST(PhaseNorm, PartitionsGiveTheWholeNormBits) {
   const auto g = Gradient(whole.total_bytes() / 4, 7);
   const double one = NormOfBlockSquares(Squares(g, chunk_floats));
   for (uint32_t S : {2u, 3u, 5u}) {
-    const ShardMap map(whole.num_chunks(), S);
+    const ChunkRanges map(whole.num_chunks(), S);
     std::vector<double> all;
     for (uint32_t k = 0; k < S; ++k) {
       const size_t lo = size_t{map.begin(k)} * chunk_floats;

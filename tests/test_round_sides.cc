@@ -358,8 +358,8 @@ TEST(RoundControl, EachAskingShardGetsItsOwnBitmap) {
   ASSERT_EQ(out.posted.size(), 1u);
   const auto msgs = SideRequestMessages(out.posted[0], &recv);
   ASSERT_EQ(msgs.size(), 2u);
-  EXPECT_EQ(std::get<BitmapMsg>(msgs[0]).shard, 0u);
-  EXPECT_EQ(std::get<BitmapMsg>(msgs[1]).shard, 2u);
+  EXPECT_EQ(std::get<BitmapMsg>(msgs[0]).lane, 0u);
+  EXPECT_EQ(std::get<BitmapMsg>(msgs[1]).lane, 2u);
   EXPECT_EQ(std::get<BitmapMsg>(msgs[1]).round, 4u);
 }
 
@@ -371,7 +371,7 @@ TEST(RoundControl, BitmapsGoToTheirShardStopToAll) {
   std::vector<SendSide*> ptrs;
   for (uint16_t k = 0; k < 2; ++k) {
     SendSideConfig c;
-    c.shard = k;
+    c.lane = k;
     sides.push_back(std::make_unique<SendSide>(c));
     ptrs.push_back(sides.back().get());
   }

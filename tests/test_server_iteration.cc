@@ -16,7 +16,7 @@
 #include "dblp/job/phase_link.h"
 #include "dblp/job/server_iteration.h"
 #include "dblp/job/server_job.h"
-#include "dblp/round/shards.h"
+#include "dblp/round/chunk_ranges.h"
 #include "dblp/wire/chunking.h"
 
 namespace dblp {
@@ -93,7 +93,7 @@ std::vector<Step> RunWhole(const ChunkLayout& whole, uint64_t iters) {
 // S shards, each on its own thread, through one InProcessPhase.
 std::vector<Step> RunSharded(const ChunkLayout& whole, uint32_t S,
                              uint64_t iters) {
-  const ShardMap map(whole.num_chunks(), S);
+  const ChunkRanges map(whole.num_chunks(), S);
   std::vector<uint32_t> blocks;
   for (uint32_t k = 0; k < S; ++k) {
     blocks.push_back(PartitionNormBlocks(map.end(k) - map.begin(k)));
@@ -167,7 +167,7 @@ TEST(ServerIterationShards, SplitDecidesWhatOneServerDecides) {
 
 TEST(ServerIterationShards, MissingShardEndsTheIterationNamingIt) {
   const ChunkLayout whole(uint64_t{kChunks} * kPayload, kPayload);
-  const ShardMap map(whole.num_chunks(), 3);
+  const ChunkRanges map(whole.num_chunks(), 3);
   const ServerJobSettings base = Settings();
   InProcessPhase phase(TolerancePolicy::Create(base.policy), 0,
                        {PartitionNormBlocks(map.end(0)),

@@ -42,7 +42,7 @@ WelcomeMsg ShardOne(const WelcomeMsg& d) {
   w.first_chunk = 128;
   w.server_ipv4 = 0x0a000101;
   w.udp_base_port = 9300;
-  w.num_shards = 2;
+  w.lanes = 2;
   return w;
 }
 

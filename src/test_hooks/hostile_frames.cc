@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "dblp/control/job_auth.h"
-#include "dblp/round/shards.h"
+#include "dblp/round/chunk_ranges.h"
 #include "dblp/wire/wire.h"
 
 namespace dblp {
@@ -37,7 +37,7 @@ struct Hostile {
   FrameAuth member;        // this member's key: the genuine tags
   const uint8_t* grad;
   const ChunkLayout& layout;
-  ShardMap shards;  // this round's chunks go on their shard's queue
+  ChunkRanges lanes;  // this round's chunks go on their lane's queue
   bool full_tags;
   std::vector<uint8_t> poison =
       std::vector<uint8_t>(layout.total_bytes(), 0x41);
@@ -66,12 +66,12 @@ struct Hostile {
     DataHeader current = stale;
     current.round = push_round;
     for (uint32_t i = 0; i < n(next); ++i) {
-      // On the queue of the chunk's shard, like the real frame: a server
+      // On the queue of the chunk's lane, like the real frame: a server
       // lcore sees it and must refuse it for its tag or its source.
-      ChunkTransmitter q{
-          0, static_cast<uint16_t>(shards.ShardOf(next[i])), pool, ctr, nullptr,
-          64};
-      if (shards.num_shards() > 1) {  // and to its lcore's port, steering.h
+      ChunkTransmitter q{0,       static_cast<uint16_t>(lanes.RangeOf(next[i])),
+                         pool,    ctr,
+                         nullptr, 64};
+      if (lanes.count() > 1) {  // and to its lcore's port, steering.h
         q.udp_dst_port = static_cast<uint16_t>(wel.udp_base_port + q.queue);
       }
       q.Send(forged, current, &next[i], 1, poison.data(), layout);
@@ -130,7 +130,7 @@ class HostileHook : public PushHook {
                  FrameAuth(c.frame_key),
                  c.gradient,
                  *c.layout,
-                 ShardMap(c.layout->num_chunks(), c.queues),
+                 ChunkRanges(c.layout->num_chunks(), c.queues),
                  c.frame_key.mode == FrameAuthMode::kFull} {
     // An independent key (never one related to the job's).
     FrameKey wrong = c.frame_key;

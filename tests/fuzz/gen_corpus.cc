@@ -161,7 +161,7 @@ std::vector<ControlMessage> Populated() {
   bm.round = 40;
   bm.num_bits = 70;
   bm.words = {0xFFFFFFFFFFFFFFFFull, 0x2Full};
-  bm.shard = 1;
+  bm.lane = 1;
   out.emplace_back(bm);
   StopMsg st;
   st.round = 40;

@@ -104,7 +104,7 @@ WelcomeMsg Admission::Welcome(uint32_t w, uint32_t chunk_payload,
   wm.resync_every = job.resync_every;
   wm.push_feedback = job.push_feedback;
   wm.consistent_broadcast = job.consistent_broadcast;
-  wm.num_shards = job.lanes;
+  wm.lanes = job.lanes;
   wm.server_ipv4 = job.server_ipv4;
   wm.server_mac = job.server_mac;
   wm.udp_base_port = job.udp_base_port;

@@ -28,7 +28,7 @@ struct JobWelcome {
   uint32_t resync_every = 0;
   bool push_feedback = false;
   bool consistent_broadcast = false;
-  uint16_t lanes = 1;  // the server's datapath lcores (WELCOME num_shards)
+  uint16_t lanes = 1;  // the server's datapath lcores (WELCOME lanes)
   uint32_t server_ipv4 = 0;
   std::array<uint8_t, 6> server_mac{};  // zero over kernel UDP
   uint16_t udp_base_port = 0;

@@ -112,8 +112,7 @@ bool Fields(V& v, Like<WelcomeMsg> auto& m) {
          v.U32(m.chunk_payload, "chunk_payload") &&
          v.U32(m.num_chunks, "num_chunks") &&
          v.U64(m.total_bytes, "total_bytes") &&
-         v.U16(m.udp_base_port, "udp_base_port") &&
-         v.U16(m.num_shards, "num_shards") &&
+         v.U16(m.udp_base_port, "udp_base_port") && v.U16(m.lanes, "lanes") &&
          v.U32(m.resync_every, "resync_every") &&
          v.Flag(m.push_feedback, "push_feedback") &&
          v.Flag(m.consistent_broadcast, "consistent_broadcast") &&
@@ -142,12 +141,12 @@ bool Fields(V& v, Like<RoundBeginMsg> auto& m) {
 template <class V>
 bool Fields(V& v, Like<ProbeMsg> auto& m) {
   return v.U32(m.round, "round") && v.Dir(m.direction) &&
-         v.U32(m.pass, "pass") && v.U16(m.shard, "shard");
+         v.U32(m.pass, "pass") && v.U16(m.lane, "shard");
 }
 template <class V>
 bool Fields(V& v, Like<BitmapMsg> auto& m) {
   return v.U32(m.round, "round") && v.Dir(m.direction) &&
-         v.Words(m.num_bits, m.words) && v.U16(m.shard, "shard");
+         v.Words(m.num_bits, m.words) && v.U16(m.lane, "shard");
 }
 template <class V>
 bool Fields(V& v, Like<AcceptedMsg> auto& m) {

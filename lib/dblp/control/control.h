@@ -26,7 +26,7 @@
 
 namespace dblp {
 
-// 2: PROBE and BITMAP name the sender's shard (rounds sharded over lcores).
+// 2: PROBE and BITMAP name the sender's lane (rounds split over lcores).
 // 3: WELCOME carries resync_every (replicas re-synchronised, resync.h) and
 //    push_feedback and consistent_broadcast; ACCEPTED (the push's final
 //    accepted set) is new.
@@ -94,7 +94,7 @@ struct ShardEntry {
   uint32_t data_ipv4 = 0;  // where its data frames go
   std::array<uint8_t, 6> data_mac{};
   uint16_t udp_base_port = 0;
-  uint16_t queues = 1;  // its datapath lcores (lcore shards), >= 1
+  uint16_t queues = 1;  // its datapath lcores (lanes), >= 1
   // Its partition: global chunks [first_chunk, first_chunk + num_chunks).
   uint32_t first_chunk = 0;
   uint32_t num_chunks = 0;
@@ -139,7 +139,7 @@ struct WelcomeMsg {
   uint32_t num_chunks = 0;
   uint64_t total_bytes = 0;
   uint16_t udp_base_port = 0;
-  uint16_t num_shards = 1;
+  uint16_t lanes = 1;
   // Every this many training steps a re-synchronisation iteration (0 =
   // none; lib/dblp/policy/resync.h). Since protocol v3.
   uint32_t resync_every = 0;
@@ -221,9 +221,9 @@ struct ProbeMsg {
   uint32_t round = 0;
   Direction direction = Direction::kPush;
   uint32_t pass = 0;
-  // The sender's shard that asks (its chunk range, shards.h); the BITMAP
-  // answering it names the same shard.
-  uint16_t shard = 0;
+  // The sender's lane that asks (its chunk range, chunk_ranges.h); the
+  // BITMAP answering it names the same lane.
+  uint16_t lane = 0;
   bool operator==(const ProbeMsg&) const = default;
 };
 
@@ -234,7 +234,7 @@ struct BitmapMsg {
   Direction direction = Direction::kPush;
   uint32_t num_bits = 0;
   std::vector<uint64_t> words;
-  uint16_t shard = 0;  // the PROBE's
+  uint16_t lane = 0;  // the PROBE's
   bool operator==(const BitmapMsg&) const = default;
 };
 

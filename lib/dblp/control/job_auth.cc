@@ -289,8 +289,8 @@ std::string ValidateWelcome(const WelcomeMsg& wm, const JoinMsg& join) {
     return std::to_string(wm.num_chunks) + " chunks announced, the layout " +
            "makes " + std::to_string(chunks);
   }
-  if (wm.num_shards == 0 || wm.num_shards > 64) {
-    return std::to_string(wm.num_shards) + " shards (1 to 64)";
+  if (wm.lanes == 0 || wm.lanes > 64) {
+    return std::to_string(wm.lanes) + " shards (1 to 64)";
   }
   if (wm.udp_base_port == 0 ||
       uint32_t{wm.udp_base_port} + 1 + wm.num_workers > 65535) {

@@ -89,7 +89,7 @@ std::string CheckShardWelcome(const WelcomeMsg& directory, const JoinMsg& claim,
       Differs<uint32_t>("data IPv4", got.server_ipv4, entry.data_ipv4),
       Differs<uint32_t>("UDP base port", got.udp_base_port,
                         entry.udp_base_port),
-      Differs<uint32_t>("queues", got.num_shards, entry.queues),
+      Differs<uint32_t>("queues", got.lanes, entry.queues),
   };
   for (const std::string& c : checks) {
     if (!c.empty()) return c;

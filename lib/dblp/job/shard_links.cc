@@ -11,7 +11,7 @@
 
 #include "dblp/base/ipv4_endpoint.h"
 #include "dblp/base/log.h"
-#include "dblp/round/shards.h"
+#include "dblp/round/chunk_ranges.h"
 #include "dblp/wire/chunking.h"
 
 namespace dblp {
@@ -308,7 +308,7 @@ std::string ShardLinks::AssignPartitions(uint64_t model_bytes,
                                          const AuthBytes& job_nonce) {
   const uint16_t S = cfg_.role.count;
   const ChunkLayout whole(model_bytes, chunk_payload);
-  const ShardMap map(whole.num_chunks(), S);
+  const ChunkRanges map(whole.num_chunks(), S);
   if (map.begin(S - 1) >= whole.num_chunks()) {
     return "the gradient's " + std::to_string(whole.num_chunks()) +
            " chunks are too few for " + std::to_string(S) +

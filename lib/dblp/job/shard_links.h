@@ -4,7 +4,7 @@
 // with the directory (shard 0) over an authenticated connection (the
 // workers' handshake, then SHARD_HELLO) and gets its partition
 // (SHARD_ASSIGN); the directory registers every shard, cuts the gradient
-// into partitions (ShardMap) and lists the shards in its WELCOMEs. Then
+// into partitions (ChunkRanges) and lists the shards in its WELCOMEs. Then
 // the job's one phase (PhaseLink, lib/dblp/job/phase_link.h): every shard
 // sends PHASE_PARTIAL once per iteration, the directory's PhaseLeader
 // decides and sends PHASE_DECISION back. A shard that goes away ends the

@@ -312,8 +312,8 @@ std::vector<StateDict> LcoresView(const AppState& s) {
     const LcoreSnapshot& l = t.lcores[i];
     StateDict d = {
         {"lcore", uint64_t{l.lcore_id}},
-        {"shard", uint64_t{l.shard}},
-        {"rx_queue", uint64_t{l.shard}},
+        {"lane", uint64_t{l.lane}},
+        {"rx_queue", uint64_t{l.lane}},
         {"tx_queues", uint64_t{l.queues}},
         {"rx_frames", l.rx_frames},
         {"tx_frames", l.tx_frames},

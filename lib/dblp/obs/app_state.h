@@ -172,8 +172,8 @@ struct PolicySnapshot {
 // One datapath lcore's counters, published with the stats.
 struct LcoreSnapshot {
   uint32_t lcore_id = 0;
-  uint16_t shard = 0;   // = its RX/TX queue on every port
-  uint16_t queues = 0;  // worker: TX queues it drives (the server's shards)
+  uint16_t lane = 0;    // = its RX/TX queue on every port
+  uint16_t queues = 0;  // worker: TX queues it drives (the server's lanes)
   uint64_t rx_frames = 0;
   uint64_t tx_frames = 0;
   uint64_t injected_drops = 0;

@@ -98,14 +98,14 @@ void MeanReducer::AlignedFree::operator()(float* p) const {
 }
 
 MeanReducer::MeanReducer(const ChunkLayout& layout, uint32_t num_workers,
-                         uint32_t shards, uint64_t model_floats)
+                         uint32_t lanes, uint64_t model_floats)
     : layout_(layout),
       num_workers_(num_workers),
-      shards_(std::max(shards, 1u)),
+      lanes_(std::max(lanes, 1u)),
       clip_floats_(model_floats != 0 ? model_floats
                                      : layout.total_bytes() / sizeof(float)),
       tally_workers_(num_workers),
-      tallies_(static_cast<size_t>(num_workers) * std::max(shards, 1u)),
+      tallies_(static_cast<size_t>(num_workers) * std::max(lanes, 1u)),
       stride_floats_(0),
       counts_(layout.num_chunks()) {
   if (layout.num_chunks() == 0 || layout.total_bytes() % sizeof(float) != 0) {
@@ -209,7 +209,7 @@ bool MeanReducer::AccumulateScanned(CountSlot& slot, Tally& t, uint32_t seq,
 
 MeanReducer::Tally MeanReducer::tally(uint32_t w) const {
   Tally sum;
-  for (uint32_t s = 0; s < shards_; ++s) {
+  for (uint32_t s = 0; s < lanes_; ++s) {
     const Tally& t = tallies_[static_cast<size_t>(s) * tally_workers_ + w];
     sum.sum_squares += t.sum_squares;
     sum.nonfinite += t.nonfinite;

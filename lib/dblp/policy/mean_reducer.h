@@ -36,9 +36,9 @@ namespace dblp {
 //  - Accumulate must be called at most once per (worker, seq) per round; the
 //    caller dedups with the worker's arrival bitmap (Bitmap::Set's return
 //    value). A duplicate would be summed twice.
-//  - Each (worker, shard) pair has its own tally (a worker's chunks are
-//    spread over the shards): Accumulate(w, seq, ..., shard) must come from
-//    the one thread that owns `shard`. tally() reads them between rounds.
+//  - Each (worker, lane) pair has its own tally (a worker's chunks are
+//    spread over the lanes): Accumulate(w, seq, ..., lane) must come from
+//    the one thread that owns `lane`. tally() reads them between rounds.
 //
 // Members who lie: every chunk is checked as it arrives (one scan of the
 // payload, no second pass over the round). A chunk with a NaN or an
@@ -57,14 +57,14 @@ class MeanReducer {
  public:
   // Throws std::invalid_argument if total_bytes is not a multiple of 4 or
   // num_workers is 0. Starts with a clean round (BeginRound not required).
-  // `shards`: the threads that Accumulate (one tally per worker each).
+  // `lanes`: the threads that Accumulate (one tally per worker each).
   // `model_floats`: the whole gradient's floats, which the clip norm's
   // per-chunk share divides by (a server shard's layout is one partition
   // of it); 0: the layout's.
   MeanReducer(const ChunkLayout& layout, uint32_t num_workers,
-              uint32_t shards = 1, uint64_t model_floats = 0);
+              uint32_t lanes = 1, uint64_t model_floats = 0);
 
-  // What one (worker, shard) contributed this round, reset by BeginRound.
+  // What one (worker, lane) contributed this round, reset by BeginRound.
   struct alignas(64) Tally {
     double sum_squares = 0;  // of the floats received, before clipping
     uint32_t nonfinite = 0;  // chunks refused: a NaN or an infinity
@@ -79,22 +79,22 @@ class MeanReducer {
   void BeginRound();
 
   // Worker w's chunk seq (Length(seq) / 4 floats at `payload`, not
-  // necessarily aligned), received by shard `shard`: checked, clipped and
+  // necessarily aligned), received by lane `lane`: checked, clipped and
   // added into the sum (one contribution), or refused (false: counted in
   // w's tally, not summed). Preconditions: seq < layout().num_chunks(),
-  // w < the constructor's num_workers, shard < shards.
+  // w < the constructor's num_workers, lane < lanes.
   // Inline: the server runs it once per chunk; what it calls does the work.
   bool Accumulate(uint32_t w, uint32_t seq, const uint8_t* payload,
-                  uint32_t shard = 0);
+                  uint32_t lane = 0);
   // Accumulate for each of a burst's `n` chunks in order (a Chunk has
   // members payload, seq, w and bytes, the chunk's length as the receiver
   // checked it: layout().Length(seq); Accumulate's preconditions), received by
-  // `shard`, with the per-call lookups done once per burst. With
+  // `lane`, with the per-call lookups done once per burst. With
   // `prefetch_ahead` > 0, each chunk's sum slice is hinted that many
   // chunks before it is summed. Refusals are counted as Accumulate counts
   // them (the server accepts the frame either way).
   template <class Chunk>
-  void AccumulateBurst(const Chunk* chunks, uint32_t n, uint32_t shard,
+  void AccumulateBurst(const Chunk* chunks, uint32_t n, uint32_t lane,
                        uint32_t prefetch_ahead);
   // Per-worker L2 norm bound of a contribution (0 = off). Between rounds.
   // Throws std::invalid_argument on a negative or non-finite value.
@@ -108,7 +108,7 @@ class MeanReducer {
     one_pass_ = on;
     one_pass_now_ = one_pass_ && clip_norm_ == 0;
   }
-  // Worker w's tally summed over the shards (between rounds).
+  // Worker w's tally summed over the lanes (between rounds).
   Tally tally(uint32_t w) const;
 
   // Writes the round's mean into mean_out (layout().total_bytes() / 4
@@ -222,7 +222,7 @@ class MeanReducer {
   // Accumulate's unclipped path (one_pass_now_): the chunk's first
   // contribution stored in the pass that sums its squares, a later one
   // added after that pass; anything the squares cannot vouch for goes to
-  // AccumulateScanned. `t`: worker w's tally for the calling shard;
+  // AccumulateScanned. `t`: worker w's tally for the calling lane;
   // `slot`, `sum`: chunk seq's.
   [[gnu::always_inline]] bool AccumulateOnePass(Tally& t, CountSlot& slot,
                                                 float* sum, uint32_t seq,
@@ -237,13 +237,13 @@ class MeanReducer {
 
   ChunkLayout layout_;
   uint32_t num_workers_;
-  uint32_t shards_;
+  uint32_t lanes_;
   double clip_norm_ = 0;
   bool one_pass_ = true;
   bool one_pass_now_ = true;    // one_pass_ and no clip: one flag per chunk
   uint64_t clip_floats_;        // the clip share's denominator (model_floats)
   uint32_t tally_workers_;      // the constructor's num_workers
-  std::vector<Tally> tallies_;  // [shard * tally_workers_ + worker]
+  std::vector<Tally> tallies_;  // [lane * tally_workers_ + worker]
   // Floats between the starts of consecutive chunks' sum slices: the chunk's
   // float count rounded up to a cache line, so slices never share a line.
   size_t stride_floats_;
@@ -254,10 +254,10 @@ class MeanReducer {
 };
 
 inline bool MeanReducer::Accumulate(uint32_t w, uint32_t seq,
-                                    const uint8_t* payload, uint32_t shard) {
+                                    const uint8_t* payload, uint32_t lane) {
   assert(seq < layout_.num_chunks());
-  assert(w < tally_workers_ && shard < shards_);
-  Tally& t = tallies_.data()[static_cast<size_t>(shard) * tally_workers_ + w];
+  assert(w < tally_workers_ && lane < lanes_);
+  Tally& t = tallies_.data()[static_cast<size_t>(lane) * tally_workers_ + w];
   // A clip scales by the chunk's norm, which must be known first.
   if (!one_pass_now_) [[unlikely]] {
     return AccumulateScanned(counts_.data()[seq], t, seq, payload,
@@ -269,17 +269,17 @@ inline bool MeanReducer::Accumulate(uint32_t w, uint32_t seq,
 
 template <class Chunk>
 void MeanReducer::AccumulateBurst(const Chunk* chunks, uint32_t n,
-                                  uint32_t shard, uint32_t prefetch_ahead) {
-  assert(shard < shards_);
+                                  uint32_t lane, uint32_t prefetch_ahead) {
+  assert(lane < lanes_);
   if (!one_pass_now_) [[unlikely]] {  // a clipped job
     EachPrefetched(chunks, n, prefetch_ahead,
                    [&](const Chunk& c, CountSlot&, float*) {
-                     Accumulate(c.w, c.seq, c.payload, shard);
+                     Accumulate(c.w, c.seq, c.payload, lane);
                    });
     return;
   }
   Tally* const tallies =
-      tallies_.data() + static_cast<size_t>(shard) * tally_workers_;
+      tallies_.data() + static_cast<size_t>(lane) * tally_workers_;
   EachPrefetched(chunks, n, prefetch_ahead,
                  [&](const Chunk& c, CountSlot& slot, float* sum) {
                    AccumulateOnePass(tallies[c.w], slot, sum, c.seq, c.payload,

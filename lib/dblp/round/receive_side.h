@@ -6,7 +6,7 @@
 //   datapath: Begin(round, ...) and Announce(ROUND_BEGIN); OnFrame(frame,
 //             consume) per received frame; Step(now, rx, outbox) once per
 //             loop turn; Close() when the round is over.
-//   control:  ProbeArrived(round, shard) when a sender's PROBE comes in, and
+//   control:  ProbeArrived(round, lane) when a sender's PROBE comes in, and
 //             reads answer() to send the BITMAP it is asked to (any thread).
 //
 // A PROBE is answered only after an RX poll that *started after* the PROBE
@@ -19,10 +19,10 @@
 #include <cstdint>
 
 #include "dblp/round/bitmap_mailbox.h"
+#include "dblp/round/chunk_ranges.h"
 #include "dblp/round/receiver_round.h"
 #include "dblp/round/round_events.h"
 #include "dblp/round/send_side.h"  // ControlOutbox
-#include "dblp/round/shards.h"
 
 namespace dblp {
 
@@ -38,11 +38,11 @@ struct ReceiveSideConfig {
   ReceiverConfig receiver;
   Direction direction = Direction::kPush;
   uint16_t peer = 0;  // the sender, as requests name it
-  // Sharded over lcores (shards.h): this side is shard `shard` of the
-  // round, `receiver`'s seq range its chunk range, and the shards' STOP is
+  // Split over lanes (chunk_ranges.h): this side is lane `lane` of the
+  // round, `receiver`'s seq range its chunk range, and the lanes' STOP is
   // decided together. Null: the side receives the whole round.
   StopGroup* group = nullptr;
-  uint16_t shard = 0;
+  uint16_t lane = 0;
 };
 
 class ReceiveSide {
@@ -93,11 +93,11 @@ class ReceiveSide {
   // Datapath: the round is over; its later frames count as late.
   void Close() { rx_.Close(); }
 
-  // Any thread (control): sender shard `shard`'s PROBE for `round`.
+  // Any thread (control): sender lane `lane`'s PROBE for `round`.
   // PROBEs of one round that arrive before the datapath picks them up are
-  // answered together, each shard with its own BITMAP.
-  void ProbeArrived(uint32_t round, uint16_t shard = 0) {
-    probe_askers_.fetch_or(uint64_t{1} << (shard % 64),
+  // answered together, each lane with its own BITMAP.
+  void ProbeArrived(uint32_t round, uint16_t lane = 0) {
+    probe_askers_.fetch_or(uint64_t{1} << (lane % 64),
                            std::memory_order_relaxed);
     probe_word_.store((static_cast<uint64_t>(round) << 1) | 1,
                       std::memory_order_release);
@@ -137,7 +137,7 @@ class ReceiveSide {
   // Datapath only.
   bool probe_pending_ = false;
   uint32_t probe_round_ = 0;
-  uint64_t askers_ = 0;  // sender shards whose PROBE is pending
+  uint64_t askers_ = 0;  // sender lanes whose PROBE is pending
   uint64_t probe_gen_ = 0;
   bool poll_stop_ = false;  // a new p may stop the round with no arrival
   bool begun_ = false;
@@ -191,7 +191,7 @@ bool ReceiveSide::Step(uint64_t now_ns, const RxProgress& rx,
   if (probe_pending_ && rx.drained_gen > probe_gen_ && !answer_.ready()) {
     probe_pending_ = false;
     if (askers_ != 0 && AnswerProbe()) {
-      outbox.Post(BitmapRequest{config_.peer, config_.direction, config_.shard,
+      outbox.Post(BitmapRequest{config_.peer, config_.direction, config_.lane,
                                 probe_round_, askers_});
       asked = true;
     }

@@ -43,8 +43,8 @@ struct ReceiverConfig {
   FrameType expected_type = FrameType::kPush;
   int32_t expected_sender = kAnySender;  // or one rank
   ChunkLayout layout;
-  // The chunk range this receiver owns when a round's chunks are sharded
-  // over lcores (shards.h); the rest of the round is other receivers'.
+  // The chunk range this receiver owns when a round's chunks are split
+  // over lanes (chunk_ranges.h); the rest of the round is other receivers'.
   uint32_t seq_begin = 0;
   uint32_t seq_end = UINT32_MAX;
   // An authenticated job's frame key: every frame must carry its tag.

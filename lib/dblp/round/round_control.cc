@@ -17,18 +17,18 @@ bool DeliverToSides(const ControlMessage& m, std::span<SendSide* const> sends,
   if (const auto* bm = std::get_if<BitmapMsg>(&m)) {
     for (SendSide* s : sends) {
       if (s->config().direction == bm->direction &&
-          s->config().shard == bm->shard) {
+          s->config().lane == bm->lane) {
         s->BitmapArrived(*bm, now_ns);
       }
     }
     return true;
   }
   if (const auto* pr = std::get_if<ProbeMsg>(&m)) {
-    ReceiveSide* r = recvs.size() == 1 ? recvs[0]
-                     : pr->shard < recvs.size() ? recvs[pr->shard]
-                                                : nullptr;
+    ReceiveSide* r = recvs.size() == 1         ? recvs[0]
+                     : pr->lane < recvs.size() ? recvs[pr->lane]
+                                               : nullptr;
     if (r != nullptr && r->config().direction == pr->direction) {
-      r->ProbeArrived(pr->round, pr->shard);
+      r->ProbeArrived(pr->round, pr->lane);
     }
     return true;
   }
@@ -51,7 +51,7 @@ std::vector<ControlMessage> SideRequestMessages(const ControlRequest& r,
                                                 ReceiveSide* answering) {
   std::vector<ControlMessage> out;
   if (const auto* p = std::get_if<ProbeRequest>(&r)) {
-    out.emplace_back(ProbeMsg{p->round, p->direction, p->pass, p->shard});
+    out.emplace_back(ProbeMsg{p->round, p->direction, p->pass, p->lane});
   } else if (const auto* s = std::get_if<StopRequest>(&r)) {
     out.emplace_back(StopMsg{s->round, s->direction, s->received,
                              s->trigger == StopTrigger::kDeadline
@@ -61,11 +61,13 @@ std::vector<ControlMessage> SideRequestMessages(const ControlRequest& r,
     if (answering == nullptr) return out;
     BitmapMailbox& box = answering->answer();
     const Bitmap& bits = box.slot();
-    for (uint16_t shard = 0; shard < 64; ++shard) {
-      if ((b->askers >> shard & 1) == 0) continue;
-      out.emplace_back(BitmapMsg{b->round, b->direction, bits.size(),
+    for (uint16_t lane = 0; lane < 64; ++lane) {
+      if ((b->askers >> lane & 1) == 0) continue;
+      out.emplace_back(BitmapMsg{b->round,
+                                 b->direction,
+                                 bits.size(),
                                  {bits.words().begin(), bits.words().end()},
-                                 shard});
+                                 lane});
     }
     box.Release();
   }

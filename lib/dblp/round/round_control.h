@@ -18,10 +18,10 @@ namespace dblp {
 // Control thread: hands a PROBE, BITMAP or STOP to the sides of one peer
 // and direction, and returns true (also when a side turns it away: a stale
 // round, a busy mailbox); false for any other message.
-//  - STOP goes to every send side of its direction (each stops its shard);
-//  - BITMAP to the send side of the shard it names (its PROBE's);
-//  - PROBE to the receive side of the asking shard's chunk range, or to the
-//    only receive side when the receiver is not sharded.
+//  - STOP goes to every send side of its direction (each stops its lane);
+//  - BITMAP to the send side of the lane it names (its PROBE's);
+//  - PROBE to the receive side of the asking lane's chunk range, or to the
+//    only receive side when the receiver is not split into lanes.
 bool DeliverToSides(const ControlMessage& m, std::span<SendSide* const> sends,
                     std::span<ReceiveSide* const> recvs, uint64_t now_ns);
 // The same for one send side and one receive side (either may be null).
@@ -29,7 +29,7 @@ bool DeliverToSides(const ControlMessage& m, SendSide* send,
                     ReceiveSide* recv, uint64_t now_ns);
 
 // Control thread: the messages a PROBE, STOP or BITMAP request becomes. A
-// BITMAP request becomes one BITMAP per asking shard, its words from
+// BITMAP request becomes one BITMAP per asking lane, its words from
 // `answering`'s mailbox, which is released. Empty for the app-level
 // requests (ROUND_BEGIN, finish), or a BITMAP request without a side.
 std::vector<ControlMessage> SideRequestMessages(const ControlRequest& r,

@@ -20,14 +20,14 @@ namespace dblp {
 // ---- datapath -> control: what a round side asks the control thread to
 // send to its peer. `peer` is the worker rank at the server, 0 at a worker.
 
-// A pass is over: ask the receiver which chunks it has. `shard` is the
-// asking send side's (its chunk range when rounds are sharded over lcores).
+// A pass is over: ask the receiver which chunks it has. `lane` is the
+// asking send side's (its chunk range when rounds are split over lanes).
 struct ProbeRequest {
   uint16_t peer = 0;
   Direction direction = Direction::kPush;
   uint32_t round = 0;
   uint32_t pass = 0;
-  uint16_t shard = 0;
+  uint16_t lane = 0;
 };
 // Enough arrived: tell the sender to stop.
 struct StopRequest {
@@ -38,8 +38,8 @@ struct StopRequest {
   uint32_t received = 0;
 };
 // The answer to PROBEs is in the answer mailbox of receive side `side` (its
-// shard; 0 when the receiver is not sharded): one BITMAP to each asking
-// sender shard in `askers` (bit k = shard k).
+// lane; 0 when the receiver is not split): one BITMAP to each asking
+// sender lane in `askers` (bit k = lane k).
 struct BitmapRequest {
   uint16_t peer = 0;
   Direction direction = Direction::kPush;

@@ -47,10 +47,10 @@ struct SendSideConfig {
   // A PROBE unanswered this long is sent again: a BITMAP dropped on the
   // way (a busy mailbox) must not stall the round. 0 = never.
   uint64_t probe_retry_ns = 50'000'000;
-  // The shard (chunk range) this side sends when the round is sharded over
+  // The lane (chunk range) this side sends when the round is split over
   // lcores or queues: its PROBEs name it, and only BITMAPs naming it are
   // its answers.
-  uint16_t shard = 0;
+  uint16_t lane = 0;
 };
 
 class SendSide {
@@ -61,7 +61,7 @@ class SendSide {
   SendSide& operator=(const SendSide&) = delete;
 
   // Datapath: starts `round` with first-pass order `order` at `now_ns`.
-  // A shard's side sends only its chunk range: `order` holds those seqs and
+  // A lane's side sends only its chunk range: `order` holds those seqs and
   // `num_chunks` is the whole round's (0: the order's size).
   void Begin(uint32_t round, std::span<const uint32_t> order, uint64_t now_ns,
              uint32_t num_chunks = 0);
@@ -162,7 +162,7 @@ bool SendSide::Step(uint64_t now_ns, Frames& frames, Outbox& outbox) {
     probe_ns_ = now_ns;
     ++probes_;
     outbox.Post(ProbeRequest{config_.peer, config_.direction, round_.round(),
-                             round_.passes(), config_.shard});
+                             round_.passes(), config_.lane});
   }
   return progress;
 }

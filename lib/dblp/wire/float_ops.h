@@ -86,7 +86,7 @@ double L2Norm(std::span<const float> v);
 // pairwise in a fixed tree), so no CPU reassociates it differently; then
 // the blocks' sum in block order, and sqrt.
 // 64 chunks: a server shard's partition starts at a multiple of 64
-// (ShardMap), so its blocks are the whole gradient's.
+// (ChunkRanges), so its blocks are the whole gradient's.
 inline constexpr uint32_t kNormBlockChunks = 64;
 inline constexpr size_t kSquareLanes = 8;
 // Blocks of `block_floats` floats (the last may be shorter) in `floats`.

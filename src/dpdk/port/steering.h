@@ -1,5 +1,5 @@
 // NIC queue steering for a dblp-server with several datapath lcores on a
-// real port: lcore k owns chunk range k (lib/dblp/round/shards.h) and RX
+// real port: lcore k owns chunk range k (lib/dblp/round/chunk_ranges.h) and RX
 // queue k, and a worker sends range k's chunks to UDP destination port
 // base + k. The server asks the port to put each port on its queue:
 //  - flow: one rte_flow rule per lcore, ETH / IPV4 dst=us / UDP dst=base+k

@@ -103,7 +103,7 @@ void EngineRuntime::PublishStats(bool force) {
     if (t.count >= LcoreTable::kMax) break;
     LcoreSnapshot& l = t.lcores[t.count++];
     l.lcore_id = lc->lcore_id;
-    l.shard = lc->shard;
+    l.lane = lc->lane;
     l.queues = tx_queues_;
     const DatapathCounters& c = lc->counters;
     l.rx_frames = c.rx_frames.load(std::memory_order_relaxed);

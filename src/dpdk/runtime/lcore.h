@@ -20,7 +20,7 @@ inline constexpr uint16_t kRxBurst = 64;
 // readers: the sidecar's stats line and the summary read `counters` only.
 struct alignas(RTE_CACHE_LINE_SIZE) LcoreConf {
   unsigned lcore_id = 0;
-  uint16_t shard = 0;     // = its RX and TX queue on every port
+  uint16_t lane = 0;      // = its RX and TX queue on every port
   uint64_t poll_gen = 0;  // RX polls so far
   DatapathCounters counters;
   rte_mbuf* rx_pkts[kRxBurst];

@@ -90,7 +90,7 @@ void ServerControl::Welcome() {
                        .resync_every = cfg_.resync_every,
                        .push_feedback = cfg_.push_feedback,
                        .consistent_broadcast = cfg_.consistent_broadcast,
-                       .lanes = cfg_.shards,
+                       .lanes = cfg_.lanes,
                        .server_ipv4 = cfg_.local_ip,
                        .server_mac = std::to_array(cfg_.mac.addr_bytes),
                        .udp_base_port = cfg_.udp_port,

@@ -17,9 +17,9 @@
 #include "dblp/control/control_sidecar.h"
 #include "dblp/control/job_auth.h"
 #include "dblp/job/shard_links.h"
+#include "dblp/round/chunk_ranges.h"
 #include "dblp/round/receive_side.h"
 #include "dblp/round/send_side.h"
-#include "dblp/round/shards.h"
 #include "port/datapath.h"
 #include "port/port.h"
 
@@ -36,7 +36,7 @@ struct ServerJoinConfig {
   bool rank_by_name = false;          // JoinPolicy::rank_by_name
   std::string policy;                 // described in the WELCOME
   uint16_t ports = 1;                 // for the banner
-  uint16_t shards = 1;                // datapath lcores: a round's chunk ranges
+  uint16_t lanes = 1;                 // datapath lcores: a round's chunk ranges
   uint32_t resync_every = 0;          // told to the workers in WELCOME
   bool push_feedback = false;         // likewise
   bool consistent_broadcast = false;  // likewise

@@ -29,7 +29,7 @@ namespace {
 
 // One dblp-server run: the DPDK transport under the ServerJob. Lcore 0
 // coordinates (ServerCoordinator: the job's entry points between the
-// lcores' phases); every lcore runs its shard of every round.
+// lcores' phases); every lcore runs its lane of every round.
 class ServerRun {
  public:
   explicit ServerRun(const ServerOptions& o)
@@ -57,7 +57,7 @@ class ServerRun {
   EngineRuntime runtime_{"dblp-server", true};
   ServerAdmission a_;  // its policy moves into job_ in BuildJob
   ChunkLayout layout_;
-  ShardMap shards_;
+  ChunkRanges lanes_;
   std::unique_ptr<ServerJob> job_;
   std::vector<std::unique_ptr<WorkerState>> workers_;
   LinkGrid links_;
@@ -68,7 +68,7 @@ class ServerRun {
   std::vector<Bitmap> arrived_;
   std::vector<uint64_t> stop_ns_;
   std::vector<ControlRequest> posts_;
-  std::vector<std::vector<const SendSide*>> bcast_sides_;  // [w][shard]
+  std::vector<std::vector<const SendSide*>> bcast_sides_;  // [w][lane]
   std::unique_ptr<ResourceTrack> resources_;
   uint64_t iterations_done_ = 0;
 };
@@ -81,7 +81,7 @@ void ServerRun::BuildJob() {
   layout_ = ChunkLayout(
       a_.gradient_bytes,
       ChunkPayloadForMtu(a_.ports.caps[0].mtu, FrameTagBytes(o_.frame_auth)));
-  shards_ = ShardMap(layout_.num_chunks(), S);
+  lanes_ = ChunkRanges(layout_.num_chunks(), S);
   std::vector<std::string> names;
   for (uint32_t w = 0; w < W; ++w) {
     names.push_back(a_.control->worker_name(w));
@@ -104,22 +104,22 @@ void ServerRun::BuildJob() {
   PlaceOnNodeOrWarn(job_->iteration().reducer().sum_storage(), node,
                     "sum buffer");
   PlaceOnNodeOrWarn(job_->iteration().mean(), node, "mean buffer");
-  links_ = BuildLinkGrid(a_.session, layout_, shards_, o_.dp.burst, workers_);
+  links_ = BuildLinkGrid(a_.session, layout_, lanes_, o_.dp.burst, workers_);
   std::vector<std::vector<ReceiveSide*>> push_sides(W);
   std::vector<std::vector<SendSide*>> bcast_sides(W);
   bcast_sides_.resize(W);
-  for (auto& shard : links_) {
+  for (auto& lane : links_) {
     for (uint32_t w = 0; w < W; ++w) {
-      push_sides[w].push_back(&shard[w]->push);
-      bcast_sides[w].push_back(&shard[w]->bcast);
-      bcast_sides_[w].push_back(&shard[w]->bcast);
+      push_sides[w].push_back(&lane[w]->push);
+      bcast_sides[w].push_back(&lane[w]->bcast);
+      bcast_sides_[w].push_back(&lane[w]->bcast);
     }
   }
   a_.control->Attach(push_sides, bcast_sides);
   sync_ = std::make_unique<JobSync>(S, &quit_);
   decisions_.next_push = job_->PushTolerance(0);
   lcores_ = BuildServerLcores(
-      ServerShared{&o_, &a_.ports, a_.local_ip, &layout_, &shards_, job_.get(),
+      ServerShared{&o_, &a_.ports, a_.local_ip, &layout_, &lanes_, job_.get(),
                    a_.control.get(), sync_.get(), &decisions_, &quit_},
       a_.confs, workers_, links_);
   arrived_.resize(W);
@@ -143,9 +143,9 @@ RoundTolerance ServerRun::Reduce(uint64_t it) {
   for (uint32_t w = 0; w < o_.workers; ++w) {
     arrived_[w] = MergedPushBitmap(links_, w, N);
     stop_ns_[w] = 0;
-    for (const auto& shard : links_) {
-      stop_ns_[w] = std::max(stop_ns_[w], shard[w]->push.stop_ns());
-      const uint64_t f = shard[w]->push.first_ns();
+    for (const auto& lane : links_) {
+      stop_ns_[w] = std::max(stop_ns_[w], lane[w]->push.stop_ns());
+      const uint64_t f = lane[w]->push.first_ns();
       if (f != 0 && (first_ns == 0 || f < first_ns)) first_ns = f;
     }
   }

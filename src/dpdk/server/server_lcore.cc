@@ -73,7 +73,7 @@ ServerLcore::ServerLcore(LcoreConf& conf, ServerControl& control, JobSync& sync,
       setup_(setup),
       outbox_(control.outbox()),
       drained_gen_(setup.nb_ports, 0) {
-  tx_.queue = conf.shard;
+  tx_.queue = conf.lane;
   tx_.pool = setup.pool;
   tx_.counters = &conf.counters;
   tx_.prefetch = setup.prefetch;
@@ -117,7 +117,7 @@ void ServerLcore::ReceiveBurst(uint16_t port, rte_mbuf** pkts, uint16_t n,
   // Lcore k's range arrives on udp_port + k (steering.h).
   b.port_lo = setup_.udp_port;
   b.port_hi =
-      static_cast<uint16_t>(setup_.udp_port + setup_.shards->num_shards() - 1);
+      static_cast<uint16_t>(setup_.udp_port + setup_.lanes->count() - 1);
   b.loss = setup_.loss;
   b.now_ns = now_ns;
   b.ctr = &conf_.counters;
@@ -141,7 +141,7 @@ void ServerLcore::ReceiveBurst(uint16_t port, rte_mbuf** pkts, uint16_t n,
   // the reducer's check: the frame is accepted either way, so a lying
   // worker's chunk is not asked for again.
   job_.iteration().reducer().AccumulateBurst(
-      accepted, static_cast<uint32_t>(out - accepted), conf_.shard,
+      accepted, static_cast<uint32_t>(out - accepted), conf_.lane,
       prefetch ? kSumPrefetchAhead : 0);
 }
 
@@ -176,7 +176,7 @@ void ServerLcore::Learn(ServerLink& l, uint16_t port, uint16_t rank,
   l.tmpl.Retarget(local, peer, caps);  // keeps the authenticator
 }
 
-// Before a broadcast: a link whose shard saw none of its worker's frames
+// Before a broadcast: a link whose lane saw none of its worker's frames
 // takes the return path another lcore learned. False (the job fails) if
 // no lcore ever accepted a frame from a live worker.
 bool ServerLcore::AdoptReturnPaths() {
@@ -205,16 +205,16 @@ bool ServerLcore::AdoptReturnPaths() {
 // stay here (compacted in place); the rest are handed over or, when the
 // owner's ring is full, dropped (the sender resends, counted).
 uint16_t ServerLcore::HandOver(uint16_t port, rte_mbuf** pkts, uint16_t n) {
-  const ShardMap& shards = *setup_.shards;
+  const ChunkRanges& lanes = *setup_.lanes;
   const auto port_hi =
-      static_cast<uint16_t>(setup_.udp_port + shards.num_shards() - 1);
+      static_cast<uint16_t>(setup_.udp_port + lanes.count() - 1);
   uint16_t keep = 0;
   bool any = false;
   for (uint16_t i = 0; i < n; ++i) {
     const uint32_t seq = PeekPushSeq(pkts[i], setup_.udp_port, port_hi);
     const uint32_t owner =
-        seq < shards.num_chunks() ? shards.ShardOf(seq) : conf_.shard;
-    if (owner == conf_.shard) {
+        seq < lanes.num_chunks() ? lanes.RangeOf(seq) : conf_.lane;
+    if (owner == conf_.lane) {
       pkts[keep++] = pkts[i];
       continue;
     }
@@ -242,7 +242,7 @@ uint16_t ServerLcore::HandOver(uint16_t port, rte_mbuf** pkts, uint16_t n) {
 // The frames other lcores handed to us, in runs of one port. True when
 // the ring came back short (nothing more was waiting).
 bool ServerLcore::TakeHandedOver(uint64_t now_ns, uint32_t* total) {
-  const unsigned n = rte_ring_dequeue_burst(setup_.handoff[conf_.shard],
+  const unsigned n = rte_ring_dequeue_burst(setup_.handoff[conf_.lane],
                                             reinterpret_cast<void**>(handed_),
                                             kRxBurst, nullptr);
   for (unsigned i = 0; i < n;) {
@@ -266,7 +266,7 @@ uint32_t ServerLcore::PollPushes(uint64_t now_ns) {
   // reported missing and resent: duplicates, never a loss).
   const bool ring_drained = !handoff || TakeHandedOver(now_ns, &total);
   for (uint16_t p = 0; p < setup_.nb_ports; ++p) {
-    const uint16_t n = PollRx(p, conf_.shard, conf_.rx_pkts, kRxBurst);
+    const uint16_t n = PollRx(p, conf_.lane, conf_.rx_pkts, kRxBurst);
     if (n < kRxBurst && ring_drained) drained_gen_[p] = conf_.poll_gen;
     if (n == 0) continue;
     total += n;
@@ -352,7 +352,7 @@ bool ServerLcore::Turn(uint64_t now_ns, bool broadcasting) {
 }
 
 // Why the round stalled: what each worker delivered of the push, or which
-// broadcasts of this lcore's shard are not done.
+// broadcasts of this lcore's lane are not done.
 std::string ServerLcore::Stalled(bool broadcasting) const {
   const uint32_t timeout = pacer_.timeout_ms();
   if (broadcasting) {
@@ -389,11 +389,11 @@ bool ServerLcore::RunUntil(Done done, bool broadcasting) {
       pacer_, NowNs,
       [&](uint64_t now) {
         PollTurn t{Turn(now, broadcasting)};
-        if ((conf_.shard == 0 && !HandleEvents()) || sync_.failed()) {
+        if ((conf_.lane == 0 && !HandleEvents()) || sync_.failed()) {
           t.then = PollTurn::Then::kFailed;
         } else if (done()) {
           t.then = PollTurn::Then::kDone;
-        } else if (conf_.shard == 0 && !broadcasting &&
+        } else if (conf_.lane == 0 && !broadcasting &&
                    FinishedEarly(iteration_)) {
           t.then = PollTurn::Then::kFailed;
         }
@@ -490,7 +490,7 @@ bool ServerLcore::RunBroadcast(uint64_t it) {
   for (uint32_t w = 0; w < links_.size(); ++w) {
     ServerLink& l = *links_[w];
     job_.BroadcastOrder(w, it, n, &full);
-    setup_.shards->Filter(full, conf_.shard, l.order_buf);
+    setup_.lanes->Filter(full, conf_.lane, l.order_buf);
     l.bcast.Begin(round, l.order_buf, now, n);
   }
   return RunUntil(
@@ -523,25 +523,34 @@ void ServerLcore::Run(ServerCoordinator* coord) {
   }
 }
 
-// Lcore k's link to worker w: shard k of w's pushes and broadcasts.
+// Lcore k's link to worker w: lane k of w's pushes and broadcasts.
 LinkGrid BuildLinkGrid(uint32_t session, const ChunkLayout& layout,
-                       const ShardMap& shards, uint32_t burst,
+                       const ChunkRanges& lanes, uint32_t burst,
                        std::vector<std::unique_ptr<WorkerState>>& workers) {
-  LinkGrid links(shards.num_shards());
-  for (uint16_t k = 0; k < shards.num_shards(); ++k) {
+  LinkGrid links(lanes.count());
+  for (uint16_t k = 0; k < lanes.count(); ++k) {
     for (uint32_t w = 0; w < workers.size(); ++w) {
       const FrameKey& key = workers[w]->frame_key;
-      const ReceiverConfig rc{
-          session, FrameType::kPush, static_cast<int32_t>(w),
-          layout,  shards.begin(k),  shards.end(k),
-          key};
-      SendSideConfig sc{FrameType::kBroadcast, session,
-                        kServerRank,           static_cast<uint16_t>(w),
-                        Direction::kBroadcast, burst};
-      sc.shard = k;
+      const ReceiverConfig rc{.session = session,
+                              .expected_type = FrameType::kPush,
+                              .expected_sender = static_cast<int32_t>(w),
+                              .layout = layout,
+                              .seq_begin = lanes.begin(k),
+                              .seq_end = lanes.end(k),
+                              .frame_key = key};
+      const SendSideConfig sc{.type = FrameType::kBroadcast,
+                              .session = session,
+                              .sender_rank = kServerRank,
+                              .peer = static_cast<uint16_t>(w),
+                              .direction = Direction::kBroadcast,
+                              .burst = burst,
+                              .lane = k};
       links[k].push_back(std::make_unique<ServerLink>(
-          ReceiveSideConfig{rc, Direction::kPush, static_cast<uint16_t>(w),
-                            &workers[w]->push_stop, k},
+          ReceiveSideConfig{.receiver = rc,
+                            .direction = Direction::kPush,
+                            .peer = static_cast<uint16_t>(w),
+                            .group = &workers[w]->push_stop,
+                            .lane = k},
           sc, *workers[w]));
       // Its libcrypto context now, not on the lcore at the first frame.
       links[k][w]->tmpl.set_auth(key);

@@ -6,10 +6,10 @@
 // and reports.
 //
 // Several lcores (EAL -l/--lcores): a round's chunks are divided over them
-// (lib/dblp/round/shards.h). Lcore k owns slice k: RX and TX queue k of
+// (lib/dblp/round/chunk_ranges.h). Lcore k owns lane k: RX and TX queue k of
 // every port, and slice k's side of every round, so each bitmap word and
 // each sum slice has one writer. A sender puts chunk `seq` on TX queue
-// ShardOf(seq), to UDP port base + ShardOf(seq): memif maps a client's TX
+// RangeOf(seq), to UDP port base + RangeOf(seq): memif maps a client's TX
 // queue k to the server's RX queue k, a NIC steers the port to it
 // (steering.h), and a frame that still lands on another lcore's queue is
 // handed to its owner.
@@ -34,9 +34,9 @@
 #include "dblp/emul/token_bucket.h"
 #include "dblp/job/server_job.h"
 #include "dblp/policy/tolerance.h"
+#include "dblp/round/chunk_ranges.h"
 #include "dblp/round/receive_side.h"
 #include "dblp/round/send_side.h"
-#include "dblp/round/shards.h"
 #include "dblp/wire/chunking.h"
 #include "port/datapath.h"
 #include "port/frame_builder.h"
@@ -76,10 +76,10 @@ class JobSync {
 
 // The server's state for one worker, shared by its lcores (whether it is
 // alive and said BYE is the job's: ServerJob). push_stop: every lcore (its
-// own CAS protocol, shards.h).
+// own CAS protocol, chunk_ranges.h).
 // return_port/return_mac: writer the lcore that wins return_claimed (the
 // first to accept a frame from the worker), readers every lcore after
-// return_ready (release/acquire) — an lcore whose shard got none of the
+// return_ready (release/acquire) — an lcore whose lane got none of the
 // worker's frames still knows which port to broadcast on. The address is
 // the pinned source, never what a frame claims.
 struct WorkerState {
@@ -87,7 +87,7 @@ struct WorkerState {
   // pinned_source); written before the lcores start, read-only after.
   Endpoint source;
   FrameKey frame_key;   // its own (ServerControl::member_frame_key), likewise
-  StopGroup push_stop;  // the push STOP across shards
+  StopGroup push_stop;  // the push STOP across lanes
   std::atomic<bool> return_claimed{false};
   std::atomic<bool> return_ready{false};
   uint16_t return_port = 0;  // the port its frames arrive on
@@ -96,7 +96,7 @@ struct WorkerState {
   rte_ether_addr return_mac{};
 };
 
-// One server lcore's sides for one worker (its shard of that worker's
+// One server lcore's sides for one worker (its lane of that worker's
 // rounds). Writer: that lcore; the control thread uses the sides' own
 // entry points; lcore 0 reads the stats of every lcore's links only while
 // the others wait at a JobSync barrier (the rows of an iteration).
@@ -121,11 +121,11 @@ struct ServerLink {
 // links[k][w]: lcore k's link to worker w.
 using LinkGrid = std::vector<std::vector<std::unique_ptr<ServerLink>>>;
 
-// Lcore k's link to worker w: shard k of w's pushes and broadcasts, each
+// Lcore k's link to worker w: lane k of w's pushes and broadcasts, each
 // push side registered with the worker's StopGroup; w's pushes must carry
 // tags under w's key, and w's broadcast is sealed with it.
 LinkGrid BuildLinkGrid(uint32_t session, const ChunkLayout& layout,
-                       const ShardMap& shards, uint32_t burst,
+                       const ChunkRanges& lanes, uint32_t burst,
                        std::vector<std::unique_ptr<WorkerState>>& workers);
 
 // What lcore 0 decides for every server lcore. Writer: lcore 0, before a
@@ -147,8 +147,8 @@ struct ServerCoordinator {
   std::function<void(uint64_t it)> broadcast_done;
 };
 
-// dblp-server's lcore k: shard k of every worker's push (its ReceiveSides,
-// summed into the MeanReducer's slices of the shard) and of every broadcast
+// dblp-server's lcore k: lane k of every worker's push (its ReceiveSides,
+// summed into the MeanReducer's slices of the lane) and of every broadcast
 // (its SendSides).
 class ServerLcore {
  public:
@@ -158,7 +158,7 @@ class ServerLcore {
     uint32_t local_ip = 0;
     const std::vector<PortCaps>* caps = nullptr;
     const ChunkLayout* layout = nullptr;
-    const ShardMap* shards = nullptr;
+    const ChunkRanges* lanes = nullptr;
     RxLossInjector* loss = nullptr;  // on the pushes we receive
     // The job: its reducer sums this lcore's chunk range; its alive(w) is
     // read per frame; lcore 0 alone calls its coordinator entry points.
@@ -222,7 +222,7 @@ class ServerLcore {
   JobSync& sync_;
   ServerJob& job_;
   std::vector<std::unique_ptr<WorkerState>>& workers_;
-  std::vector<ServerLink*> links_;        // this lcore's shard of each worker
+  std::vector<ServerLink*> links_;        // this lcore's lane of each worker
   std::vector<PushRxWorker> rx_workers_;  // links_' receivers, pins, expects
   RoundPacer& pacer_;
   Setup setup_;

@@ -1,4 +1,4 @@
-// The server's run report, assembled from every lcore's shard of each
+// The server's run report, assembled from every lcore's lane of each
 // worker's sides: a worker's push bitmap and the job's counters (the rows
 // are the ServerJob's).
 #pragma once

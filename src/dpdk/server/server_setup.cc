@@ -103,7 +103,7 @@ ServerAdmission AdmitServerWorkers(const ServerOptions& o,
                         .rank_by_name = o.rank_by_name,
                         .policy = a.policy->Describe(),
                         .ports = a.ports.nb_ports,
-                        .shards = S,
+                        .lanes = S,
                         .resync_every = o.resync_every,
                         .push_feedback = o.push_feedback,
                         .consistent_broadcast = o.consistent_broadcast,
@@ -145,7 +145,7 @@ std::vector<std::unique_ptr<LcoreConf>> MakeLcoreConfs() {
   RTE_LCORE_FOREACH(lcore_id) {
     confs.push_back(std::make_unique<LcoreConf>());
     confs.back()->lcore_id = lcore_id;
-    confs.back()->shard = static_cast<uint16_t>(confs.size() - 1);
+    confs.back()->lane = static_cast<uint16_t>(confs.size() - 1);
   }
   return confs;
 }
@@ -250,7 +250,7 @@ ServerLcores BuildServerLcores(
         *confs[k], *s.control, *s.sync, workers, mine, *l.pacers[k],
         ServerLcore::Setup{
             ports.nb_ports, o.udp_port, s.local_ip, &ports.caps, s.layout,
-            s.shards, l.losses[k].get(), s.job, mean, ports.pool,
+            s.lanes, l.losses[k].get(), s.job, mean, ports.pool,
             &l.link_rate[k], dp.prefetch, o.push_only, s.decisions,
             S > 1 ? l.handoff->rings() : std::vector<rte_ring*>{}, bcast_mode,
             MeanIova(mean)}));

@@ -70,7 +70,7 @@ struct ServerShared {
   const ServerPorts* ports = nullptr;
   uint32_t local_ip = 0;
   const ChunkLayout* layout = nullptr;
-  const ShardMap* shards = nullptr;
+  const ChunkRanges* lanes = nullptr;
   ServerJob* job = nullptr;
   ServerControl* control = nullptr;
   JobSync* sync = nullptr;

@@ -62,7 +62,7 @@ struct ShardLink {
   FrameTemplate to_server;  // lcore 0's (and the push hook's)
   // Helper lcore j's copy ([j - 1]); writer: that lcore only (PushCrew).
   std::vector<FrameTemplate> helper_tmpl;
-  std::vector<std::unique_ptr<SendSide>> push;  // one per lcore shard
+  std::vector<std::unique_ptr<SendSide>> push;  // one per lane of that server
   std::vector<SendSide*> push_ptrs;
   std::optional<ReceiveSide> bcast;  // over the partition
   std::vector<ChunkTransmitter> tx;  // one per TX queue

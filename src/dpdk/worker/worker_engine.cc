@@ -92,7 +92,7 @@ class WorkerRun {
 // server shard on it asked for.
 void WorkerRun::BuildPorts() {
   // Broadcasts on a shared port are told apart by their server's data
-  // IPv4 (WorkerLcore::LaneOf): two shards with one address on one port
+  // IPv4 (WorkerLcore::LinkRunOf): two shards with one address on one port
   // would hand each other's frames to the wrong link.
   for (size_t a = 0; a < links_.size(); ++a) {
     for (size_t b = a + 1; b < links_.size(); ++b) {
@@ -111,7 +111,7 @@ void WorkerRun::BuildPorts() {
   uint16_t nb_ports = 0, queues = 1;
   for (const auto& l : links_) {
     nb_ports = std::max<uint16_t>(nb_ports, l->port + 1);
-    queues = std::max(queues, l->wel.num_shards);
+    queues = std::max(queues, l->wel.lanes);
   }
   pool_ = CreateWorkerPool(o_, nb_ports, queues);
   caps_.resize(nb_ports);
@@ -120,7 +120,7 @@ void WorkerRun::BuildPorts() {
   for (uint16_t p = 0; p < nb_ports; ++p) {
     uint16_t q = 1;
     for (const auto& l : links_) {
-      if (l->port == p) q = std::max(q, l->wel.num_shards);
+      if (l->port == p) q = std::max(q, l->wel.lanes);
     }
     caps_[p] = SetupWorkerPort(o_, p, q, pool_);
     ports_.push_back(p);
@@ -135,10 +135,10 @@ void WorkerRun::BuildPorts() {
   }
 }
 
-// Link `l`'s frame template, push sides (one per lcore shard of its
+// Link `l`'s frame template, push sides (one per lane of its
 // server), broadcast receiver over its partition, and transmitters.
 void WorkerRun::BuildLink(ShardLink& l) {
-  const uint16_t queues = l.wel.num_shards;
+  const uint16_t queues = l.wel.lanes;
   l.caps = caps_[l.port];
   l.to_server = ServerTemplate(o_, l.wel, l.caps, &l.local);
   l.to_server.set_auth(l.key);
@@ -146,7 +146,7 @@ void WorkerRun::BuildLink(ShardLink& l) {
     SendSideConfig sc{
         FrameType::kPush, l.wel.session, static_cast<uint16_t>(l.wel.rank), 0,
         Direction::kPush, o_.dp.burst};
-    sc.shard = q;
+    sc.lane = q;
     l.push.push_back(std::make_unique<SendSide>(sc));
     l.push_ptrs.push_back(l.push.back().get());
   }
@@ -156,7 +156,7 @@ void WorkerRun::BuildLink(ShardLink& l) {
       Direction::kBroadcast, 0});
   l.control.Attach(l.push_ptrs, &*l.bcast);
   for (uint16_t q = 0; q < queues; ++q) {
-    // Lcore-shard q's chunks go to that server's UDP port base + q, which
+    // Lane q's chunks go to that server's UDP port base + q, which
     // its NIC steers to its queue q (steering.h); harmless on memif.
     const auto dst_port =
         static_cast<uint16_t>(queues > 1 ? l.wel.udp_base_port + q : 0);
@@ -338,7 +338,7 @@ int WorkerRun::Run() {
   RTE_LCORE_FOREACH_WORKER(lcore_id) {
     helper_confs_.push_back(std::make_unique<LcoreConf>());
     helper_confs_.back()->lcore_id = lcore_id;
-    helper_confs_.back()->shard = static_cast<uint16_t>(helper_confs_.size());
+    helper_confs_.back()->lane = static_cast<uint16_t>(helper_confs_.size());
   }
   // The directory (or the only server), then every other server shard;
   // each WELCOME is checked (authenticity, layout, rank, ports, the
@@ -361,7 +361,7 @@ int WorkerRun::Run() {
   BuildDatapath();
   PrintJoined(wel_, *source_, layout_, caps_[0], links_.size());
   loss_->StartClock(NowNs());
-  runtime_.SetLcores(Lcores(), wel_.num_shards);
+  runtime_.SetLcores(Lcores(), wel_.lanes);
   runtime_.SetCounters([&](CounterList* out) {
     RunReport live;
     AddWorkerCounters(Lcores(), links_, Drops(), &live);

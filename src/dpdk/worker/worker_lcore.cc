@@ -94,35 +94,34 @@ void WorkerPushLcore::Push(uint64_t gen) {
 WorkerLcore::WorkerLcore(LcoreConf& conf, WorkerShardLinks& links,
                          const Setup& setup)
     : conf_(conf), links_(links), setup_(setup) {
-  lanes_.reserve(links.size());  // rx_ points into it
+  link_runs_.reserve(links.size());  // rx_ points into it
   for (const auto& link : links) {
     ShardLink& l = *link;
-    Lane lane{
-        &l,
-        {},
-        ShardMap(l.layout.num_chunks(), static_cast<uint32_t>(l.push.size())),
-        l.control.outbox()};
+    LinkRun lr{&l,
+               {},
+               ChunkRanges(l.layout.num_chunks(),
+                           static_cast<uint32_t>(l.push.size())),
+               l.control.outbox()};
     const unsigned lcores = setup.crew ? setup.crew->helpers() + 1 : 1;
     for (ChunkTransmitter& tx : l.tx) {
-      lane.frames.push_back(
-          MbufFrames{&tx, &l.to_server, l.gradient, &l.layout});
-      if (tx.queue % lcores == 0) lane.queues.push_back(tx.queue);
+      lr.frames.push_back(MbufFrames{&tx, &l.to_server, l.gradient, &l.layout});
+      if (tx.queue % lcores == 0) lr.queues.push_back(tx.queue);
     }
-    lanes_.push_back(std::move(lane));
+    link_runs_.push_back(std::move(lr));
   }
   // Every RX queue of every port a link uses, with the links it brings.
   // A port that several links share has as many queues as the link with
   // the most, and the NIC's hash may put any link's broadcast on any of
   // them: each of its queues must know every link on the port.
   std::vector<uint16_t> port_queues;
-  for (const Lane& lane : lanes_) {
-    const ShardLink& l = *lane.link;
+  for (const LinkRun& lr : link_runs_) {
+    const ShardLink& l = *lr.link;
     if (port_queues.size() <= l.port) port_queues.resize(l.port + 1, 0);
     port_queues[l.port] = std::max<uint16_t>(
         port_queues[l.port], static_cast<uint16_t>(l.tx.size()));
   }
-  for (Lane& lane : lanes_) {
-    const ShardLink& l = *lane.link;
+  for (LinkRun& lr : link_runs_) {
+    const ShardLink& l = *lr.link;
     for (uint16_t q = 0; q < port_queues[l.port]; ++q) {
       auto it = std::find_if(rx_.begin(), rx_.end(), [&](const RxQueue& r) {
         return r.port == l.port && r.queue == q;
@@ -132,7 +131,7 @@ WorkerLcore::WorkerLcore(LcoreConf& conf, WorkerShardLinks& links,
             RxQueue{l.port, q, {}, l.local.udp_port, l.local.udp_port});
         it = rx_.end() - 1;
       }
-      it->lanes.push_back(&lane);
+      it->link_runs.push_back(&lr);
       it->port_lo = std::min(it->port_lo, l.local.udp_port);
       it->port_hi = std::max(it->port_hi, l.local.udp_port);
     }
@@ -142,14 +141,14 @@ WorkerLcore::WorkerLcore(LcoreConf& conf, WorkerShardLinks& links,
 // The link a broadcast frame belongs to: its server's IPv4 from the
 // WELCOME and our UDP port toward it (the server's MAC is the port's it
 // sends on, which the WELCOME cannot name when the server has several).
-WorkerLcore::Lane* WorkerLcore::LaneOf(const RxQueue& rxq,
-                                       const ParsedFrame& pf) {
-  for (Lane* lane : rxq.lanes) {
-    const ShardLink& l = *lane->link;
+WorkerLcore::LinkRun* WorkerLcore::LinkRunOf(const RxQueue& rxq,
+                                             const ParsedFrame& pf) {
+  for (LinkRun* lr : rxq.link_runs) {
+    const ShardLink& l = *lr->link;
     if (pf.src.ipv4 == l.wel.server_ipv4 &&
         pf.src.udp_port == l.local.udp_port &&
         pf.dst_port == l.local.udp_port) {
-      return lane;
+      return lr;
     }
   }
   return nullptr;
@@ -163,7 +162,7 @@ uint16_t WorkerLcore::PollBroadcast(uint64_t now_ns, const RxQueue& rxq) {
   const uint16_t n = PollRx(rxq.port, rxq.queue, conf_.rx_pkts, kRxBurst);
   if (n == 0) return 0;
   DatapathCounters::Add(conf_.counters.rx_frames, n);
-  for (Lane* lane : rxq.lanes) lane->arrivals = true;
+  for (LinkRun* lr : rxq.link_runs) lr->arrivals = true;
   struct Admitted {
     const uint8_t* dblp;
     uint16_t len;
@@ -178,12 +177,12 @@ uint16_t WorkerLcore::PollBroadcast(uint64_t now_ns, const RxQueue& rxq) {
                       now_ns, conf_.counters, &pf)) {
       continue;
     }
-    Lane* lane = LaneOf(rxq, pf);
-    if (lane == nullptr) {
+    LinkRun* lr = LinkRunOf(rxq, pf);
+    if (lr == nullptr) {
       ++unpinned;
       continue;
     }
-    admitted[m++] = Admitted{pf.dblp, pf.dblp_len, lane->link};
+    admitted[m++] = Admitted{pf.dblp, pf.dblp_len, lr->link};
   }
   if (unpinned != 0) {
     DatapathCounters::Add(conf_.counters.unpinned_source, unpinned);
@@ -219,19 +218,19 @@ uint16_t WorkerLcore::PollBroadcast(uint64_t now_ns, const RxQueue& rxq) {
 
 bool WorkerLcore::HandleEvents(uint64_t now_ns) {
   bool any = false;
-  for (Lane& lane : lanes_) {
+  for (LinkRun& lr : link_runs_) {
     DatapathEvent e;
-    while (lane.link->control.events().Pop(&e)) {
+    while (lr.link->control.events().Pop(&e)) {
       any = true;
       if (const auto* rb = std::get_if<RoundBeginEvent>(&e)) {
         ++announcements_;
         if (rb->direction == Direction::kPush) {
-          lane.have_go = true;
-          lane.go_round = rb->round;
-          lane.go_p = rb->p;
-          lane.go_critical = rb->critical;
+          lr.have_go = true;
+          lr.go_round = rb->round;
+          lr.go_p = rb->p;
+          lr.go_critical = rb->critical;
         } else {
-          lane.link->bcast->Announce(*rb, now_ns);
+          lr.link->bcast->Announce(*rb, now_ns);
         }
       }
     }
@@ -239,8 +238,8 @@ bool WorkerLcore::HandleEvents(uint64_t now_ns) {
   return any;
 }
 
-bool WorkerLcore::PushDone(const Lane& lane) const {
-  for (const auto& s : lane.link->push) {
+bool WorkerLcore::PushDone(const LinkRun& lr) const {
+  for (const auto& s : lr.link->push) {
     if (!s->done()) return false;
   }
   return true;
@@ -248,9 +247,9 @@ bool WorkerLcore::PushDone(const Lane& lane) const {
 
 // This lcore's sides, then the helpers' (PushCrew).
 bool WorkerLcore::PushDone() const {
-  for (const Lane& lane : lanes_) {
-    for (const uint16_t q : lane.queues) {
-      if (!lane.link->push[q]->done()) return false;
+  for (const LinkRun& lr : link_runs_) {
+    for (const uint16_t q : lr.queues) {
+      if (!lr.link->push[q]->done()) return false;
     }
   }
   return crew_gen_ == 0 || setup_.crew->Done(crew_gen_);
@@ -267,22 +266,22 @@ void WorkerLcore::StopHelpers() {
 // patience).
 bool WorkerLcore::AwaitsBroadcast() const {
   if (!PushDone()) return false;
-  for (const Lane& lane : lanes_) {
-    if (lane.link->bcast->receiver().received() != 0) return false;
+  for (const LinkRun& lr : link_runs_) {
+    if (lr.link->bcast->receiver().received() != 0) return false;
   }
   return true;
 }
 
 bool WorkerLcore::BroadcastOpen() const {
-  for (const Lane& lane : lanes_) {
-    if (lane.link->bcast->receiver().open()) return true;
+  for (const LinkRun& lr : link_runs_) {
+    if (lr.link->bcast->receiver().open()) return true;
   }
   return false;
 }
 
 bool WorkerLcore::Turn(uint64_t now_ns) {
   ++conf_.poll_gen;
-  for (Lane& lane : lanes_) lane.arrivals = false;
+  for (LinkRun& lr : link_runs_) lr.arrivals = false;
   uint32_t n = 0;
   bool drained = true;
   for (const RxQueue& rxq : rx_) {
@@ -293,14 +292,14 @@ bool WorkerLcore::Turn(uint64_t now_ns) {
   if (drained) drained_gen_ = conf_.poll_gen;
   bool work = n > 0;
   work |= HandleEvents(now_ns);
-  for (Lane& lane : lanes_) {
-    const RxProgress rx{lane.arrivals, conf_.poll_gen, drained_gen_};
-    work |= lane.link->bcast->Step(now_ns, rx, lane.outbox);
+  for (LinkRun& lr : link_runs_) {
+    const RxProgress rx{lr.arrivals, conf_.poll_gen, drained_gen_};
+    work |= lr.link->bcast->Step(now_ns, rx, lr.outbox);
   }
-  for (Lane& lane : lanes_) {
-    std::vector<std::unique_ptr<SendSide>>& push = lane.link->push;
-    for (const uint16_t q : lane.queues) {
-      work |= push[q]->Step(now_ns, lane.frames[q], lane.outbox);
+  for (LinkRun& lr : link_runs_) {
+    std::vector<std::unique_ptr<SendSide>>& push = lr.link->push;
+    for (const uint16_t q : lr.queues) {
+      work |= push[q]->Step(now_ns, lr.frames[q], lr.outbox);
     }
   }
   return work;
@@ -313,10 +312,10 @@ bool WorkerLcore::Turn(uint64_t now_ns) {
 // strangers) do not, so 100% loss or a stopped server times out.
 uint64_t WorkerLcore::Progress() const {
   uint64_t mark = announcements_;
-  for (const Lane& lane : lanes_) {
-    mark += lane.link->bcast->progress();
-    for (const uint16_t q : lane.queues) {
-      mark += lane.link->push[q]->progress();
+  for (const LinkRun& lr : link_runs_) {
+    mark += lr.link->bcast->progress();
+    for (const uint16_t q : lr.queues) {
+      mark += lr.link->push[q]->progress();
     }
   }
   return setup_.crew ? mark + setup_.crew->Progress() : mark;
@@ -329,8 +328,8 @@ bool WorkerLcore::RunUntil(Done done, const char* waiting_for, uint64_t it,
       *setup_.pacer, NowNs,
       [&](uint64_t now) {
         PollTurn t{Turn(now)};
-        for (Lane& lane : lanes_) {
-          ReceiveSide& bcast = *lane.link->bcast;
+        for (LinkRun& lr : link_runs_) {
+          ReceiveSide& bcast = *lr.link->bcast;
           if (bcast.stopped() && bcast.receiver().open()) {
             times_.bcast_done_ns =
                 std::max(times_.bcast_done_ns, bcast.stop_ns());
@@ -341,8 +340,8 @@ bool WorkerLcore::RunUntil(Done done, const char* waiting_for, uint64_t it,
           t.then = PollTurn::Then::kDone;
           return t;
         }
-        for (const Lane& lane : lanes_) {
-          if (std::string e = lane.link->control.RingFailure(); !e.empty()) {
+        for (const LinkRun& lr : link_runs_) {
+          if (std::string e = lr.link->control.RingFailure(); !e.empty()) {
             *failure = e;
             t.then = PollTurn::Then::kFailed;
             return t;
@@ -379,14 +378,14 @@ bool WorkerLcore::RunUntil(Done done, const char* waiting_for, uint64_t it,
 // broadcast), with what each direction delivered on that link.
 std::string WorkerLcore::Stalled(const char* waiting_for, uint64_t it) const {
   const uint32_t round = PushRound(it);
-  const Lane* stuck = &lanes_[0];
-  for (const Lane& lane : lanes_) {
+  const LinkRun* stuck = &link_runs_[0];
+  for (const LinkRun& lr : link_runs_) {
     const bool waiting =
         waiting_for != nullptr
-            ? !(lane.have_go && lane.go_round == round)
-            : !PushDone(lane) || lane.link->bcast->receiver().open();
+            ? !(lr.have_go && lr.go_round == round)
+            : !PushDone(lr) || lr.link->bcast->receiver().open();
     if (waiting) {
-      stuck = &lane;
+      stuck = &lr;
       break;
     }
   }
@@ -418,15 +417,15 @@ bool WorkerLcore::AwaitPushRound(uint64_t it, std::string* failure) {
   // Until its ROUND_BEGIN announces the broadcast's p, the receiver may
   // only STOP on a complete buffer (p = 0), which satisfies any p.
   const uint64_t now = NowNs();
-  for (Lane& lane : lanes_) {
-    lane.link->bcast->Begin(BroadcastRound(it), 0.0, 0, 0, now);
+  for (LinkRun& lr : link_runs_) {
+    lr.link->bcast->Begin(BroadcastRound(it), 0.0, 0, 0, now);
   }
   times_ = WorkerIterationTimes{};
   const uint32_t round = PushRound(it);
   return RunUntil(
       [&] {
-        for (const Lane& lane : lanes_) {
-          if (!lane.have_go || lane.go_round != round) return false;
+        for (const LinkRun& lr : link_runs_) {
+          if (!lr.have_go || lr.go_round != round) return false;
         }
         return true;
       },
@@ -437,26 +436,27 @@ bool WorkerLcore::Exchange(uint64_t it, std::string* failure) {
   // One phase for the whole job: every server shard announces the same p.
   // Shards that disagree (a shard run with other job flags) are named
   // rather than pushed to under two policies.
-  times_.announced_p = lanes_[0].go_p;
-  times_.critical = lanes_[0].go_critical;
-  for (size_t k = 1; k < lanes_.size(); ++k) {
-    if (lanes_[k].go_p != lanes_[0].go_p ||
-        lanes_[k].go_critical != lanes_[0].go_critical) {
-      *failure = "iteration " + std::to_string(it) + ": server shard " +
-                 std::to_string(k) +
-                 " opened the push under p=" + std::to_string(lanes_[k].go_p) +
-                 ", server shard 0 under p=" + std::to_string(lanes_[0].go_p) +
-                 ": the shards' phase is not one (restart the job with the "
-                 "same job flags on every shard)";
+  times_.announced_p = link_runs_[0].go_p;
+  times_.critical = link_runs_[0].go_critical;
+  for (size_t k = 1; k < link_runs_.size(); ++k) {
+    if (link_runs_[k].go_p != link_runs_[0].go_p ||
+        link_runs_[k].go_critical != link_runs_[0].go_critical) {
+      *failure =
+          "iteration " + std::to_string(it) + ": server shard " +
+          std::to_string(k) +
+          " opened the push under p=" + std::to_string(link_runs_[k].go_p) +
+          ", server shard 0 under p=" + std::to_string(link_runs_[0].go_p) +
+          ": the shards' phase is not one (restart the job with the "
+          "same job flags on every shard)";
       return false;
     }
   }
   times_.push_begin_ns = NowNs();
-  for (Lane& lane : lanes_) {
-    ShardLink& l = *lane.link;
+  for (LinkRun& lr : link_runs_) {
+    ShardLink& l = *lr.link;
     for (uint16_t q = 0; q < l.push.size(); ++q) {
-      lane.shards.Filter(l.order, q, shard_order_);
-      l.push[q]->Begin(PushRound(it), shard_order_, times_.push_begin_ns,
+      lr.lanes.Filter(l.order, q, lane_order_);
+      l.push[q]->Begin(PushRound(it), lane_order_, times_.push_begin_ns,
                        l.layout.num_chunks());
     }
   }
@@ -466,8 +466,8 @@ bool WorkerLcore::Exchange(uint64_t it, std::string* failure) {
                      it, failure);
   // --tx_payload=extbuf: no frame may still point into the gradient when
   // the trainer gets it back (the helpers are done sending by now).
-  for (Lane& lane : lanes_) {
-    for (ChunkTransmitter& tx : lane.link->tx) {
+  for (LinkRun& lr : link_runs_) {
+    for (ChunkTransmitter& tx : lr.link->tx) {
       if (ok && !tx.DrainExtbuf()) {
         *failure = "iteration " + std::to_string(it) + ": " +
                    std::to_string(tx.extbuf_in_flight()) +
@@ -479,8 +479,8 @@ bool WorkerLcore::Exchange(uint64_t it, std::string* failure) {
     }
   }
   times_.push_done_ns = 0;
-  for (const Lane& lane : lanes_) {
-    for (const auto& s : lane.link->push) {
+  for (const LinkRun& lr : link_runs_) {
+    for (const auto& s : lr.link->push) {
       times_.push_done_ns = std::max(times_.push_done_ns, s->done_ns());
     }
   }

@@ -22,9 +22,9 @@
 #include "dblp/base/idle_backoff.h"
 #include "dblp/base/round_pacer.h"
 #include "dblp/emul/rx_loss.h"
+#include "dblp/round/chunk_ranges.h"
 #include "dblp/round/receive_side.h"
 #include "dblp/round/send_side.h"
-#include "dblp/round/shards.h"
 #include "port/datapath.h"
 #include "port/frame_builder.h"
 #include "runtime/lcore.h"
@@ -133,7 +133,7 @@ class WorkerPushLcore {
 
 // dblp-worker's lcore: for every link (shard_link.h: one per server
 // shard) pushes the link's partition of the gradient (one SendSide per
-// lcore shard of that server, each on its TX queue) and receives the mean's
+// lane of that server, each on its TX queue) and receives the mean's
 // partition (one ReceiveSide over every RX queue of the link's port). Links
 // that share one port are told apart by the broadcast's source IPv4 and UDP
 // port.
@@ -160,10 +160,10 @@ class WorkerLcore {
 
  private:
   // One link as this lcore runs it.
-  struct Lane {
+  struct LinkRun {
     ShardLink* link = nullptr;
     std::vector<MbufFrames> frames;  // per TX queue
-    ShardMap shards;                 // the partition over that server's lcores
+    ChunkRanges lanes;               // the partition over that server's lcores
     RingOutbox outbox;
     bool have_go = false;
     uint32_t go_round = 0;  // the latest push ROUND_BEGIN
@@ -172,20 +172,20 @@ class WorkerLcore {
     bool arrivals = false;           // frames polled on its port this turn
     std::vector<uint16_t> queues{};  // the TX queues this lcore steps
   };
-  // One RX queue this lcore polls, and the lanes whose broadcast it brings.
+  // One RX queue this lcore polls, and the links whose broadcast it brings.
   struct RxQueue {
     uint16_t port = 0;
     uint16_t queue = 0;
-    std::vector<Lane*> lanes;
-    uint16_t port_lo = 0, port_hi = 0;  // the lanes' UDP ports
+    std::vector<LinkRun*> link_runs;
+    uint16_t port_lo = 0, port_hi = 0;  // the links' UDP ports
   };
 
   bool Turn(uint64_t now_ns);
   uint16_t PollBroadcast(uint64_t now_ns, const RxQueue& rxq);
-  Lane* LaneOf(const RxQueue& rxq, const ParsedFrame& pf);
+  LinkRun* LinkRunOf(const RxQueue& rxq, const ParsedFrame& pf);
   bool HandleEvents(uint64_t now_ns);
   bool PushDone() const;
-  bool PushDone(const Lane& lane) const;
+  bool PushDone(const LinkRun& lane) const;
   void StopHelpers();
   bool BroadcastOpen() const;
   bool AwaitsBroadcast() const;
@@ -198,9 +198,9 @@ class WorkerLcore {
   LcoreConf& conf_;
   WorkerShardLinks& links_;
   Setup setup_;
-  std::vector<Lane> lanes_;
+  std::vector<LinkRun> link_runs_;
   std::vector<RxQueue> rx_;
-  std::vector<uint32_t> shard_order_;
+  std::vector<uint32_t> lane_order_;
   uint64_t drained_gen_ = 0;
   uint64_t announcements_ = 0;  // ROUND_BEGINs taken: they move the job
   uint64_t crew_gen_ = 0;       // the push the helpers have (0: none)

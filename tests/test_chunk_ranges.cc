@@ -7,19 +7,19 @@
 #include <thread>
 #include <vector>
 
+#include "dblp/round/chunk_ranges.h"
 #include "dblp/round/receive_side.h"
 #include "dblp/round/round_control.h"
-#include "dblp/round/shards.h"
 #include "dblp/wire/chunking.h"
 #include "dblp/wire/wire.h"
 
 namespace dblp {
 namespace {
 
-TEST(ShardMap, RangesAreWordAlignedDisjointAndCoverEveryChunk) {
+TEST(ChunkRanges, RangesAreWordAlignedDisjointAndCoverEveryChunk) {
   for (uint32_t n : {1u, 46u, 64u, 65u, 723u, 18051u}) {
     for (uint32_t s : {1u, 2u, 3u, 4u, 8u}) {
-      const ShardMap map(n, s);
+      const ChunkRanges map(n, s);
       uint32_t next = 0;
       for (uint32_t k = 0; k < s; ++k) {
         EXPECT_EQ(map.begin(k), next);
@@ -28,17 +28,17 @@ TEST(ShardMap, RangesAreWordAlignedDisjointAndCoverEveryChunk) {
         }
         next = map.end(k);
         for (uint32_t seq = map.begin(k); seq < map.end(k); ++seq) {
-          ASSERT_EQ(map.ShardOf(seq), k);
+          ASSERT_EQ(map.RangeOf(seq), k);
         }
       }
       EXPECT_EQ(next, n);
     }
   }
-  EXPECT_THROW(ShardMap(10, 0), std::invalid_argument);
+  EXPECT_THROW(ChunkRanges(10, 0), std::invalid_argument);
 }
 
-TEST(ShardMap, FilterKeepsTheOrder) {
-  const ShardMap map(200, 2);  // [0,128) [128,200)
+TEST(ChunkRanges, FilterKeepsTheOrder) {
+  const ChunkRanges map(200, 2);  // [0,128) [128,200)
   const std::vector<uint32_t> order{150, 3, 199, 127, 128, 0};
   std::vector<uint32_t> out;
   map.Filter(order, 0, out);
@@ -70,7 +70,7 @@ struct Collect {
 // round that reaches it is stopped.
 TEST(StopGroup, ExactlyOneStopNeverEarlyUnderConcurrency) {
   const ChunkLayout layout(uint64_t{1000} * 64, 64);  // 1000 chunks
-  const ShardMap map(layout.num_chunks(), 2);
+  const ChunkRanges map(layout.num_chunks(), 2);
   const double p = 0.3;
   const uint32_t threshold = StopThreshold(layout.num_chunks(), p);
   for (int trial = 0; trial < 200; ++trial) {
@@ -125,7 +125,7 @@ TEST(StopGroup, ExactlyOneStopNeverEarlyUnderConcurrency) {
 
 TEST(StopGroup, AShardThatHasNotBegunCountsNothing) {
   const ChunkLayout layout(uint64_t{256} * 64, 64);
-  const ShardMap map(layout.num_chunks(), 2);
+  const ChunkRanges map(layout.num_chunks(), 2);
   StopGroup group;
   ReceiverRound a(ReceiverConfig{1, FrameType::kPush, 0, layout, 0, 128});
   ReceiverRound b(ReceiverConfig{1, FrameType::kPush, 0, layout, 128, 256});
