@@ -214,7 +214,10 @@ struct SimSender {
 // sender's at its next Step), so a PROBE always gets its BITMAP. A retry
 // could only fire spuriously, with a modelled round trip longer than its
 // timeout, and add PROBEs the protocol did not need.
-constexpr uint64_t kNoProbeRetry = 0;
+SendSideConfig WithoutProbeRetry(SendSideConfig c) {
+  c.probe_retry_ns = 0;
+  return c;
+}
 
 // The shards' threads meet in the phase at once (ClosePushes starts them
 // together); a wait this long is a bug.
@@ -441,14 +444,11 @@ struct MemoryCluster::Impl {
     const auto rank = static_cast<uint16_t>(w);
     const uint32_t k = sh.index;
     wk.push.push_back(std::make_unique<SimSender>(
-        SendSideConfig{FrameType::kPush, cfg.session, rank, 0, Direction::kPush,
-                       cfg.burst, kNoProbeRetry},
+        WithoutProbeRetry(PushSendConfig(cfg.session, rank, cfg.burst)),
         SendOrder(cfg.send_order, w, cfg.num_workers, cfg.seed),
         SimFrames(&fabric.port(Node(w)), k, &sh.layout, cfg.burst, &clock)));
     wk.bcast.push_back(std::make_unique<ReceiveSide>(
-        ReceiveSideConfig{ReceiverConfig{cfg.session, FrameType::kBroadcast,
-                                         kServerRank, sh.layout},
-                          Direction::kBroadcast, 0}));
+        BroadcastReceiveConfig(cfg.session, sh.layout)));
     ControlPipe& to_worker = wk.to_worker.emplace_back();
     ControlPipe& to_server = wk.to_server.emplace_back();
     to_worker.one_way_ns = cfg.costs.control_one_way_ns;
@@ -459,11 +459,8 @@ struct MemoryCluster::Impl {
     // The broadcast order is per worker too, so the workers' losses of
     // the mean fall on different chunks.
     sh.links.emplace_back(std::make_unique<ServerLink>(
-        ReceiveSideConfig{ReceiverConfig{cfg.session, FrameType::kPush,
-                                         static_cast<int32_t>(w), sh.layout},
-                          Direction::kPush, rank},
-        SendSideConfig{FrameType::kBroadcast, cfg.session, kServerRank, rank,
-                       Direction::kBroadcast, cfg.burst, kNoProbeRetry},
+        PushReceiveConfig(cfg.session, rank, sh.layout),
+        WithoutProbeRetry(BroadcastSendConfig(cfg.session, rank, cfg.burst)),
         SendOrder(cfg.send_order, w, cfg.num_workers, HashMix(cfg.seed, 0xBC)),
         SimFrames(&fabric.port(k), Node(w), &sh.layout, cfg.burst, &clock)));
     ServerLink& ln = *sh.links.back();

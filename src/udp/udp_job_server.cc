@@ -386,21 +386,11 @@ void JobServer::MaybeWelcome() {
 // One push receiver and one broadcast sender per worker.
 void JobServer::MakeSides(const ChunkLayout& layout) {
   for (uint32_t w = 0; w < o_.workers; ++w) {
-    ReceiveSideConfig rc;
-    rc.receiver = ReceiverConfig{
-        session_,   FrameType::kPush, static_cast<int32_t>(w), layout, 0,
-        UINT32_MAX, keys_[w]};
-    rc.direction = Direction::kPush;
-    rc.peer = static_cast<uint16_t>(w);
-    push_.push_back(std::make_unique<ReceiveSide>(rc));
-    SendSideConfig sc;
-    sc.type = FrameType::kBroadcast;
-    sc.session = session_;
-    sc.sender_rank = kServerRank;
-    sc.peer = static_cast<uint16_t>(w);
-    sc.direction = Direction::kBroadcast;
-    sc.burst = o_.burst;
-    bcast_.push_back(std::make_unique<SendSide>(sc));
+    const auto peer = static_cast<uint16_t>(w);
+    push_.push_back(std::make_unique<ReceiveSide>(
+        PushReceiveConfig(session_, peer, layout, keys_[w])));
+    bcast_.push_back(std::make_unique<SendSide>(
+        BroadcastSendConfig(session_, peer, o_.burst)));
   }
 }
 

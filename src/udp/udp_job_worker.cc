@@ -323,9 +323,12 @@ std::string JobWorker::StartSource() {
            std::to_string(w.rank) + " of " + std::to_string(w.num_workers) +
            ": " + e.what();
   }
-  const WorkerJobSettings js{
-      o_.bcast_fill, o_.send_order,       o_.seed,
-      o_.push_only,  o_.round_timeout_ms, o_.on_absorbed};
+  const WorkerJobSettings js{.bcast_fill = o_.bcast_fill,
+                             .send_order = o_.send_order,
+                             .seed = o_.seed,
+                             .push_only = o_.push_only,
+                             .timeout_ms = o_.round_timeout_ms,
+                             .on_absorbed = o_.on_absorbed};
   if (std::string e = WorkerJob::Check(source_, w, js); !e.empty()) return e;
   job_.emplace(source_, w, layout_, js);
   job_->set_row_stream(&row_stream_);

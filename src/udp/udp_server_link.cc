@@ -179,18 +179,10 @@ void ServerLink::Start(UdpSocketPort* port, const ChunkLayout& partition,
   frames = std::make_unique<PacketFrames<UdpSocketPort>>(port, index, gradient,
                                                          &layout, burst);
   frames->set_auth(key);
-  SendSideConfig sc;
-  sc.type = FrameType::kPush;
-  sc.session = w.session;
-  sc.sender_rank = w.rank;
-  sc.peer = 0;  // the server
-  sc.direction = Direction::kPush;
-  sc.burst = burst;
-  push = std::make_unique<SendSide>(sc);
+  push = std::make_unique<SendSide>(
+      PushSendConfig(w.session, static_cast<uint16_t>(w.rank), burst));
   bcast = std::make_unique<ReceiveSide>(
-      ReceiveSideConfig{ReceiverConfig{w.session, FrameType::kBroadcast,
-                                       kServerRank, layout, 0, UINT32_MAX, key},
-                        Direction::kBroadcast, 0});
+      BroadcastReceiveConfig(w.session, layout, key));
   outbox = std::make_unique<Outbox>(&requests_, &sidecar_);
   sides_live_.store(true, std::memory_order_release);
 }

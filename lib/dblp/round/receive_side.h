@@ -200,4 +200,34 @@ bool ReceiveSide::Step(uint64_t now_ns, const RxProgress& rx,
   return asked;
 }
 
+// The two receive sides every job has, by name. A worker's side for a
+// server's broadcast over `layout` (the server's partition, local seqs):
+// frames from the server only, tags under `key`.
+inline ReceiveSideConfig BroadcastReceiveConfig(uint32_t session,
+                                                const ChunkLayout& layout,
+                                                const FrameKey& key = {}) {
+  return ReceiveSideConfig{
+      .receiver = ReceiverConfig{.session = session,
+                                 .expected_type = FrameType::kBroadcast,
+                                 .expected_sender = kServerRank,
+                                 .layout = layout,
+                                 .frame_key = key},
+      .direction = Direction::kBroadcast,
+      .peer = 0};
+}
+
+// A server's side for worker `w`'s push over `layout`, tags under `key`.
+inline ReceiveSideConfig PushReceiveConfig(uint32_t session, uint16_t w,
+                                           const ChunkLayout& layout,
+                                           const FrameKey& key = {}) {
+  return ReceiveSideConfig{
+      .receiver = ReceiverConfig{.session = session,
+                                 .expected_type = FrameType::kPush,
+                                 .expected_sender = w,
+                                 .layout = layout,
+                                 .frame_key = key},
+      .direction = Direction::kPush,
+      .peer = w};
+}
+
 }  // namespace dblp

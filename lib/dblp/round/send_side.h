@@ -167,4 +167,27 @@ bool SendSide::Step(uint64_t now_ns, Frames& frames, Outbox& outbox) {
   return progress;
 }
 
+// The two send sides every job has, by name. Worker `rank`'s push to the
+// server, `burst` chunks per Send.
+inline SendSideConfig PushSendConfig(uint32_t session, uint16_t rank,
+                                     uint32_t burst) {
+  return SendSideConfig{.type = FrameType::kPush,
+                        .session = session,
+                        .sender_rank = rank,
+                        .peer = 0,  // the server
+                        .direction = Direction::kPush,
+                        .burst = burst};
+}
+
+// The server's broadcast to worker `w`.
+inline SendSideConfig BroadcastSendConfig(uint32_t session, uint16_t w,
+                                          uint32_t burst) {
+  return SendSideConfig{.type = FrameType::kBroadcast,
+                        .session = session,
+                        .sender_rank = kServerRank,
+                        .peer = w,
+                        .direction = Direction::kBroadcast,
+                        .burst = burst};
+}
+
 }  // namespace dblp

@@ -118,10 +118,17 @@ void ServerRun::BuildJob() {
   a_.control->Attach(push_sides, bcast_sides);
   sync_ = std::make_unique<JobSync>(S, &quit_);
   decisions_.next_push = job_->PushTolerance(0);
-  lcores_ = BuildServerLcores(
-      ServerShared{&o_, &a_.ports, a_.local_ip, &layout_, &lanes_, job_.get(),
-                   a_.control.get(), sync_.get(), &decisions_, &quit_},
-      a_.confs, workers_, links_);
+  lcores_ = BuildServerLcores(ServerShared{.o = &o_,
+                                           .ports = &a_.ports,
+                                           .local_ip = a_.local_ip,
+                                           .layout = &layout_,
+                                           .lanes = &lanes_,
+                                           .job = job_.get(),
+                                           .control = a_.control.get(),
+                                           .sync = sync_.get(),
+                                           .decisions = &decisions_,
+                                           .quit = &quit_},
+                              a_.confs, workers_, links_);
   arrived_.resize(W);
   stop_ns_.resize(W);
   resources_ = std::make_unique<ResourceTrack>(a_.ports.pool);

@@ -249,11 +249,23 @@ ServerLcores BuildServerLcores(
     l.lcores.push_back(std::make_unique<ServerLcore>(
         *confs[k], *s.control, *s.sync, workers, mine, *l.pacers[k],
         ServerLcore::Setup{
-            ports.nb_ports, o.udp_port, s.local_ip, &ports.caps, s.layout,
-            s.lanes, l.losses[k].get(), s.job, mean, ports.pool,
-            &l.link_rate[k], dp.prefetch, o.push_only, s.decisions,
-            S > 1 ? l.handoff->rings() : std::vector<rte_ring*>{}, bcast_mode,
-            MeanIova(mean)}));
+            .nb_ports = ports.nb_ports,
+            .udp_port = o.udp_port,
+            .local_ip = s.local_ip,
+            .caps = &ports.caps,
+            .layout = s.layout,
+            .lanes = s.lanes,
+            .loss = l.losses[k].get(),
+            .job = s.job,
+            .mean = mean,
+            .pool = ports.pool,
+            .link_rate = &l.link_rate[k],
+            .prefetch = dp.prefetch,
+            .push_only = o.push_only,
+            .decisions = s.decisions,
+            .handoff = S > 1 ? l.handoff->rings() : std::vector<rte_ring*>{},
+            .bcast_frames = bcast_mode,
+            .mean_iova = MeanIova(mean)}));
   }
   return l;
 }

@@ -143,17 +143,13 @@ void WorkerRun::BuildLink(ShardLink& l) {
   l.to_server = ServerTemplate(o_, l.wel, l.caps, &l.local);
   l.to_server.set_auth(l.key);
   for (uint16_t q = 0; q < queues; ++q) {
-    SendSideConfig sc{
-        FrameType::kPush, l.wel.session, static_cast<uint16_t>(l.wel.rank), 0,
-        Direction::kPush, o_.dp.burst};
+    SendSideConfig sc = PushSendConfig(
+        l.wel.session, static_cast<uint16_t>(l.wel.rank), o_.dp.burst);
     sc.lane = q;
     l.push.push_back(std::make_unique<SendSide>(sc));
     l.push_ptrs.push_back(l.push.back().get());
   }
-  l.bcast.emplace(ReceiveSideConfig{
-      ReceiverConfig{l.wel.session, FrameType::kBroadcast, kServerRank,
-                     l.layout, 0, UINT32_MAX, l.key},
-      Direction::kBroadcast, 0});
+  l.bcast.emplace(BroadcastReceiveConfig(l.wel.session, l.layout, l.key));
   l.control.Attach(l.push_ptrs, &*l.bcast);
   for (uint16_t q = 0; q < queues; ++q) {
     // Lane q's chunks go to that server's UDP port base + q, which
@@ -263,8 +259,10 @@ void WorkerRun::BuildDatapath() {
                     "mean buffer");
   BuildHelpers();
   lcore_.emplace(lc_, links_,
-                 WorkerLcore::Setup{&*loss_, &*pacer_,
-                                    crew_ ? &*crew_ : nullptr, o_.dp.prefetch});
+                 WorkerLcore::Setup{.loss = &*loss_,
+                                    .pacer = &*pacer_,
+                                    .crew = crew_ ? &*crew_ : nullptr,
+                                    .prefetch = o_.dp.prefetch});
   if (o_.push_hook) {
     ShardLink& l = links_[0];
     push_hook_ = o_.push_hook(PushHookContext{
@@ -352,9 +350,12 @@ int WorkerRun::Run() {
     l->first_chunk = l->wel.first_chunk;
     l->key = l->control.MemberFrameKey();
   }
-  const WorkerJobSettings js{
-      o_.bcast_fill, o_.dp.send_order,       o_.dp.seed,
-      false,         o_.dp.round_timeout_ms, o_.on_absorbed};
+  const WorkerJobSettings js{.bcast_fill = o_.bcast_fill,
+                             .send_order = o_.dp.send_order,
+                             .seed = o_.dp.seed,
+                             .push_only = false,
+                             .timeout_ms = o_.dp.round_timeout_ms,
+                             .on_absorbed = o_.on_absorbed};
   StartWorkerSource(*source_, wel_, js, links_[0].control);
   job_.emplace(*source_, wel_, layout_, js);
   job_->set_row_stream(&rows_);
