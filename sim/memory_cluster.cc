@@ -294,9 +294,7 @@ struct MemoryCluster::Impl {
                                   : "sim-server"),
           bcast_loss(c.bcast_loss,
                      c.bursts_on_broadcast ? c.bursts : BurstSchedule{},
-                     HashMix(c.seed, 0xB0 + k)),
-          push_arrived(c.num_workers),
-          push_stop_ns(c.num_workers) {}
+                     HashMix(c.seed, 0xB0 + k)) {}
     uint32_t index;
     uint32_t first_chunk;  // global chunk of local chunk 0
     ChunkLayout layout;
@@ -305,9 +303,9 @@ struct MemoryCluster::Impl {
     AcceptedSlots accepted;             // push feedback, staged by the job
     ReducedPush reduced;                // this iteration's
     std::vector<ControlRequest> posts;  // what the job announced
-    std::vector<Bitmap> push_arrived;   // per worker, the closed push
-    std::vector<uint64_t> push_stop_ns;
+    ClosedPushSides closed_push;        // per worker, the closed push
     std::vector<std::unique_ptr<ServerLink>> links;  // per worker
+    std::vector<const ReceiveSide*> push_sides;      // links[w]->push
     std::vector<uint32_t> order_buf;
     std::vector<bool> rx_from;  // PollServer: frames from each worker
   };
@@ -465,6 +463,7 @@ struct MemoryCluster::Impl {
         SimFrames(&fabric.port(k), Node(w), &sh.layout, cfg.burst, &clock)));
     ServerLink& ln = *sh.links.back();
     ln.out = PipeOutbox{&to_worker, &ln.push, &clock};
+    sh.push_sides.push_back(&ln.push);
   }
 
   // ---- control plane -------------------------------------------------------
@@ -967,15 +966,9 @@ struct MemoryCluster::Impl {
   void ClosePushes(uint64_t push_end, bool burst) {
     auto close = [&](Shard& sh) {
       sh.posts.clear();
-      uint64_t first = 0;  // the push's first chunk at this shard
-      for (const auto& ln : sh.links) {
-        const uint64_t f = ln->push.first_ns();
-        if (f != 0 && (first == 0 || f < first)) first = f;
-      }
-      sh.reduced = sh.job.ClosePush(
-          iteration,
-          ClosedPush{push_end, sh.push_arrived, sh.push_stop_ns, burst, first},
-          &sh.accepted, &sh.posts);
+      sh.reduced =
+          sh.job.ClosePush(iteration, sh.closed_push.View(push_end, burst),
+                           &sh.accepted, &sh.posts);
     };
     if (shards.size() == 1) {
       close(*shards[0]);
@@ -1002,15 +995,18 @@ struct MemoryCluster::Impl {
       return true;
     });
     out.push_first_chunk_ns = first - push_start_ns;
+    // Each shard gathers its closed push as every server does (one lane
+    // per worker here); the whole gradient's view is their union.
+    const auto W = static_cast<uint32_t>(workers.size());
+    for (auto& sh : shards) {
+      for (auto& ln : sh->links) ln->push.Close();
+      sh->closed_push.Gather(W, sh->layout.num_chunks(), [&](uint32_t w) {
+        return std::span<const ReceiveSide* const>(&sh->push_sides[w], 1);
+      });
+    }
     std::vector<Bitmap> local(shards.size());
-    for (uint32_t w = 0; w < workers.size(); ++w) {
-      for (auto& sh : shards) {
-        ServerLink& ln = *sh->links[w];
-        ln.push.Close();
-        ln.push.receiver().SnapshotBitmap(sh->push_arrived[w]);
-        sh->push_stop_ns[w] = ln.push.stop_ns();
-        local[sh->index] = sh->push_arrived[w];
-      }
+    for (uint32_t w = 0; w < W; ++w) {
+      for (auto& sh : shards) local[sh->index] = sh->closed_push.arrived()[w];
       Union(local, &push_arrived[w]);
     }
     // What the servers decide (ServerJob): mean, policy, rows, broadcast.

@@ -1,5 +1,6 @@
-// Chunk-range shards: the map, the STOP decided together by shard lcores
-// (exact under concurrency), and the merged BITMAP answer.
+// Lanes: the chunk ranges, the STOP decided together by the lanes' lcores
+// (exact under concurrency), the merged BITMAP answer, and a closed push
+// gathered over lanes as every server gathers it (ClosedPushSides).
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -7,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "dblp/job/server_job.h"
 #include "dblp/round/chunk_ranges.h"
 #include "dblp/round/receive_side.h"
 #include "dblp/round/round_control.h"
@@ -48,10 +50,10 @@ TEST(ChunkRanges, FilterKeepsTheOrder) {
 }
 
 std::vector<uint8_t> Frame(uint32_t session, uint32_t round, uint32_t seq,
-                           const ChunkLayout& layout) {
+                           const ChunkLayout& layout, uint16_t sender = 0) {
   DataHeader h{FrameType::kPush,
                session,
-               0,
+               sender,
                static_cast<uint16_t>(layout.Length(seq)),
                round,
                seq};
@@ -65,7 +67,7 @@ struct Collect {
   void Post(const ControlRequest& r) { posted.push_back(r); }
 };
 
-// Two shard lcores receive one round's chunks concurrently, each its own
+// Two lanes' lcores receive one round's chunks concurrently, each its own
 // range. Exactly one STOP per round, never before the threshold, and every
 // round that reaches it is stopped.
 TEST(StopGroup, ExactlyOneStopNeverEarlyUnderConcurrency) {
@@ -85,7 +87,7 @@ TEST(StopGroup, ExactlyOneStopNeverEarlyUnderConcurrency) {
     }
     const uint32_t round = 2 * trial;
     for (auto& s : sides) s->Begin(round, p, 0, 0, 0);
-    // Each shard gets just enough that only together they pass the
+    // Each lane gets just enough that only together they pass the
     // threshold, delivered in small bursts.
     const uint32_t per_shard[2] = {threshold / 2, threshold - threshold / 2};
     std::atomic<int> stops{0};
@@ -123,7 +125,7 @@ TEST(StopGroup, ExactlyOneStopNeverEarlyUnderConcurrency) {
   }
 }
 
-TEST(StopGroup, AShardThatHasNotBegunCountsNothing) {
+TEST(StopGroup, ALaneThatHasNotBegunCountsNothing) {
   const ChunkLayout layout(uint64_t{256} * 64, 64);
   const ChunkRanges map(layout.num_chunks(), 2);
   StopGroup group;
@@ -174,6 +176,78 @@ TEST(StopGroup, MisroutedFramesAreCountedNotAccepted) {
   EXPECT_EQ(a.OnFrame(f.data(), f.size(), &h, &pl), Verdict::kMisrouted);
   EXPECT_EQ(a.received(), 0u);
   EXPECT_EQ(a.verdict_count(Verdict::kMisrouted), 1u);
+}
+
+// Two workers' pushes over two lanes ([0, 128) and [128, 200)): the
+// gathered push of each worker is the union of its lanes' chunks, its STOP
+// the later lane's, and the push's first chunk the earliest side's; the
+// expected values are written out, not computed by the code under test.
+TEST(ClosedPushSides, GathersEachWorkersLanes) {
+  const ChunkLayout layout(uint64_t{200} * 64, 64);
+  const ChunkRanges lanes(layout.num_chunks(), 2);
+  std::vector<std::unique_ptr<ReceiveSide>> sides;  // [w * 2 + lane]
+  std::vector<std::vector<const ReceiveSide*>> by_worker(2);
+  for (uint16_t w = 0; w < 2; ++w) {
+    for (uint16_t k = 0; k < 2; ++k) {
+      ReceiveSideConfig c = PushReceiveConfig(7, w, layout);
+      c.receiver.seq_begin = lanes.begin(k);
+      c.receiver.seq_end = lanes.end(k);
+      c.lane = k;
+      sides.push_back(std::make_unique<ReceiveSide>(c));
+      // p so high one chunk is a lane's threshold: each side STOPs at the
+      // Step that sees its first chunks.
+      sides.back()->Begin(0, 0.999, 0, 0, 0);
+      by_worker[w].push_back(sides.back().get());
+    }
+  }
+  // (worker, lane, its chunks, when its Step saw them): worker 1's lane 0
+  // gets nothing and never STOPs.
+  const struct {
+    uint16_t w, k;
+    std::vector<uint32_t> seqs;
+    uint64_t at;
+  } arrivals[] = {{0, 0, {1, 5}, 500}, {0, 1, {130}, 300}, {1, 1, {199}, 900}};
+  Collect out;
+  uint64_t gen = 0;
+  for (const auto& a : arrivals) {
+    ReceiveSide& side = *sides[a.w * 2 + a.k];
+    for (const uint32_t seq : a.seqs) {
+      const auto f = Frame(7, 0, seq, layout, a.w);
+      ASSERT_EQ(side.OnFrame(f.data(), f.size(),
+                             [](const DataHeader&, const uint8_t*) {}),
+                Verdict::kAccepted);
+    }
+    ++gen;
+    side.Step(a.at, RxProgress{true, gen, gen}, out);
+    ASSERT_TRUE(side.stopped());
+  }
+  EXPECT_FALSE(sides[1 * 2 + 0]->stopped());
+  for (auto& side : sides) side->Close();
+  ClosedPushSides gathered;
+  gathered.Gather(2, layout.num_chunks(), [&](uint32_t w) {
+    return std::span<const ReceiveSide* const>(by_worker[w]);
+  });
+  const ClosedPush c = gathered.View(5000, true);
+  ASSERT_EQ(c.arrived.size(), 2u);
+  std::vector<uint32_t> got0, got1;
+  c.arrived[0].ForEachSet([&](uint32_t i) { got0.push_back(i); });
+  c.arrived[1].ForEachSet([&](uint32_t i) { got1.push_back(i); });
+  EXPECT_EQ(got0, (std::vector<uint32_t>{1, 5, 130}));
+  EXPECT_EQ(got1, (std::vector<uint32_t>{199}));
+  EXPECT_EQ(c.arrived[0].size(), 200u);
+  EXPECT_EQ(c.stop_ns[0], 500u);  // the later of its lanes' STOPs
+  EXPECT_EQ(c.stop_ns[1], 900u);
+  EXPECT_EQ(c.first_ns, 300u);  // worker 0's lane 1
+  EXPECT_EQ(c.now_ns, 5000u);
+  EXPECT_TRUE(c.burst);
+  // Gathered again (the next iteration) into the same storage: nothing of
+  // the first stays.
+  for (auto& side : sides) side->Begin(2, 0.0, 0, 0, 0);
+  gathered.Gather(2, layout.num_chunks(), [&](uint32_t w) {
+    return std::span<const ReceiveSide* const>(by_worker[w]);
+  });
+  EXPECT_EQ(gathered.arrived()[0].Count(), 0u);
+  EXPECT_EQ(gathered.first_ns(), 0u);
 }
 
 }  // namespace

@@ -138,6 +138,7 @@ class JobServer {
   JoinDesk& desk_ = admission_.desk();
   std::vector<Departure> gone_;  // by worker rank, sized at the WELCOME
   std::vector<std::unique_ptr<ReceiveSide>> push_;  // by worker rank
+  std::vector<const ReceiveSide*> push_ptrs_;       // the same, for Gather
   std::vector<std::unique_ptr<SendSide>> bcast_;    // by worker rank
   std::atomic<bool> joined_{false};
   // The bytes this server reduces: the gradient's, or its partition's in a
@@ -173,8 +174,7 @@ class JobServer {
   // decisions, the rows and the workers' lifecycle. Its alive(w) is read
   // by the sidecar too (no ROUND_BEGIN to a lost worker).
   std::unique_ptr<ServerJob> job_;
-  std::vector<Bitmap> arrived_;
-  std::vector<uint64_t> stop_ns_;      // per worker, the closed push's STOP
+  ClosedPushSides closed_push_;        // the closed push's bitmaps and STOPs
   std::vector<ControlRequest> posts_;  // what the job decided to send
   std::unique_ptr<RxLossInjector> loss_;
   std::vector<Packet> pkts_;
@@ -389,6 +389,7 @@ void JobServer::MakeSides(const ChunkLayout& layout) {
     const auto peer = static_cast<uint16_t>(w);
     push_.push_back(std::make_unique<ReceiveSide>(
         PushReceiveConfig(session_, peer, layout, keys_[w])));
+    push_ptrs_.push_back(push_.back().get());
     bcast_.push_back(std::make_unique<SendSide>(
         BroadcastSendConfig(session_, peer, o_.burst)));
   }
@@ -574,8 +575,6 @@ std::string JobServer::SetUpJob() {
            "memory";
   }
   job_->set_row_stream(&row_stream_);
-  arrived_.resize(W);
-  stop_ns_.resize(W);
   loss_ = std::make_unique<RxLossInjector>(loss_spec_, o_.bursts,
                                            HashMix(o_.seed, 0xB0));
   loss_->StartClock(NowNs());
@@ -767,21 +766,17 @@ bool JobServer::CloseRoundIfStopped(Outbox& out, std::string* failure) {
   }
   for (uint32_t w = 0; w < o_.workers; ++w) {
     push_[w]->Close();
-    push_[w]->receiver().SnapshotBitmap(arrived_[w]);
-    stop_ns_[w] = push_[w]->stop_ns();
     res_.rounds.push_back(
         UdpServerRound{it_, w, push_[w]->receiver().delivered_fraction()});
   }
+  // One lane per worker here.
+  closed_push_.Gather(o_.workers, layout_.num_chunks(), [&](uint32_t w) {
+    return std::span<const ReceiveSide* const>(&push_ptrs_[w], 1);
+  });
   posts_.clear();
-  uint64_t first_ns = 0;
-  for (uint32_t w = 0; w < o_.workers; ++w) {
-    const uint64_t f = push_[w]->first_ns();
-    if (f != 0 && (first_ns == 0 || f < first_ns)) first_ns = f;
-  }
-  const ReducedPush& reduced = job_->ClosePush(
-      it_,
-      ClosedPush{NowNs(), arrived_, stop_ns_, loss_->InBurst(it_), first_ns},
-      &accepted_, &posts_);
+  const ReducedPush& reduced =
+      job_->ClosePush(it_, closed_push_.View(NowNs(), loss_->InBurst(it_)),
+                      &accepted_, &posts_);
   if (!reduced.failure.empty()) {  // --on_bad_gradient=abort: no mean goes out
     *failure = reduced.failure;
     return true;

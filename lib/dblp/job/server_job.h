@@ -5,6 +5,8 @@
 //
 //   OpenPush(it)            the push's tolerance and ROUND_BEGIN
 //   ... the transport runs the push until every live worker's STOP ...
+//   ClosedPushSides::Gather the closed push's bitmaps and STOPs, merged
+//                           over each worker's lanes
 //   ClosePush(it, ...)      mean, policy, rows, ACCEPTED, the broadcast's
 //                           ROUND_BEGIN and plan (BroadcastOrder)
 //   OpenPush(it + 1)        the next push opens beside the broadcast
@@ -22,6 +24,7 @@
 // every transport running the same job (tests/server_call_order_test.py).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -34,6 +37,7 @@
 #include "dblp/job/server_iteration.h"
 #include "dblp/obs/records.h"
 #include "dblp/obs/run_report.h"
+#include "dblp/round/receive_side.h"
 #include "dblp/round/round_events.h"
 #include "dblp/round/send_order.h"
 #include "dblp/round/send_side.h"
@@ -55,6 +59,58 @@ struct ClosedPush {
   // before it.
   uint64_t first_ns = 0;
 };
+
+// A closed push gathered from the transport's sides, the same way on every
+// transport: per worker, the union of its lanes' arrived chunks (each lane
+// owns a chunk range, chunk_ranges.h; one lane where the transport has
+// none) and the last lane's STOP; and the push's first chunk on any side.
+// The transport closes its sides (ReceiveSide::Close), calls Gather, and
+// hands View() to ServerJob::ClosePush. Reused every iteration: no
+// allocation after the first.
+class ClosedPushSides {
+ public:
+  // `lanes(w)`: worker w's push sides, one per lane, as a
+  // std::span<const ReceiveSide* const>.
+  template <class Lanes>
+  void Gather(uint32_t workers, uint32_t num_chunks, Lanes lanes);
+  ClosedPush View(uint64_t now_ns, bool burst) const {
+    return ClosedPush{now_ns, arrived_, stop_ns_, burst, first_ns_};
+  }
+  std::span<const Bitmap> arrived() const { return arrived_; }
+  uint64_t first_ns() const { return first_ns_; }
+
+ private:
+  std::vector<Bitmap> arrived_;
+  std::vector<uint64_t> stop_ns_;
+  uint64_t first_ns_ = 0;
+  Bitmap part_;  // one lane's
+};
+
+template <class Lanes>
+void ClosedPushSides::Gather(uint32_t workers, uint32_t num_chunks,
+                             Lanes lanes) {
+  arrived_.resize(workers);
+  stop_ns_.assign(workers, 0);
+  first_ns_ = 0;
+  for (uint32_t w = 0; w < workers; ++w) {
+    const std::span<const ReceiveSide* const> sides = lanes(w);
+    Bitmap& arrived = arrived_[w];
+    if (sides.size() == 1) {
+      sides[0]->receiver().SnapshotBitmap(arrived);
+    } else {
+      arrived.Resize(num_chunks);
+      for (const ReceiveSide* side : sides) {
+        side->receiver().SnapshotBitmap(part_);
+        arrived.OrWith(part_);
+      }
+    }
+    for (const ReceiveSide* side : sides) {
+      stop_ns_[w] = std::max(stop_ns_[w], side->stop_ns());
+      const uint64_t f = side->first_ns();
+      if (f != 0 && (first_ns_ == 0 || f < first_ns_)) first_ns_ = f;
+    }
+  }
+}
 
 // An opened push round: its ROUND_BEGIN, and the push sides' deadline,
 // counted from each side's first chunk (ReceiveSide::

@@ -19,6 +19,12 @@ bool Bitmap::AssignWords(std::span<const uint64_t> words) {
   return true;
 }
 
+bool Bitmap::OrWith(const Bitmap& other) {
+  if (other.num_bits_ != num_bits_) return false;
+  for (size_t w = 0; w < words_.size(); ++w) words_[w] |= other.words_[w];
+  return true;
+}
+
 bool Bitmap::PlaceAt(uint32_t first, const Bitmap& part) {
   if (first % 64 != 0 || uint64_t{first} + part.size() > num_bits_) {
     return false;

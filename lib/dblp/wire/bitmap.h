@@ -64,6 +64,9 @@ class Bitmap {
   // a multiple of 64, so whole words copy; false (unchanged) if it is not
   // or `part` does not fit.
   bool PlaceAt(uint32_t first, const Bitmap& part);
+  // Sets every bit `other` has (a lane's view of the same round). False,
+  // and nothing changed, when the sizes differ.
+  bool OrWith(const Bitmap& other);
 
   // Calls f(seq) for each clear bit, in increasing order. Skips full words
   // with one compare, so a nearly complete map is walked in N/64 steps.

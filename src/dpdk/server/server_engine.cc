@@ -65,10 +65,10 @@ class ServerRun {
   ServerDecisions decisions_;
   ServerLcores lcores_;
   // Lcore 0's coordinator's scratch: each closed push per worker.
-  std::vector<Bitmap> arrived_;
-  std::vector<uint64_t> stop_ns_;
+  ClosedPushSides closed_push_;
   std::vector<ControlRequest> posts_;
-  std::vector<std::vector<const SendSide*>> bcast_sides_;  // [w][lane]
+  std::vector<std::vector<const ReceiveSide*>> push_lanes_;  // [w][lane]
+  std::vector<std::vector<const SendSide*>> bcast_sides_;    // [w][lane]
   std::unique_ptr<ResourceTrack> resources_;
   uint64_t iterations_done_ = 0;
 };
@@ -107,10 +107,12 @@ void ServerRun::BuildJob() {
   links_ = BuildLinkGrid(a_.session, layout_, lanes_, o_.dp.burst, workers_);
   std::vector<std::vector<ReceiveSide*>> push_sides(W);
   std::vector<std::vector<SendSide*>> bcast_sides(W);
+  push_lanes_.resize(W);
   bcast_sides_.resize(W);
   for (auto& lane : links_) {
     for (uint32_t w = 0; w < W; ++w) {
       push_sides[w].push_back(&lane[w]->push);
+      push_lanes_[w].push_back(&lane[w]->push);
       bcast_sides[w].push_back(&lane[w]->bcast);
       bcast_sides_[w].push_back(&lane[w]->bcast);
     }
@@ -129,8 +131,6 @@ void ServerRun::BuildJob() {
                                            .decisions = &decisions_,
                                            .quit = &quit_},
                               a_.confs, workers_, links_);
-  arrived_.resize(W);
-  stop_ns_.resize(W);
   resources_ = std::make_unique<ResourceTrack>(a_.ports.pool);
 }
 
@@ -145,23 +145,13 @@ void ServerRun::AnnouncePush(uint64_t it) {
 // Every lcore's push sides are closed: the job decides; the prompt's
 // change applies at this boundary (iteration it + 1 on).
 RoundTolerance ServerRun::Reduce(uint64_t it) {
-  const uint32_t N = layout_.num_chunks();
-  uint64_t first_ns = 0;  // the push's first chunk, on any lcore
-  for (uint32_t w = 0; w < o_.workers; ++w) {
-    arrived_[w] = MergedPushBitmap(links_, w, N);
-    stop_ns_[w] = 0;
-    for (const auto& lane : links_) {
-      stop_ns_[w] = std::max(stop_ns_[w], lane[w]->push.stop_ns());
-      const uint64_t f = lane[w]->push.first_ns();
-      if (f != 0 && (first_ns == 0 || f < first_ns)) first_ns = f;
-    }
-  }
+  closed_push_.Gather(o_.workers, layout_.num_chunks(), [&](uint32_t w) {
+    return std::span<const ReceiveSide* const>(push_lanes_[w]);
+  });
   posts_.clear();
-  const ReducedPush& r =
-      job_->ClosePush(it,
-                      ClosedPush{NowNs(), arrived_, stop_ns_,
-                                 lcores_.losses[0]->InBurst(it), first_ns},
-                      a_.control->accepted(), &posts_);
+  const ReducedPush& r = job_->ClosePush(
+      it, closed_push_.View(NowNs(), lcores_.losses[0]->InBurst(it)),
+      a_.control->accepted(), &posts_);
   if (!r.failure.empty()) {  // --on_bad_gradient=abort: no mean goes out
     sync_->Fail(r.failure);
     return job_->PushTolerance(it + 1);

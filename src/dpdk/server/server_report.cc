@@ -10,19 +10,6 @@
 
 namespace dblp {
 
-Bitmap MergedPushBitmap(const LinkGrid& links, uint32_t w,
-                        uint32_t num_chunks) {
-  std::vector<uint64_t> words((num_chunks + 63) / 64, 0);
-  Bitmap part;
-  for (const auto& shard : links) {
-    shard[w]->push.receiver().SnapshotBitmap(part);
-    for (size_t i = 0; i < words.size(); ++i) words[i] |= part.words()[i];
-  }
-  Bitmap merged(num_chunks);
-  merged.AssignWords(words);
-  return merged;
-}
-
 void AddServerCounters(const std::vector<std::unique_ptr<LcoreConf>>& lcs,
                        const ServerControl& control, const LinkGrid& links,
                        uint16_t nb_ports, RunReport* report) {

@@ -14,10 +14,6 @@
 
 namespace dblp {
 
-// Worker w's push as the server summed it: the union of its shards'
-// bitmaps (disjoint chunk ranges).
-Bitmap MergedPushBitmap(const LinkGrid& links, uint32_t w, uint32_t num_chunks);
-
 // The job's counters, summed over lcores, links and ports.
 void AddServerCounters(const std::vector<std::unique_ptr<LcoreConf>>& lcs,
                        const ServerControl& control, const LinkGrid& links,
