@@ -139,15 +139,20 @@ class Job:
     def server_cmd(self, k):
         vdevs = ["net_memif%d,role=server,socket=%s,id=0" % (w, self.sock(k, w))
                  for w in range(self.workers)]
-        own = ["--listen=127.0.0.1:%d" % self.ports[k], "--stats_period=0",
-               "--out_dir=%s/server%d" % (self.tmp, k),
+        own = ["--listen=127.0.0.1:%d" % self.ports[k], "--stats_period=0"
+               ] + self.server_own(k)
+        return ([self.app("dblp-server")] + self.eal("s%d" % k, vdevs, "0") +
+                ["--"] + own + self.flags)
+
+    def server_own(self, k):
+        """Server k's rows, dumps and place among the shards."""
+        own = ["--out_dir=%s/server%d" % (self.tmp, k),
                "--dump_dir=%s/dump/s%d" % (self.tmp, k)]
         if self.shards > 1:
             own += ["--shards=%d" % self.shards, "--shard_index=%d" % k]
             if k > 0:
                 own.append("--directory=127.0.0.1:%d" % self.ports[0])
-        return ([self.app("dblp-server")] + self.eal("s%d" % k, vdevs, "0") +
-                ["--"] + own + self.flags)
+        return own
 
     def worker_cmd(self, w, server=None):
         vdevs = ["net_memif%d,role=client,socket=%s,id=0" % (k, self.sock(k, w))
@@ -248,13 +253,7 @@ class UdpJob(Job):
     dblp-udp-workers, every one on 127.0.0.1."""
 
     def server_cmd(self, k):
-        own = ["--control=127.0.0.1:%d" % self.ports[k],
-               "--out_dir=%s/server%d" % (self.tmp, k),
-               "--dump_dir=%s/dump/s%d" % (self.tmp, k)]
-        if self.shards > 1:
-            own += ["--shards=%d" % self.shards, "--shard_index=%d" % k]
-            if k > 0:
-                own.append("--directory=127.0.0.1:%d" % self.ports[0])
+        own = ["--control=127.0.0.1:%d" % self.ports[k]] + self.server_own(k)
         return [self.app("dblp-udp-server")] + own + self.flags
 
     def worker_cmd(self, w, server=None):

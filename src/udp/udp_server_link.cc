@@ -138,24 +138,10 @@ void ServerLink::Gone(const std::string& why) {
 
 void ServerLink::OnWakeup() {
   if (!requests_.Drain(&sending_)) return;
+  // BYE or ERROR (Finish waits, bounded, for the server's close); the
+  // push side's PROBE; the broadcast side's STOP and BITMAP.
   for (const ControlRequest& r : sending_) {
-    if (const auto* f = std::get_if<FinishRequest>(&r)) {
-      if (f->ok) {
-        // The server closes once every worker said BYE. Closing first
-        // would race the server's next ROUND_BEGIN: its write could fail
-        // on our closed socket before it read this BYE, and a finished
-        // worker would look lost. Finish waits (bounded) for that close.
-        sidecar_.Send(conn_, ByeMsg{"done"});
-      } else {
-        sidecar_.Send(conn_, ErrorMsg{2, failure_});
-        sidecar_.Close(conn_, "job failed");
-      }
-    } else {
-      // The push side's PROBE; the broadcast side's STOP and BITMAP.
-      for (const ControlMessage& m : SideRequestMessages(r, bcast.get())) {
-        sidecar_.Send(conn_, m);
-      }
-    }
+    SendWorkerRequest(sidecar_, conn_, r, bcast.get(), failure_);
   }
 }
 

@@ -74,4 +74,20 @@ std::vector<ControlMessage> SideRequestMessages(const ControlRequest& r,
   return out;
 }
 
+void SendWorkerRequest(ControlSidecar& sc, ConnId c, const ControlRequest& r,
+                       ReceiveSide* answering, const std::string& failure) {
+  if (const auto* f = std::get_if<FinishRequest>(&r)) {
+    if (f->ok) {
+      sc.Send(c, ByeMsg{"done"});
+    } else {
+      sc.Send(c, ErrorMsg{2, failure});
+      sc.Close(c, "job failed");
+    }
+    return;
+  }
+  for (const ControlMessage& m : SideRequestMessages(r, answering)) {
+    sc.Send(c, m);
+  }
+}
+
 }  // namespace dblp

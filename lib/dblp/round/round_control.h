@@ -6,9 +6,11 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "dblp/control/control.h"
+#include "dblp/control/control_sidecar.h"
 #include "dblp/round/receive_side.h"
 #include "dblp/round/round_events.h"
 #include "dblp/round/send_side.h"
@@ -34,6 +36,16 @@ bool DeliverToSides(const ControlMessage& m, SendSide* send,
 // requests (ROUND_BEGIN, finish), or a BITMAP request without a side.
 std::vector<ControlMessage> SideRequestMessages(const ControlRequest& r,
                                                 ReceiveSide* answering);
+
+// Control thread: a worker's request to its server on connection `c`. A
+// FinishRequest becomes BYE when the job went well (the server closes
+// once every worker said BYE: closing first would race its next
+// ROUND_BEGIN, whose write could fail on our closed socket before it read
+// the BYE, and a finished worker would look lost), else ERROR `failure`
+// and a close; a side's request becomes its messages (SideRequestMessages,
+// BITMAPs from `answering`, the broadcast side).
+void SendWorkerRequest(ControlSidecar& sc, ConnId c, const ControlRequest& r,
+                       ReceiveSide* answering, const std::string& failure);
 
 // Control thread: the ROUND_BEGIN message an announcement becomes (the
 // iteration is the round's half: push 2i, broadcast 2i + 1).

@@ -147,23 +147,10 @@ bool WorkerControl::TakeAccepted(uint32_t round, Bitmap* out) {
 void WorkerControl::SendRequests() {
   ControlRequest r;
   while (requests_.Pop(&r)) {
-    if (const auto* f = std::get_if<FinishRequest>(&r)) {
-      if (f->ok) {
-        // The server closes once every worker said BYE. Closing first
-        // would race the server's next ROUND_BEGIN: its write could fail
-        // on our closed socket before it read this BYE, and a finished
-        // worker would look lost. Finish waits (bounded) for that close.
-        sidecar_.Send(conn_, ByeMsg{"done"});
-      } else {
-        sidecar_.Send(conn_, ErrorMsg{2, final_error_});
-        sidecar_.Close(conn_, "job failed");
-      }
-      continue;
-    }
     if (std::holds_alternative<StopRequest>(r)) stops_sent_.fetch_add(1);
-    for (const ControlMessage& m : SideRequestMessages(r, bcast_)) {
-      sidecar_.Send(conn_, m);
-    }
+    // BYE or ERROR (Finish waits, bounded, for the server's close), or a
+    // side's messages.
+    SendWorkerRequest(sidecar_, conn_, r, bcast_, final_error_);
   }
 }
 
