@@ -84,7 +84,10 @@ export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1:print_s
 # bad_input and the unit tests), flag_sweep only parses flags (bad_input
 # does that here), and testbed_check and sim_scale (about 60 s) run the
 # testbed's tooling and the simulator at sizes whose code sim runs here.
-SKIP_TESTS=${ASAN_SKIP_TESTS:-soak bench watchdog watchdog_netns netns_replay shard_cluster_dblp_resync shard_cluster_loss shard_cluster_2worker_lcores shard_cluster_netns steering_netns silent_member stall_cause udp_signal flag_sweep testbed_check sim_scale server_call_order}
+# Issue #36's UDP shards: shard_cluster_udp, _kill and _wrong_map run
+# here; _dblp_resync and _loss (the same shards' code, as for DPDK) stay
+# out.
+SKIP_TESTS=${ASAN_SKIP_TESTS:-soak bench watchdog watchdog_netns netns_replay shard_cluster_dblp_resync shard_cluster_loss shard_cluster_2worker_lcores shard_cluster_netns steering_netns silent_member stall_cause udp_signal flag_sweep testbed_check sim_scale server_call_order shard_cluster_udp_dblp_resync shard_cluster_udp_loss}
 selection=("$@")
 if [ $# -eq 0 ]; then
   mapfile -t selection < <(
