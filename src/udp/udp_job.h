@@ -8,8 +8,10 @@
 //
 // The rounds are the shared sides' (dblp/send_side.h, dblp/receive_side.h):
 // the server has a ReceiveSide (push) and a SendSide (broadcast) per worker,
-// the worker a SendSide (push) and a ReceiveSide (broadcast). Each app runs
-// one control sidecar thread and one datapath thread (the caller's).
+// the worker a SendSide (push) and a ReceiveSide (broadcast) per server
+// (one, or every server shard with --shards: udp_server_link.h). The
+// server runs one control sidecar thread, the worker one per server; each
+// app one datapath thread (the caller's).
 //
 // Round numbering as in the DPDK apps: iteration i pushes in round 2i and
 // broadcasts in round 2i + 1. udp_push.h's push bench is this job without
@@ -118,7 +120,8 @@ struct UdpJobServerResult {
 
 struct UdpJobWorkerOptions {
   JobSecret secret;                       // the server's
-  std::string server = "127.0.0.1:9100";  // the server's control ip:port
+  // The server's control ip:port (a sharded job's directory, shard 0).
+  std::string server = "127.0.0.1:9100";
   std::string data = "127.0.0.1:0";       // our UDP bind ip:port
   uint32_t mtu = 1500;
   uint32_t burst = 32;

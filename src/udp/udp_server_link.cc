@@ -88,13 +88,10 @@ FrameKey ServerLink::MemberFrameKey() const {
 
 void ServerLink::OnMessage(const ControlMessage& m) {
   if (const auto* c = std::get_if<ChallengeMsg>(&m)) {
-    ProofMsg proof;
-    if (std::string why = handshake_.OnChallenge(*c, &proof); !why.empty()) {
-      sidecar_.Close(conn_, why);
-      return Gone(why);
+    if (std::string why = handshake_.AnswerChallenge(sidecar_, conn_, *c);
+        !why.empty()) {
+      Gone(why);
     }
-    sidecar_.Send(conn_, proof);
-    sidecar_.Authenticate(conn_, handshake_.Keys());
   } else if (const auto* w = std::get_if<WelcomeMsg>(&m)) {
     // Authenticated, then checked against what we can hold.
     std::string why = handshake_.CheckWelcome(*w);

@@ -224,6 +224,18 @@ void WorkerHandshake::Start(JoinMsg* j) {
   challenged_ = false;
 }
 
+std::string WorkerHandshake::AnswerChallenge(ControlSidecar& sc, ConnId conn,
+                                             const ChallengeMsg& c) {
+  ProofMsg proof;
+  if (std::string why = OnChallenge(c, &proof); !why.empty()) {
+    sc.Close(conn, why);
+    return why;
+  }
+  sc.Send(conn, proof);
+  sc.Authenticate(conn, Keys());
+  return "";
+}
+
 std::string WorkerHandshake::OnChallenge(const ChallengeMsg& c,
                                          ProofMsg* proof) {
   if (challenged_) return "the server sent CHALLENGE twice";

@@ -139,6 +139,11 @@ class WorkerHandshake {
   void Start(JoinMsg* j);
   // "" and the PROOF to send, or why the server is not trusted.
   std::string OnChallenge(const ChallengeMsg& c, ProofMsg* proof);
+  // The whole answer on connection `conn`: the PROOF, then everything
+  // after it, both ways, travels with its TAG. "" or why the server is
+  // not trusted (the connection is then closed).
+  std::string AnswerChallenge(ControlSidecar& sc, ConnId conn,
+                              const ChallengeMsg& c);
   // "" if the WELCOME's mac is the server's, else why not.
   std::string CheckWelcome(const WelcomeMsg& wm) const;
   // The control channel's keys, once OnChallenge succeeded.

@@ -158,14 +158,11 @@ ShardLinks::Event ShardLinks::OnDirectoryMessage(const ControlMessage& m) {
       Fail(ShardName(0) + " sent a second CHALLENGE");
       return Event::kNone;
     }
-    ProofMsg proof;
-    if (std::string why = handshake_.OnChallenge(*ch, &proof); !why.empty()) {
+    if (std::string why = handshake_.AnswerChallenge(sc_, directory_, *ch);
+        !why.empty()) {
       Fail(ShardName(0) + " is not trusted: " + why);
-      sc_.Close(directory_, why);
       return Event::kNone;
     }
-    sc_.Send(directory_, proof);
-    sc_.Authenticate(directory_, handshake_.Keys());
     directory_trusted_ = true;
     ShardHelloMsg h;
     h.shard_index = cfg_.role.index;

@@ -98,14 +98,10 @@ void WorkerControl::OnWelcome(const WelcomeMsg& w) {
 void WorkerControl::OnMessage(const ControlMessage& m) {
   if (const auto* w = std::get_if<WelcomeMsg>(&m)) return OnWelcome(*w);
   if (const auto* c = std::get_if<ChallengeMsg>(&m)) {
-    ProofMsg proof;
-    if (std::string why = handshake_.OnChallenge(*c, &proof); !why.empty()) {
-      sidecar_.Close(conn_, why);
-      return Gone(why);
+    if (std::string why = handshake_.AnswerChallenge(sidecar_, conn_, *c);
+        !why.empty()) {
+      Gone(why);
     }
-    sidecar_.Send(conn_, proof);
-    // Everything after the PROOF, both ways, travels with its TAG.
-    sidecar_.Authenticate(conn_, handshake_.Keys());
     return;
   }
   const auto gone = [this](std::string why) { Gone(std::move(why)); };
