@@ -20,6 +20,7 @@
 #include "dblp/handoff/gradient_source.h"
 #include "dblp/job/counters.h"
 #include "dblp/job/phase_link.h"
+#include "dblp/job/server_driver.h"
 #include "dblp/job/worker_model.h"
 #include "dblp/round/receive_side.h"
 #include "dblp/round/round_control.h"
@@ -280,8 +281,10 @@ struct MemoryCluster::Impl {
     SimSender bcast;   // server -> the worker, out of the server's port
     PipeOutbox out;    // requests of both sides, to the worker
   };
-  // A server shard: an ordinary job over its partition's local layout.
-  struct Shard {
+  // A server shard: an ordinary job over its partition's local layout,
+  // and the transport its coordinator asks (server_driver.h): the
+  // simulator takes the coordinator's steps in ServeIterations' order.
+  struct Shard final : ServerTransport {
     Shard(const ClusterConfig& c, uint32_t k, uint32_t first,
           const ChunkLayout& local)
         : index(k),
@@ -292,20 +295,38 @@ struct MemoryCluster::Impl {
               c.send_order, c.seed,
               c.server_shards > 1 ? "sim-server" + std::to_string(k)
                                   : "sim-server"),
+          coord(job, *this, c.push_only),
           bcast_loss(c.bcast_loss,
                      c.bursts_on_broadcast ? c.bursts : BurstSchedule{},
                      HashMix(c.seed, 0xB0 + k)) {}
+
+    // ServerTransport: the modelled time and burst of the boundary being
+    // decided (the simulator sets them first); the requests wait in
+    // `posts` until the simulator sends them (Flush).
+    uint64_t Now() override { return at_ns; }
+    std::span<const ReceiveSide* const> PushLanes(uint32_t w) override {
+      return {&push_sides[w], 1};  // one lane per worker here
+    }
+    std::span<const SendSide* const> BroadcastLanes(uint32_t w) override {
+      return {&bcast_sides[w], 1};
+    }
+    void Post(const ControlRequest& r) override { posts.push_back(r); }
+    AcceptedSlots* Accepted() override { return &accepted; }
+    bool InBurst(uint64_t /*it*/) override { return burst; }
+
     uint32_t index;
     uint32_t first_chunk;  // global chunk of local chunk 0
     ChunkLayout layout;
     ServerJob job;
+    ServerCoordinator coord;
     LossInjector bcast_loss;
     AcceptedSlots accepted;             // push feedback, staged by the job
-    ReducedPush reduced;                // this iteration's
-    std::vector<ControlRequest> posts;  // what the job announced
-    ClosedPushSides closed_push;        // per worker, the closed push
+    std::vector<ControlRequest> posts;  // what the job decided to send
+    uint64_t at_ns = 0;
+    bool burst = false;
     std::vector<std::unique_ptr<ServerLink>> links;  // per worker
     std::vector<const ReceiveSide*> push_sides;      // links[w]->push
+    std::vector<const SendSide*> bcast_sides;        // links[w]->bcast
     std::vector<uint32_t> order_buf;
     std::vector<bool> rx_from;  // PollServer: frames from each worker
   };
@@ -464,6 +485,7 @@ struct MemoryCluster::Impl {
     ServerLink& ln = *sh.links.back();
     ln.out = PipeOutbox{&to_worker, &ln.push, &clock};
     sh.push_sides.push_back(&ln.push);
+    sh.bcast_sides.push_back(&ln.bcast.side);
   }
 
   // ---- control plane -------------------------------------------------------
@@ -899,33 +921,48 @@ struct MemoryCluster::Impl {
     }
   }
 
-  // Shard k's ROUND_BEGIN to every worker, in the simulator's round
-  // numbering (it may start anywhere: first_round tests the wrap-around).
-  void Announce(RoundBeginRequest rb, uint32_t sim_round, uint32_t k,
-                uint64_t it) {
-    rb.round = sim_round;
-    RoundBeginMsg m = RoundBeginMessage(rb);
-    m.iteration = static_cast<uint32_t>(it);
-    for (uint32_t w = 0; w < workers.size(); ++w) {
-      // None to a worker the job went on without (its connection closed).
-      if (shards[k]->job.alive(w)) workers[w]->to_worker[k].Send(m, clock.now);
+  // What shard `sh`'s job posted, sent now: each ACCEPTED, and each
+  // ROUND_BEGIN (of iteration `it`) to every worker in the simulator's
+  // round numbering (it may start anywhere: first_round tests the
+  // wrap-around).
+  void Flush(Shard& sh, uint64_t it) {
+    for (const ControlRequest& r : sh.posts) {
+      AcceptedMsg m;
+      if (const auto* rb = std::get_if<RoundBeginRequest>(&r)) {
+        RoundBeginMsg begin = RoundBeginMessage(*rb);
+        begin.round = cfg.first_round + rb->round;
+        begin.iteration = static_cast<uint32_t>(it);
+        for (uint32_t w = 0; w < workers.size(); ++w) {
+          // None to a worker the job went on without (its connection
+          // closed).
+          if (sh.job.alive(w)) {
+            workers[w]->to_worker[sh.index].Send(begin, clock.now);
+          }
+        }
+      } else if (const auto* a = std::get_if<AcceptedRequest>(&r);
+                 a != nullptr && sh.accepted.Take(a->peer, a->round, &m)) {
+        workers[a->peer]->to_worker[sh.index].Send(m, clock.now);
+      }
     }
+    sh.posts.clear();
   }
 
-  // Each shard opens iteration `it`'s push: its ROUND_BEGIN to every
-  // worker, its receive sides begun. As the apps' servers do: the first
-  // at the job's start, every later one as the push before it closes,
-  // beside that push's broadcast (its deadline runs from then).
+  // Each shard opens iteration `it`'s push (its coordinator's OpenPush,
+  // the sides, AnnouncePush). As the apps' servers do: the first at the
+  // job's start, every later one as the push before it closes, beside
+  // that push's broadcast (its deadline runs from then).
   void OpenPush(uint64_t it, uint32_t push_round) {
     for (auto& sh : shards) {
-      const PushOpening open = sh->job.OpenPush(it, clock.ns());
-      const RoundBeginRequest& rb = open.announce;
-      Announce(rb, push_round, sh->index, it);
+      sh->at_ns = clock.ns();
+      sh->coord.OpenPush(it);
+      const PushOpening& open = sh->coord.opening();
       for (auto& ln : sh->links) {
-        ln->push.Begin(push_round, rb.p, 0, 0, clock.ns());
+        ln->push.Begin(push_round, open.announce.p, 0, 0, clock.ns());
         ln->push.DeadlineAfterFirstChunk(open.deadline_after_first_ns,
-                                         rb.min_fraction);
+                                         open.announce.min_fraction);
       }
+      sh->coord.AnnouncePush();
+      Flush(*sh, it);
     }
     push_opened = it + 1;
   }
@@ -960,23 +997,28 @@ struct MemoryCluster::Impl {
     InjectStale();
   }
 
-  // Every shard's ClosePush. With several shards each one's Reduce asks
-  // the phase (phase_link.h) and blocks until all have asked, as shards in
-  // their own processes do: one thread each, joined here.
-  void ClosePushes(uint64_t push_end, bool burst) {
+  // Every shard's ClosePush (its coordinator's). With several shards each
+  // one's Reduce asks the phase (phase_link.h) and blocks until all have
+  // asked, as shards in their own processes do: one thread each, joined
+  // here. The first shard's failure, or "".
+  std::string ClosePushes(uint64_t push_end, bool burst) {
+    std::vector<std::string> failures(shards.size());
     auto close = [&](Shard& sh) {
-      sh.posts.clear();
-      sh.reduced =
-          sh.job.ClosePush(iteration, sh.closed_push.View(push_end, burst),
-                           &sh.accepted, &sh.posts);
+      sh.at_ns = push_end;
+      sh.burst = burst;
+      failures[sh.index] = sh.coord.ClosePush(iteration);
     };
     if (shards.size() == 1) {
       close(*shards[0]);
-      return;
+    } else {
+      std::vector<std::thread> threads;
+      for (auto& sh : shards) threads.emplace_back(close, std::ref(*sh));
+      for (auto& t : threads) t.join();
     }
-    std::vector<std::thread> threads;
-    for (auto& sh : shards) threads.emplace_back(close, std::ref(*sh));
-    for (auto& t : threads) t.join();
+    for (std::string& f : failures) {
+      if (!f.empty()) return std::move(f);
+    }
+    return "";
   }
 
   void EndPush(IterationOutcome& out, double lost_at) {
@@ -995,25 +1037,23 @@ struct MemoryCluster::Impl {
       return true;
     });
     out.push_first_chunk_ns = first - push_start_ns;
-    // Each shard gathers its closed push as every server does (one lane
-    // per worker here); the whole gradient's view is their union.
-    const auto W = static_cast<uint32_t>(workers.size());
+    // What the servers decide (their coordinators, as every server's):
+    // each gathers its closed push (one lane per worker here); mean,
+    // policy, rows, broadcast.
     for (auto& sh : shards) {
       for (auto& ln : sh->links) ln->push.Close();
-      sh->closed_push.Gather(W, sh->layout.num_chunks(), [&](uint32_t w) {
-        return std::span<const ReceiveSide* const>(&sh->push_sides[w], 1);
-      });
     }
+    out.failure = ClosePushes(static_cast<uint64_t>(push_end), out.burst);
+    // The whole gradient's view is the union of the shards'.
     std::vector<Bitmap> local(shards.size());
-    for (uint32_t w = 0; w < W; ++w) {
-      for (auto& sh : shards) local[sh->index] = sh->closed_push.arrived()[w];
+    for (uint32_t w = 0; w < workers.size(); ++w) {
+      for (auto& sh : shards) {
+        local[sh->index] = sh->coord.closed_push().arrived()[w];
+      }
       Union(local, &push_arrived[w]);
     }
-    // What the servers decide (ServerJob): mean, policy, rows, broadcast.
-    ClosePushes(static_cast<uint64_t>(push_end), out.burst);
-    out.grad_norm = shards[0]->reduced.norm;
+    out.grad_norm = shards[0]->coord.reduced().norm;
     for (auto& sh : shards) {
-      if (out.failure.empty()) out.failure = sh->reduced.failure;
       const std::span<const float> part = sh->job.iteration().mean();
       std::copy(part.begin(), part.end(),
                 Slice(std::span<float>(mean), sh->index).begin());
@@ -1023,19 +1063,11 @@ struct MemoryCluster::Impl {
   // Broadcast: each shard -> every worker; each worker decides STOP with
   // the p its ROUND_BEGIN announces.
   void BeginBroadcast(IterationOutcome& out) {
-    out.bcast_tolerance = shards[0]->reduced.broadcast;
+    out.bcast_tolerance = shards[0]->coord.reduced().broadcast;
     bcast_start_ns = clock.now;
     MaybeSleep(Direction::kBroadcast);
     for (auto& sh : shards) {
-      for (const ControlRequest& r : sh->posts) {  // ACCEPTED, then ROUND_BEGIN
-        AcceptedMsg m;
-        if (const auto* rb = std::get_if<RoundBeginRequest>(&r)) {
-          Announce(*rb, out.bcast_round, sh->index, iteration);
-        } else if (const auto* a = std::get_if<AcceptedRequest>(&r);
-                   a != nullptr && sh->accepted.Take(a->peer, a->round, &m)) {
-          workers[a->peer]->to_worker[sh->index].Send(m, clock.now);
-        }
-      }
+      Flush(*sh, iteration);  // ACCEPTED, then ROUND_BEGIN
       for (uint32_t w = 0; w < workers.size(); ++w) {
         sh->job.BroadcastOrder(w, iteration, sh->layout.num_chunks(),
                                &sh->order_buf);
@@ -1069,16 +1101,12 @@ struct MemoryCluster::Impl {
     for (uint32_t w = 0; w < workers.size(); ++w) {
       if (!asleep[w]) Absorb(w);
     }
-    // Every shard's rows get their broadcast half (ServerJob).
-    std::vector<const SendSide*> sides(workers.size());
-    std::vector<std::span<const SendSide* const>> per_worker;
+    // Every shard's rows get their broadcast half (its coordinator).
     for (auto& sh : shards) {
-      per_worker.clear();
-      for (uint32_t w = 0; w < workers.size(); ++w) {
-        sides[w] = &sh->links[w]->bcast.side;
-        per_worker.push_back({&sides[w], 1});
+      sh->at_ns = clock.ns();
+      if (std::string e = sh->coord.CloseBroadcast(iteration); !e.empty()) {
+        throw std::runtime_error(e);
       }
-      sh->job.CloseBroadcast(per_worker);
     }
   }
 

@@ -24,6 +24,7 @@
 #include "dblp/emul/rx_loss.h"
 #include "dblp/job/counters.h"
 #include "dblp/job/diagnosis.h"
+#include "dblp/job/server_driver.h"
 #include "dblp/job/server_job.h"
 #include "dblp/job/shard_links.h"
 #include "dblp/obs/run_report.h"
@@ -48,10 +49,39 @@ using udp::EventQueue;
 using udp::NowNs;
 using udp::Outbox;
 
-class JobServer {
+// The UDP server's one datapath thread is the job's one lane and its
+// coordinator (server_driver.h): it polls and steps; ServeIterations
+// decides.
+class JobServer final : public ServerTransport {
  public:
   explicit JobServer(const UdpJobServerOptions& o) : o_(o) {}
   UdpJobServerResult Run();
+
+  // ---- the lane (ServeIterations) ----
+  template <class Done>
+  bool RunRound(uint64_t it, bool broadcasting, Done done);
+  bool PushStopped(uint32_t w, uint64_t /*it*/) const {
+    return push_[w]->stopped();
+  }
+  bool BroadcastDone(uint32_t w) const { return bcast_[w]->done(); }
+  void ClosePushSides();
+  void OpenPushSides(uint64_t it, const PushOpening& open);
+  bool BeginBroadcastSides(uint64_t it);
+
+  // ---- the transport (ServerCoordinator) ----
+  uint64_t Now() override { return NowNs(); }
+  std::span<const ReceiveSide* const> PushLanes(uint32_t w) override {
+    return {&push_ptrs_[w], 1};  // one lane per worker here
+  }
+  std::span<const SendSide* const> BroadcastLanes(uint32_t w) override {
+    return {&bcast_ptrs_[w], 1};
+  }
+  void Post(const ControlRequest& r) override { out_->Post(r); }
+  AcceptedSlots* Accepted() override { return &accepted_; }
+  bool InBurst(uint64_t it) override { return loss_->InBurst(it); }
+  void PushClosed(uint64_t it, const ReducedPush& /*r*/) override {
+    res_.iterations = it + 1;
+  }
 
  private:
   // Why a worker left (an ERROR's text, or the close reason): the sidecar
@@ -89,7 +119,6 @@ class JobServer {
   std::string AwaitWorkers();
   std::string SetUpJob();
   std::string ServeRounds(Outbox& out);
-  void OpenPush(Outbox& out);
   bool Receive();
   uint64_t Progress() const;
   bool StepSides(Outbox& out);
@@ -100,11 +129,8 @@ class JobServer {
   bool Quit() const {
     return o_.quit != nullptr && o_.quit->load(std::memory_order_relaxed);
   }
-  bool CloseRoundIfStopped(Outbox& out, std::string* failure);
-  void BeginBroadcast();
-  bool CloseBroadcastIfDone();
   std::string NoProgress() const;
-  std::string LoseSilent(Outbox& out);
+  std::string LoseSilent();
   uint64_t injected_at_open_ = 0;  // the injector's drops at the push's open
   void Finish(Outbox& out, const std::string& failure);
   void FillCounters();
@@ -140,6 +166,7 @@ class JobServer {
   std::vector<std::unique_ptr<ReceiveSide>> push_;  // by worker rank
   std::vector<const ReceiveSide*> push_ptrs_;       // the same, for Gather
   std::vector<std::unique_ptr<SendSide>> bcast_;    // by worker rank
+  std::vector<const SendSide*> bcast_ptrs_;         // the same, for the rows
   std::atomic<bool> joined_{false};
   // The bytes this server reduces: the gradient's, or its partition's in a
   // sharded job. Sidecar: wo before `joined_`.
@@ -174,8 +201,6 @@ class JobServer {
   // decisions, the rows and the workers' lifecycle. Its alive(w) is read
   // by the sidecar too (no ROUND_BEGIN to a lost worker).
   std::unique_ptr<ServerJob> job_;
-  ClosedPushSides closed_push_;        // the closed push's bitmaps and STOPs
-  std::vector<ControlRequest> posts_;  // what the job decided to send
   std::unique_ptr<RxLossInjector> loss_;
   std::vector<Packet> pkts_;
   std::vector<uint8_t> arrivals_;  // per worker: frames this turn
@@ -184,9 +209,11 @@ class JobServer {
   std::vector<uint32_t> order_buf_;
   std::vector<std::unique_ptr<PacketFrames<UdpSocketPort>>> frames_;
   uint64_t departures_ = 0;    // BYEs and lost connections taken
-  uint64_t closed_ = 0;        // pushes and broadcasts closed
-  uint64_t it_ = 0;            // the open push round's iteration
-  bool broadcasting_ = false;  // iteration it_ - 1's mean is going out
+  Outbox* out_ = nullptr;      // ServeRounds'
+  std::unique_ptr<RoundPacer> pacer_;
+  SoloSync sync_;
+  uint64_t it_ = 0;            // the running round's iteration
+  bool broadcasting_ = false;  // the running round is it_'s broadcast
   uint64_t unpinned_ = 0;      // frames from an unpinned address
   uint64_t poll_gen_ = 0, drained_gen_ = 0;
   // The job's rows, streamed as the iterations end.
@@ -392,6 +419,7 @@ void JobServer::MakeSides(const ChunkLayout& layout) {
     push_ptrs_.push_back(push_.back().get());
     bcast_.push_back(std::make_unique<SendSide>(
         BroadcastSendConfig(session_, peer, o_.burst)));
+    bcast_ptrs_.push_back(bcast_.back().get());
   }
 }
 
@@ -592,37 +620,37 @@ std::string JobServer::SetUpJob() {
 }
 
 std::string JobServer::ServeRounds(Outbox& out) {
+  out_ = &out;
   // Yields, not pauses, while spinning: the sidecar thread may share the
   // core.
-  RoundPacer pacer(512, o_.idle_sleep_us, o_.round_timeout_ms, o_.quit, nullptr,
-                   o_.deep_idle, IdleBackoff::Spin::kYield);
+  pacer_ = std::make_unique<RoundPacer>(
+      512, o_.idle_sleep_us, o_.round_timeout_ms, o_.quit, nullptr,
+      o_.deep_idle, IdleBackoff::Spin::kYield);
+  ServerCoordinator coord(*job_, *this, o_.push_only);
+  ServeIterations(*this, sync_, coord, true);
+  return sync_.failure();  // "": every live worker said BYE
+}
+
+// Turns until done(). `work` ends the idle back-off; only progress
+// (Progress: a new chunk, a first-pass frame, a BITMAP showing more, a
+// STOP, a departure) feeds the watchdog, so a round whose every frame is
+// lost, or whose peer stopped, still times out.
+template <class Done>
+bool JobServer::RunRound(uint64_t it, bool broadcasting, Done done) {
+  it_ = it;
+  broadcasting_ = broadcasting;
   std::string failure;
-  OpenPush(out);
-  // `work` ends the idle back-off; only progress (Progress: a new chunk, a
-  // first-pass frame, a BITMAP showing more, a STOP, a round closed, a
-  // departure) feeds the watchdog, so a round whose every frame is lost,
-  // or whose peer stopped, still times out.
   const PollEnd end = PollUntil(
-      pacer, NowNs,
+      *pacer_, NowNs,
       [&](uint64_t) {
         PollTurn t{Receive()};
         t.work = TakeEvents(&failure) || t.work;
-        if (failure.empty()) failure = FinishedEarly();
+        if (failure.empty() && !broadcasting) failure = FinishedEarly();
         if (failure.empty()) {
-          t.work = StepSides(out) || t.work;
-          if (broadcasting_) t.work = StepBroadcast(out) || t.work;
-          t.work = CloseBroadcastIfDone() || t.work;
-          if (!broadcasting_ && CloseRoundIfStopped(out, &failure)) {
-            t.work = true;
-          }
-          if (!broadcasting_ && failure.empty() &&
-              job_->PushOver([&](uint32_t w) { return push_[w]->stopped(); }) ==
-                  ServerJob::PushState::kAllBye) {
-            t.then = PollTurn::Then::kDone;
-            return t;
-          }
+          t.work = StepSides(*out_) || t.work;
+          if (broadcasting) t.work = StepBroadcast(*out_) || t.work;
+          if (done()) t.then = PollTurn::Then::kDone;
         }
-        if (failure.empty()) failure = job_->RowsFailure();
         if (!failure.empty()) t.then = PollTurn::Then::kFailed;
         return t;
       },
@@ -630,46 +658,47 @@ std::string JobServer::ServeRounds(Outbox& out) {
       [&](uint64_t) {
         // --on_worker_loss=continue: the workers the round still waits for
         // while the others are done are lost, and it goes on.
-        failure = LoseSilent(out);
+        failure = LoseSilent();
         ++departures_;
         return failure.empty();
       });
   switch (end) {
     case PollEnd::kDone:
-      return "";
+      return true;
     case PollEnd::kQuit:
-      return "interrupted";
+      sync_.Fail("interrupted");
+      return false;
     case PollEnd::kFailed:
     case PollEnd::kTimedOut:
-      return failure;
+      sync_.Fail(failure);
+      return false;
   }
-  return failure;
+  return false;
 }
 
-std::string JobServer::LoseSilent(Outbox& out) {
+std::string JobServer::LoseSilent() {
   std::vector<uint32_t> dropped;
   std::string failure = job_->LoseSilent(
-      broadcasting_ ? it_ - 1 : it_, broadcasting_, o_.round_timeout_ms,
+      it_, broadcasting_, o_.round_timeout_ms,
       [&](uint32_t w) {
         return broadcasting_ ? !bcast_[w]->done() : !push_[w]->stopped();
       },
       NoProgress(), &dropped);
   for (const uint32_t w : dropped) {
-    out.Post(DropRequest{static_cast<uint16_t>(w)});
+    out_->Post(DropRequest{static_cast<uint16_t>(w)});
   }
   return failure;
 }
 
-void JobServer::OpenPush(Outbox& out) {
+void JobServer::OpenPushSides(uint64_t /*it*/, const PushOpening& open) {
   const uint64_t now = NowNs();
   injected_at_open_ = loss_->dropped();
-  const PushOpening o = job_->OpenPush(it_, now);
-  const RoundBeginRequest& rb = o.announce;
+  const RoundBeginRequest& rb = open.announce;
   for (auto& side : push_) {
     side->Begin(rb.round, rb.p, 0, 0, now);
-    side->DeadlineAfterFirstChunk(o.deadline_after_first_ns, rb.min_fraction);
+    side->DeadlineAfterFirstChunk(open.deadline_after_first_ns,
+                                  rb.min_fraction);
   }
-  out.Post(rb);
 }
 
 // One RX poll: each frame to its worker's side, accepted chunks summed.
@@ -731,7 +760,7 @@ bool JobServer::StepBroadcast(Outbox& out) {
 // What moves the job (send_side.h, receive_side.h): never a duplicate, a
 // stranger's frame, a resent pass or a PROBE retry.
 uint64_t JobServer::Progress() const {
-  uint64_t mark = departures_ + closed_;
+  uint64_t mark = departures_;
   for (uint32_t w = 0; w < o_.workers; ++w) {
     mark += push_[w]->progress() + bcast_[w]->progress();
   }
@@ -757,72 +786,31 @@ std::string JobServer::FinishedEarly() {
       [&](uint32_t w) { return push_[w]->stopped(); });
 }
 
-// Every live push side sent its STOP: the job reduces and decides; the
-// next push opens and (in a job) the mean's broadcast begins.
-bool JobServer::CloseRoundIfStopped(Outbox& out, std::string* failure) {
-  if (job_->PushOver([&](uint32_t w) { return push_[w]->stopped(); }) !=
-      ServerJob::PushState::kClosed) {
-    return false;
-  }
+void JobServer::ClosePushSides() {
   for (uint32_t w = 0; w < o_.workers; ++w) {
     push_[w]->Close();
     res_.rounds.push_back(
         UdpServerRound{it_, w, push_[w]->receiver().delivered_fraction()});
   }
-  // One lane per worker here.
-  closed_push_.Gather(o_.workers, layout_.num_chunks(), [&](uint32_t w) {
-    return std::span<const ReceiveSide* const>(&push_ptrs_[w], 1);
-  });
-  posts_.clear();
-  const ReducedPush& reduced =
-      job_->ClosePush(it_, closed_push_.View(NowNs(), loss_->InBurst(it_)),
-                      &accepted_, &posts_);
-  if (!reduced.failure.empty()) {  // --on_bad_gradient=abort: no mean goes out
-    *failure = reduced.failure;
-    return true;
-  }
-  // ACCEPTED and the broadcast's ROUND_BEGIN before the next push's.
-  for (const ControlRequest& r : posts_) out.Post(r);
-  res_.iterations = ++it_;
-  ++closed_;
-  if (!o_.push_only) BeginBroadcast();
-  OpenPush(out);
-  return true;
 }
 
-// Iteration it_ - 1's mean to every live worker, in the job's order.
-void JobServer::BeginBroadcast() {
-  const uint32_t round = BroadcastRound(it_ - 1);
+// Iteration it's mean to every live worker, in the job's order.
+bool JobServer::BeginBroadcastSides(uint64_t it) {
+  const uint32_t round = BroadcastRound(it);
   const uint64_t now = NowNs();
   for (uint32_t w = 0; w < o_.workers; ++w) {
     if (!Alive(w)) continue;
-    job_->BroadcastOrder(w, it_ - 1, layout_.num_chunks(), &order_buf_);
+    job_->BroadcastOrder(w, it, layout_.num_chunks(), &order_buf_);
     bcast_[w]->Begin(round, order_buf_, now, layout_.num_chunks());
   }
-  broadcasting_ = true;
-}
-
-// Every live worker holds its share of the mean: the rows are complete.
-bool JobServer::CloseBroadcastIfDone() {
-  if (!broadcasting_ ||
-      !job_->BroadcastOver([&](uint32_t w) { return bcast_[w]->done(); })) {
-    return false;
-  }
-  broadcasting_ = false;
-  ++closed_;
-  std::vector<const SendSide*> sides;
-  for (const auto& side : bcast_) sides.push_back(side.get());
-  std::vector<std::span<const SendSide* const>> per_worker;
-  for (const SendSide*& side : sides) per_worker.push_back({&side, 1});
-  job_->CloseBroadcast(per_worker);
   return true;
 }
 
 std::string JobServer::NoProgress() const {
   if (broadcasting_) {
-    return job_->BroadcastStalled(
-        it_ - 1, o_.round_timeout_ms,
-        [&](uint32_t w) { return bcast_[w]->done(); });
+    return job_->BroadcastStalled(it_, o_.round_timeout_ms, [&](uint32_t w) {
+      return bcast_[w]->done();
+    });
   }
   return job_->PushStalled(
       it_, o_.round_timeout_ms,

@@ -197,6 +197,7 @@ class ServerJob {
   const std::atomic<bool>* alive_flags() const { return alive_.get(); }
   uint32_t live_count() const;
   uint32_t workers() const { return static_cast<uint32_t>(names_.size()); }
+  uint32_t num_chunks() const { return layout_.num_chunks(); }
   // Coordinator: worker w finished its iterations (BYE).
   void OnBye(uint32_t w);
   // Any thread.

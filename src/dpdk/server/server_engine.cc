@@ -27,10 +27,10 @@
 namespace dblp {
 namespace {
 
-// One dblp-server run: the DPDK transport under the ServerJob. Lcore 0
-// coordinates (ServerCoordinator: the job's entry points between the
-// lcores' phases); every lcore runs its lane of every round.
-class ServerRun {
+// One dblp-server run: the DPDK transport under the ServerJob. Every lcore
+// runs its lane of every round (ServeIterations); lcore 0 also coordinates
+// (ServerCoordinator), and this is the transport it asks.
+class ServerRun final : public ServerTransport {
  public:
   explicit ServerRun(const ServerOptions& o)
       : o_(o), quit_(InstallQuitHandlers()) {
@@ -45,10 +45,24 @@ class ServerRun {
 
  private:
   void BuildJob();
-  void AnnouncePush(uint64_t it);
-  RoundTolerance Reduce(uint64_t it);
-  void BroadcastDone(uint64_t it);
   void FillCounters(RunReport* report);
+
+  // ServerTransport, on lcore 0 between the lcores' phases.
+  uint64_t Now() override { return NowNs(); }
+  std::span<const ReceiveSide* const> PushLanes(uint32_t w) override {
+    return push_lanes_[w];
+  }
+  std::span<const SendSide* const> BroadcastLanes(uint32_t w) override {
+    return bcast_sides_[w];
+  }
+  void Post(const ControlRequest& r) override {
+    lcores_.lcores[0]->outbox().Post(r);
+  }
+  AcceptedSlots* Accepted() override { return a_.control->accepted(); }
+  bool InBurst(uint64_t it) override { return lcores_.losses[0]->InBurst(it); }
+  void PushAnnounced(uint64_t it, const RoundTolerance& t) override;
+  void PushClosed(uint64_t it, const ReducedPush& r) override;
+  void IterationDone(uint64_t it) override;
   int Report(const std::string& failure);
 
   const ServerOptions& o_;
@@ -62,11 +76,8 @@ class ServerRun {
   std::vector<std::unique_ptr<WorkerState>> workers_;
   LinkGrid links_;
   std::unique_ptr<JobSync> sync_;
-  ServerDecisions decisions_;
+  std::unique_ptr<ServerCoordinator> coordinator_;
   ServerLcores lcores_;
-  // Lcore 0's coordinator's scratch: each closed push per worker.
-  ClosedPushSides closed_push_;
-  std::vector<ControlRequest> posts_;
   std::vector<std::vector<const ReceiveSide*>> push_lanes_;  // [w][lane]
   std::vector<std::vector<const SendSide*>> bcast_sides_;    // [w][lane]
   std::unique_ptr<ResourceTrack> resources_;
@@ -119,7 +130,8 @@ void ServerRun::BuildJob() {
   }
   a_.control->Attach(push_sides, bcast_sides);
   sync_ = std::make_unique<JobSync>(S, &quit_);
-  decisions_.next_push = job_->PushTolerance(0);
+  coordinator_ =
+      std::make_unique<ServerCoordinator>(*job_, *this, o_.push_only);
   lcores_ = BuildServerLcores(ServerShared{.o = &o_,
                                            .ports = &a_.ports,
                                            .local_ip = a_.local_ip,
@@ -128,56 +140,30 @@ void ServerRun::BuildJob() {
                                            .job = job_.get(),
                                            .control = a_.control.get(),
                                            .sync = sync_.get(),
-                                           .decisions = &decisions_,
+                                           .coordinator = coordinator_.get(),
                                            .quit = &quit_},
                               a_.confs, workers_, links_);
   resources_ = std::make_unique<ResourceTrack>(a_.ports.pool);
 }
 
-void ServerRun::AnnouncePush(uint64_t it) {
-  const RoundTolerance t = job_->PushTolerance(it);
-  const PushOpening open = job_->OpenPush(it, NowNs());
+void ServerRun::PushAnnounced(uint64_t it, const RoundTolerance& t) {
   a_.control->Publish(it, t.p, t.critical);
   runtime_.PushOpened(it, t);
-  lcores_.lcores[0]->outbox().Post(open.announce);
 }
 
-// Every lcore's push sides are closed: the job decides; the prompt's
-// change applies at this boundary (iteration it + 1 on).
-RoundTolerance ServerRun::Reduce(uint64_t it) {
-  closed_push_.Gather(o_.workers, layout_.num_chunks(), [&](uint32_t w) {
-    return std::span<const ReceiveSide* const>(push_lanes_[w]);
-  });
-  posts_.clear();
-  const ReducedPush& r = job_->ClosePush(
-      it, closed_push_.View(NowNs(), lcores_.losses[0]->InBurst(it)),
-      a_.control->accepted(), &posts_);
-  if (!r.failure.empty()) {  // --on_bad_gradient=abort: no mean goes out
-    sync_->Fail(r.failure);
-    return job_->PushTolerance(it + 1);
-  }
-  for (const ControlRequest& req : posts_)
-    lcores_.lcores[0]->outbox().Post(req);
+// The prompt's change applies at this boundary (iteration it + 1 on).
+void ServerRun::PushClosed(uint64_t it, const ReducedPush& r) {
   std::unique_ptr<TolerancePolicy>& live = job_->iteration().policy();
   if (runtime_.ApplyServerCommand(it + 1, &live)) {
     job_->OverrideNextPush(live->Current());
   }
-  // A push-only job's rows are complete now (on disk, or the job ends).
-  if (std::string e = job_->RowsFailure(); !e.empty()) sync_->Fail(e);
-  const RoundTolerance next = job_->PushTolerance(it + 1);
-  runtime_.BroadcastOpened(it, r.broadcast, next);
-  if (o_.push_only) runtime_.IterationDone(it);
+  runtime_.BroadcastOpened(it, r.broadcast, job_->PushTolerance(it + 1));
   runtime_.PublishStats();  // the other lcores wait at the barrier
-  return next;
 }
 
-void ServerRun::BroadcastDone(uint64_t it) {
+void ServerRun::IterationDone(uint64_t it) {
   iterations_done_ = it + 1;
   resources_->Sample(it + 1);
-  std::vector<std::span<const SendSide* const>> sides;
-  for (const auto& w : bcast_sides_) sides.emplace_back(w);
-  job_->CloseBroadcast(sides);
-  if (std::string e = job_->RowsFailure(); !e.empty()) sync_->Fail(e);
   runtime_.IterationDone(it);
 }
 
@@ -203,12 +189,6 @@ int ServerRun::Run() {
     FillCounters(&live);
     *out = std::move(live.counters);
   });
-  ServerCoordinator coord;
-  coord.announce_push = [&](uint64_t it) { AnnouncePush(it); };
-  coord.reduce = [&](uint64_t it) { return Reduce(it); };
-  coord.broadcast_done = [&](uint64_t it) { BroadcastDone(it); };
-  for (auto& lc : lcores_.lcores) lc->OpenPush(0, decisions_.next_push);
-  AnnouncePush(0);
   std::printf(
       "dblp-server: %u workers joined; %u chunks of %u B per round, "
       "%zu datapath lcore(s)\n",
@@ -219,7 +199,7 @@ int ServerRun::Run() {
   for (auto& l : lcores_.losses) l->StartClock(start_ns);
   LaunchRemoteLcores(lcores_, a_.confs, o_.dp.realtime);
   runtime_.SetRunning(true);
-  lcores_.lcores[0]->Run(&coord);
+  lcores_.lcores[0]->Run();
   rte_eal_mp_wait_lcore();
   runtime_.SetRunning(false);
   return Report(sync_->failure());

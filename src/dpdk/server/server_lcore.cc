@@ -382,7 +382,8 @@ uint64_t ServerLcore::Progress() const {
 }
 
 template <class Done>
-bool ServerLcore::RunUntil(Done done, bool broadcasting) {
+bool ServerLcore::RunRound(uint64_t it, bool broadcasting, Done done) {
+  iteration_ = it;
   injected_at_start_ = setup_.loss ? setup_.loss->dropped() : 0;
   std::string failure;
   const PollEnd end = PollUntil(
@@ -456,32 +457,18 @@ bool ServerLcore::FinishedEarly(uint64_t it) {
   return true;
 }
 
-ServerLcore::PushEnd ServerLcore::RunPush(uint64_t it) {
-  iteration_ = it;
-  const uint32_t round = PushRound(it);
-  ServerJob::PushState state = ServerJob::PushState::kOpen;
-  const bool ok = RunUntil(
-      [&] {
-        state = job_.PushOver(
-            [&](uint32_t w) { return workers_[w]->push_stop.taken(round); });
-        return state != ServerJob::PushState::kOpen;
-      },
-      false);
-  if (!ok) return PushEnd::kFailed;
-  return state == ServerJob::PushState::kAllBye ? PushEnd::kAllBye
-                                                : PushEnd::kStopped;
-}
-
-void ServerLcore::OpenPush(uint64_t it, const RoundTolerance& tol) {
+void ServerLcore::OpenPushSides(uint64_t /*it*/, const PushOpening& open) {
   const uint64_t now = NowNs();
   for (ServerLink* l : links_) {
-    l->push.Begin(PushRound(it), tol.p, 0, 0, now);
+    l->push.Begin(open.announce.round, open.announce.p, 0, 0, now);
     // Counted from the push's first chunk (ServerJob's PushOpening).
-    l->push.DeadlineAfterFirstChunk(tol.deadline_ns, tol.min_fraction);
+    l->push.DeadlineAfterFirstChunk(open.deadline_after_first_ns,
+                                    open.announce.min_fraction);
   }
 }
 
-bool ServerLcore::RunBroadcast(uint64_t it) {
+// This lane's slice of each worker's first pass, in the job's order.
+bool ServerLcore::BeginBroadcastSides(uint64_t it) {
   if (!AdoptReturnPaths()) return false;
   const uint32_t round = BroadcastRound(it);
   const uint32_t n = setup_.layout->num_chunks();
@@ -493,34 +480,11 @@ bool ServerLcore::RunBroadcast(uint64_t it) {
     setup_.lanes->Filter(full, conf_.lane, l.order_buf);
     l.bcast.Begin(round, l.order_buf, now, n);
   }
-  return RunUntil(
-      [&] {
-        return job_.BroadcastOver(
-            [&](uint32_t w) { return links_[w]->bcast.done(); });
-      },
-      true);
+  return true;
 }
 
-void ServerLcore::Run(ServerCoordinator* coord) {
-  ServerDecisions& decide = *setup_.decisions;
-  for (uint64_t it = 0;; ++it) {
-    const PushEnd end = RunPush(it);
-    if (end == PushEnd::kFailed) return;
-    // Lcore 0's view decides for all: the lcores may see the last BYE at
-    // different turns.
-    if (coord != nullptr) decide.all_bye = end == PushEnd::kAllBye;
-    if (!sync_.Barrier() || decide.all_bye) return;
-    for (ServerLink* l : links_) l->push.Close();
-    if (!sync_.Barrier()) return;
-    if (coord != nullptr) decide.next_push = coord->reduce(it);
-    if (!sync_.Barrier()) return;
-    OpenPush(it + 1, decide.next_push);
-    if (!sync_.Barrier()) return;
-    if (coord != nullptr) coord->announce_push(it + 1);
-    if (setup_.push_only) continue;
-    if (!RunBroadcast(it) || !sync_.Barrier()) return;
-    if (coord != nullptr) coord->broadcast_done(it);
-  }
+void ServerLcore::Run() {
+  ServeIterations(*this, sync_, *setup_.coordinator, conf_.lane == 0);
 }
 
 // Lcore k's link to worker w: lane k of w's pushes and broadcasts.

@@ -32,6 +32,7 @@
 #include "dblp/base/round_pacer.h"
 #include "dblp/emul/rx_loss.h"
 #include "dblp/emul/token_bucket.h"
+#include "dblp/job/server_driver.h"
 #include "dblp/job/server_job.h"
 #include "dblp/policy/tolerance.h"
 #include "dblp/round/chunk_ranges.h"
@@ -128,25 +129,6 @@ LinkGrid BuildLinkGrid(uint32_t session, const ChunkLayout& layout,
                        const ChunkRanges& lanes, uint32_t burst,
                        std::vector<std::unique_ptr<WorkerState>>& workers);
 
-// What lcore 0 decides for every server lcore. Writer: lcore 0, before a
-// JobSync barrier; readers: every lcore, after it.
-struct ServerDecisions {
-  RoundTolerance next_push;  // the tolerance of the push being opened
-  bool all_bye = false;      // every live worker finished: the job ends
-};
-
-// The iteration steps only lcore 0 takes, between the lcores' phases (the
-// engine's calls into the ServerJob).
-struct ServerCoordinator {
-  // Every lcore's push sides are closed: reduce, run the policy, announce
-  // the broadcast. Returns the next push's tolerance.
-  std::function<RoundTolerance(uint64_t it)> reduce;
-  // Every lcore opened the next push: announce it.
-  std::function<void(uint64_t next_it)> announce_push;
-  // Every lcore's broadcast is done.
-  std::function<void(uint64_t it)> broadcast_done;
-};
-
 // dblp-server's lcore k: lane k of every worker's push (its ReceiveSides,
 // summed into the MeanReducer's slices of the lane) and of every broadcast
 // (its SendSides).
@@ -167,8 +149,8 @@ class ServerLcore {
     rte_mempool* pool = nullptr;
     std::vector<TokenBucket>* link_rate = nullptr;  // this lcore's, per port
     bool prefetch = true;
-    bool push_only = false;
-    ServerDecisions* decisions = nullptr;
+    // The job's iteration (server_driver.h); lcore 0 coordinates.
+    ServerCoordinator* coordinator = nullptr;
     // Several lcores: lcore j's handoff ring, which takes the frames of
     // j's chunk range that landed on another lcore's queue (RSS steering,
     // steering.h). Empty with one lcore.
@@ -183,12 +165,25 @@ class ServerLcore {
               std::vector<ServerLink*> links, RoundPacer& pacer,
               const Setup& setup);
 
-  // The whole job on this lcore: iterations until every worker said BYE
-  // or the job fails (JobSync holds why). `coord` on lcore 0 only.
-  void Run(ServerCoordinator* coord);
-  // Lcore 0, before Run: opens iteration 0's push.
-  void OpenPush(uint64_t it, const RoundTolerance& tol);
+  // The whole job on this lcore (ServeIterations): iterations until every
+  // worker said BYE or the job fails (JobSync holds why). Lcore 0 also
+  // takes the job's decisions.
+  void Run();
   RingOutbox& outbox() { return outbox_; }
+
+  // ---- what ServeIterations asks of a lane (server_driver.h) ----
+  // Turns until done(), or false once the job failed (JobSync holds why).
+  template <class Done>
+  bool RunRound(uint64_t it, bool broadcasting, Done done);
+  bool PushStopped(uint32_t w, uint64_t it) const {
+    return workers_[w]->push_stop.taken(PushRound(it));
+  }
+  bool BroadcastDone(uint32_t w) const { return links_[w]->bcast.done(); }
+  void ClosePushSides() {
+    for (ServerLink* l : links_) l->push.Close();
+  }
+  void OpenPushSides(uint64_t it, const PushOpening& open);
+  bool BeginBroadcastSides(uint64_t it);
 
   // Out of line and named so that profiles (tools/dblp-bench --callgrind)
   // attribute the RX path's instructions to it.
@@ -196,7 +191,6 @@ class ServerLcore {
                                       uint16_t n, uint64_t now_ns);
 
  private:
-  enum class PushEnd : uint8_t { kStopped, kAllBye, kFailed };
   void LearnFrom(uint16_t port, const rte_mbuf* m, uint16_t w);
   bool Turn(uint64_t now_ns, bool broadcasting);
   uint32_t PollPushes(uint64_t now_ns);
@@ -212,10 +206,6 @@ class ServerLcore {
   uint64_t Progress() const;
   uint64_t DrainedFor(const ServerLink& l) const;
   bool FinishedEarly(uint64_t it);
-  PushEnd RunPush(uint64_t it);
-  bool RunBroadcast(uint64_t it);
-  template <class Done>
-  bool RunUntil(Done done, bool broadcasting);
 
   LcoreConf& conf_;
   ServerControl& control_;

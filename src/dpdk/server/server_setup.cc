@@ -261,8 +261,7 @@ ServerLcores BuildServerLcores(
             .pool = ports.pool,
             .link_rate = &l.link_rate[k],
             .prefetch = dp.prefetch,
-            .push_only = o.push_only,
-            .decisions = s.decisions,
+            .coordinator = s.coordinator,
             .handoff = S > 1 ? l.handoff->rings() : std::vector<rte_ring*>{},
             .bcast_frames = bcast_mode,
             .mean_iova = MeanIova(mean)}));
@@ -274,7 +273,7 @@ namespace {
 int RunRemoteLcore(void* arg) {
   auto* r = static_cast<RemoteLcore*>(arg);
   if (r->realtime) SetRealtime(pthread_self(), kDatapathRtPriority);
-  r->lcore->Run(nullptr);
+  r->lcore->Run();
   return 0;
 }
 }  // namespace

@@ -74,7 +74,7 @@ struct ServerShared {
   ServerJob* job = nullptr;
   ServerControl* control = nullptr;
   JobSync* sync = nullptr;
-  ServerDecisions* decisions = nullptr;
+  ServerCoordinator* coordinator = nullptr;
   const std::atomic<bool>* quit = nullptr;
 };
 ServerLcores BuildServerLcores(
