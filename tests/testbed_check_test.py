@@ -130,8 +130,9 @@ def main():
     try:
         r = subprocess.run(
             ["/usr/bin/python3", os.path.join(REPO, "tools", "dblp-eval"),
-             "run", "--grid", "smoke", "--only",
-             "cnn/gloo/clean,cnn/reliable/burst", "--seeds", "1",
+             "run", "--grid", "full", "--only",
+             "cnn/gloo/clean,cnn/reliable/burst,cxx-cnn/reliable/burst",
+             "--seeds", "1",
              "--iterations", "24", "--out", out, "--build", build,
              "--prefix", f"tbe{os.getpid() % 100000}", "--timeout", "240"],
             capture_output=True, text=True, timeout=400)
@@ -146,6 +147,16 @@ def main():
               r.returncode == 0 and len(runs) == 2 and all(
                   len(x["step_s"]) == 24 for x in runs.values()),
               f"exit {r.returncode}, runs {sorted(runs)}")
+        # The C++ trainer writes no progress file: its bursts follow its
+        # rows (a run that met none used to pass for a burst run).
+        p = os.path.join(out, "runs", "cxx-cnn-reliable-burst-s1", "run.json")
+        cxx = json.load(open(p)) if os.path.exists(p) else None
+        check("the C++ trainer's burst run meets its bursts",
+              cxx is not None and len(cxx["bursts"]) >= 2 and
+              cxx["network"]["wire_drops"] > 0,
+              "no run.json" if cxx is None else
+              f"{len(cxx['bursts'])} bursts, "
+              f"{cxx['network']['wire_drops']} wire drops")
         if len(runs) == 2:
             rel = runs["cnn-reliable-burst-s1"]
             check("the bursts dropped DBLP frames on the wire, none oversize",
