@@ -282,8 +282,11 @@ struct MemoryCluster::Impl {
     PipeOutbox out;    // requests of both sides, to the worker
   };
   // A server shard: an ordinary job over its partition's local layout,
-  // and the transport its coordinator asks (server_driver.h): the
-  // simulator takes the coordinator's steps in ServeIterations' order.
+  // and the transport its coordinator asks (server_driver.h). The
+  // simulator calls the coordinator's steps in ServeIterations' order
+  // (ClosePush, PlanPush and AnnouncePush of the next push, CloseBroadcast);
+  // its sides differ only in that each broadcast side begins before the
+  // next push is planned, at the same modelled time.
   struct Shard final : ServerTransport {
     Shard(const ClusterConfig& c, uint32_t k, uint32_t first,
           const ChunkLayout& local)
@@ -947,14 +950,14 @@ struct MemoryCluster::Impl {
     sh.posts.clear();
   }
 
-  // Each shard opens iteration `it`'s push (its coordinator's OpenPush,
+  // Each shard opens iteration `it`'s push (its coordinator's PlanPush,
   // the sides, AnnouncePush). As the apps' servers do: the first at the
   // job's start, every later one as the push before it closes, beside
   // that push's broadcast (its deadline runs from then).
   void OpenPush(uint64_t it, uint32_t push_round) {
     for (auto& sh : shards) {
       sh->at_ns = clock.ns();
-      sh->coord.OpenPush(it);
+      sh->coord.PlanPush(it);
       const PushOpening& open = sh->coord.opening();
       for (auto& ln : sh->links) {
         ln->push.Begin(push_round, open.announce.p, 0, 0, clock.ns());

@@ -2,14 +2,17 @@
 
 namespace dblp {
 
-void ServerCoordinator::OpenPush(uint64_t it) {
-  opened_it_ = it;
-  opening_ = job_.OpenPush(it, t_.Now());
+void ServerCoordinator::PlanPush(uint64_t it) {
+  planned_it_ = it;
+  opening_ = job_.PlanPush(it);
 }
 
+// Opened (and timed) as it is announced, as before the lanes waited for
+// each other.
 void ServerCoordinator::AnnouncePush() {
-  t_.PushAnnounced(opened_it_, job_.PushTolerance(opened_it_));
-  t_.Post(opening_.announce);
+  const PushOpening open = job_.OpenPush(planned_it_, t_.Now());
+  t_.PushAnnounced(planned_it_, job_.PushTolerance(planned_it_));
+  t_.Post(open.announce);
 }
 
 std::string ServerCoordinator::ClosePush(uint64_t it) {

@@ -8,22 +8,31 @@
 // coordinator needs of it (ServerTransport); it decides nothing.
 //
 // Per iteration `it`, on every lane (a datapath thread owning a slice of
-// every round: a DPDK lcore, the UDP server's one thread):
+// every round: a DPDK lcore, the UDP server's one thread); "|" is a
+// barrier every lane waits at:
 //
-//   RunRound(push)             until PushOver: closed, or every live
-//                              worker said BYE (the coordinator's view
-//                              decides for all: the job ends)
-//   ClosePushSides             -- barrier --
-//   coordinator: ClosePush     Gather, mean, policy, ACCEPTED, the
-//                              broadcast's ROUND_BEGIN; then OpenPush(it+1)
-//   OpenPushSides(it + 1)      -- barrier --
-//   coordinator: AnnouncePush  the next push's ROUND_BEGIN, once every
-//                              lane's sides take its frames
-//   BeginBroadcastSides(it)    each worker's order (job.BroadcastOrder)
-//   RunRound(broadcast)        until BroadcastOver  -- barrier --
-//   coordinator: CloseBroadcast  the rows, on disk  -- barrier --
+//   RunRound(push)          until the job's PushOver: closed, or every
+//                           live worker said BYE
+//   |                       the coordinator's view of PushOver decides
+//                           for all (all BYE: the job ends)
+//   ClosePushSides  |
+//   coordinator: ClosePush  Gather, mean, policy, each ACCEPTED and the
+//                           broadcast's ROUND_BEGIN posted; the app's hook
+//                           (the prompt may change the next p); PlanPush
+//                           (it + 1)
+//   |  OpenPushSides(it + 1)  |
+//   coordinator: AnnouncePush  ServerJob::OpenPush (the rows time the push
+//                           from here) and its ROUND_BEGIN: a worker's
+//                           first frame finds every lane's sides open
+//   BeginBroadcastSides(it) each worker's order (BroadcastOrder)
+//   RunRound(broadcast)     until BroadcastOver
+//   |
+//   coordinator: CloseBroadcast  the rows, on disk, while the other lanes
+//                           already run push it + 1 (they touch no
+//                           broadcast side and no row there)
 //
-// Iteration 0's push is opened the same way before the loop.
+// Iteration 0's push is planned, opened on every lane and announced the
+// same way before the loop. A push-only job skips the broadcast.
 #pragma once
 
 #include <concepts>
@@ -72,10 +81,11 @@ class ServerCoordinator {
   ServerCoordinator(ServerJob& job, ServerTransport& t, bool push_only)
       : job_(job), t_(t), push_only_(push_only) {}
 
-  // Opens iteration `it`'s push: its tolerance and the sides' deadline
-  // (opening()), and the rows time its pushes from here.
-  void OpenPush(uint64_t it);
-  // The push opened last, announced (ROUND_BEGIN) once every lane's sides
+  // Plans iteration `it`'s push: its tolerance and the sides' deadline
+  // (opening()), which every lane opens its sides with.
+  void PlanPush(uint64_t it);
+  // The push planned last opens (ServerJob::OpenPush: the rows time it
+  // from here) and is announced (ROUND_BEGIN), once every lane's sides
   // are open for it.
   void AnnouncePush();
   // Push `it` closed on every lane: the mean, the policy, the requests
@@ -100,7 +110,7 @@ class ServerCoordinator {
   ServerJob& job_;
   ServerTransport& t_;
   const bool push_only_;
-  uint64_t opened_it_ = 0;
+  uint64_t planned_it_ = 0;
   PushOpening opening_;
   bool all_bye_ = false;
   const ReducedPush* reduced_ = nullptr;
@@ -171,7 +181,7 @@ void ServeIterations(Lane& lane, Sync& sync, ServerCoordinator& coord,
   };
   ServerJob& job = coord.job();
   if (!decide([&] {
-        coord.OpenPush(0);
+        coord.PlanPush(0);
         return std::string();
       }) ||
       !open_push(0)) {
@@ -194,7 +204,7 @@ void ServeIterations(Lane& lane, Sync& sync, ServerCoordinator& coord,
     if (!sync.Barrier()) return;
     if (!decide([&] {
           std::string failure = coord.ClosePush(it);
-          if (failure.empty()) coord.OpenPush(it + 1);
+          if (failure.empty()) coord.PlanPush(it + 1);
           return failure;
         }) ||
         !open_push(it + 1)) {
@@ -206,11 +216,14 @@ void ServeIterations(Lane& lane, Sync& sync, ServerCoordinator& coord,
       return job.BroadcastOver(
           [&](uint32_t w) { return lane.BroadcastDone(w); });
     });
-    // Every lane's broadcast done before the rows read their sides, and
-    // the rows closed before any lane runs the next push.
-    if (!broadcast || !sync.Barrier() ||
-        !decide([&] { return coord.CloseBroadcast(it); })) {
-      return;
+    // Every lane's broadcast done before the rows read their sides. A
+    // failure to write them reaches the other lanes in their next turn.
+    if (!broadcast || !sync.Barrier()) return;
+    if (coordinating) {
+      if (std::string failure = coord.CloseBroadcast(it); !failure.empty()) {
+        sync.Fail(failure);
+        return;
+      }
     }
   }
 }

@@ -46,17 +46,22 @@ ServerJob::ServerJob(const ServerJobSettings& s,
   next_ = iteration_.policy()->Current();
 }
 
-PushOpening ServerJob::OpenPush(uint64_t it, uint64_t now_ns) {
-  push_tol_ = PushTolerance(it);
-  push_open_ns_ = now_ns;
-  const RoundTolerance& t = push_tol_;
-  Journal("open push " + std::to_string(it) + " (round " +
-          std::to_string(PushRound(it)) + ", p " + NumberText(t.p) + ")");
+PushOpening ServerJob::PlanPush(uint64_t it) const {
+  const RoundTolerance t = PushTolerance(it);
   // The minimum fraction counts only with a deadline.
   return PushOpening{
       RoundBeginRequest{Direction::kPush, PushRound(it), t.p, t.deadline_ns,
                         t.deadline_ns ? t.min_fraction : 0, t.critical},
       t.deadline_ns};
+}
+
+PushOpening ServerJob::OpenPush(uint64_t it, uint64_t now_ns) {
+  push_tol_ = PushTolerance(it);
+  push_open_ns_ = now_ns;
+  Journal("open push " + std::to_string(it) + " (round " +
+          std::to_string(PushRound(it)) + ", p " + NumberText(push_tol_.p) +
+          ")");
+  return PlanPush(it);
 }
 
 const ReducedPush& ServerJob::ClosePush(uint64_t it, const ClosedPush& c,

@@ -136,11 +136,14 @@ class ServerJob {
   RoundTolerance PushTolerance(uint64_t it) const {
     return iteration_.PushTolerance(it, next_);
   }
-  // Opens it at `now_ns`: what the push sides begin with (announce.round,
-  // .p, .min_fraction, and deadline_after_first_ns: each side's deadline
-  // from its first chunk) and the ROUND_BEGIN. The rows time each worker's
-  // push from here; the policy learns the push's time from its first chunk
-  // (ClosedPush::first_ns).
+  // What iteration `it`'s push sides begin with (announce.round, .p,
+  // .min_fraction, and deadline_after_first_ns: each side's deadline from
+  // its first chunk) and its ROUND_BEGIN, before it opens: the lanes open
+  // their sides with it, then OpenPush announces.
+  PushOpening PlanPush(uint64_t it) const;
+  // Opens it at `now_ns` (PlanPush's opening). The rows time each worker's
+  // push from here; the policy learns the push's time from its first
+  // chunk (ClosedPush::first_ns).
   PushOpening OpenPush(uint64_t it, uint64_t now_ns);
   // Every live worker's push side closed: reduces, runs the policy, adds
   // the push half of each worker's row, stages push feedback in `accepted`

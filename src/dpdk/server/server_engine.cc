@@ -47,7 +47,8 @@ class ServerRun final : public ServerTransport {
   void BuildJob();
   void FillCounters(RunReport* report);
 
-  // ServerTransport, on lcore 0 between the lcores' phases.
+  // ServerTransport, on lcore 0 (ServeIterations says which steps run
+  // while the other lcores wait at a barrier).
   uint64_t Now() override { return NowNs(); }
   std::span<const ReceiveSide* const> PushLanes(uint32_t w) override {
     return push_lanes_[w];
