@@ -703,12 +703,25 @@ struct MemoryCluster::Impl {
     return true;
   }
 
-  // Push: every worker's send sides are done (STOP, or nothing missing).
-  // Broadcast: also every worker's receive sides sent their STOP, the time
-  // the round is measured by.
+  // First every shard's own rule, the apps' (ServerJob::PushOver,
+  // BroadcastOver); then, as the simulator runs the workers too, their
+  // sides. Push: every worker's send sides are done (STOP, or nothing
+  // missing). Broadcast: also every worker's receive sides sent their
+  // STOP, the time the round is measured by.
   // A silent member's pair is over when the server's side is (it never
   // sees its own), and a lost one's at once.
   bool RoundOver(Direction d) const {
+    for (const auto& sh : shards) {
+      const auto& links = sh->links;
+      const bool over = d == Direction::kPush
+                            ? sh->job.PushOver([&](uint32_t w) {
+                                return links[w]->push.stopped();
+                              }) != ServerJob::PushState::kOpen
+                            : sh->job.BroadcastOver([&](uint32_t w) {
+                                return links[w]->bcast.side.done();
+                              });
+      if (!over) return false;
+    }
     return AllPairs([&](uint32_t w, uint32_t k) {
       const ServerLink& ln = *shards[k]->links[w];
       if (!shards[k]->job.alive(w)) return true;  // the job went on without
