@@ -54,6 +54,19 @@ TEST(TypedRing, AFullRingRefusesAndRemembersInsteadOfExiting) {
   EXPECT_NE(ring.Overflow(), "");  // the job still ends: a message is lost
 }
 
+// Idle turns every 0.1 ms after `from` up to `to` (a running loop turns
+// far more often than its timeout); the last turn's step, or the first
+// that is not kContinue.
+RoundPacer::Step IdleTurns(RoundPacer& p, uint64_t from, uint64_t to,
+                           uint32_t patience = 1) {
+  RoundPacer::Step s = RoundPacer::Step::kContinue;
+  for (uint64_t t = from + 100'000; t <= to; t += 100'000) {
+    s = p.After(false, false, t, patience);
+    if (s != RoundPacer::Step::kContinue) break;
+  }
+  return s;
+}
+
 // A worker waiting for the server to open the next round allows two
 // timeouts (the server may wait one for a silent member); the text says
 // the limit that expired.
@@ -61,14 +74,32 @@ TEST(RoundPacer, PatienceMultipliesTheTimeoutForThatWaitOnly) {
   RoundPacer p(0, 0, /*timeout_ms=*/2, nullptr);
   const uint64_t t0 = 10'000'000'000;
   p.Start(t0);
-  EXPECT_EQ(p.After(false, false, t0 + 3'000'000, 2),
-            RoundPacer::Step::kContinue);
+  EXPECT_EQ(IdleTurns(p, t0, t0 + 3'000'000, 2), RoundPacer::Step::kContinue);
   EXPECT_EQ(p.After(false, false, t0 + 3'000'000, 1),
             RoundPacer::Step::kTimedOut);
   EXPECT_EQ(p.limit_ms(), 2u);
-  EXPECT_EQ(p.After(false, false, t0 + 4'100'000, 2),
+  EXPECT_EQ(IdleTurns(p, t0 + 3'000'000, t0 + 4'100'000, 2),
             RoundPacer::Step::kTimedOut);
   EXPECT_EQ(p.limit_ms(), 4u);
+}
+
+// A process stopped (SIGSTOP) past its timeout is not its peer's silence:
+// its first turn after waking does not time out, and the next timeout
+// counts from that turn; a loop that kept turning still times out.
+TEST(RoundPacer, ATurnAfterTheProcessStoppedGetsAWholeTimeout) {
+  RoundPacer p(0, 0, /*timeout_ms=*/2, nullptr);
+  const uint64_t t0 = 10'000'000'000;
+  p.Start(t0);
+  EXPECT_EQ(IdleTurns(p, t0, t0 + 1'000'000), RoundPacer::Step::kContinue);
+  const uint64_t woke = t0 + 60'000'000;  // stopped for 59 ms
+  EXPECT_EQ(p.After(false, false, woke), RoundPacer::Step::kContinue);
+  EXPECT_EQ(IdleTurns(p, woke, woke + 1'900'000), RoundPacer::Step::kContinue);
+  EXPECT_EQ(IdleTurns(p, woke + 1'900'000, woke + 2'200'000),
+            RoundPacer::Step::kTimedOut);
+  // Turning all along, the same silence times out.
+  RoundPacer q(0, 0, 2, nullptr);
+  q.Start(t0);
+  EXPECT_EQ(IdleTurns(q, t0, t0 + 60'000'000), RoundPacer::Step::kTimedOut);
 }
 
 TEST(DeepIdle, DeepensOnlyAfterItsIdleTimeAndNeverShortens) {
@@ -90,12 +121,16 @@ TEST(RoundPacer, TimesOutOnlyWithoutProgressAnywhere) {
   b.Start(t0);
   // Lcore b keeps working; idle lcore a is not stuck.
   b.After(true, true, t0 + 3'000'000);
-  EXPECT_EQ(a.After(false, false, t0 + 3'500'000), RoundPacer::Step::kContinue);
+  EXPECT_EQ(IdleTurns(a, t0, t0 + 3'500'000), RoundPacer::Step::kContinue);
+  // Nothing since: a times out a timeout after b's last progress.
+  EXPECT_EQ(IdleTurns(a, t0 + 3'500'000, t0 + 4'200'000),
+            RoundPacer::Step::kTimedOut);
   // Another lcore's progress stamped after our clock read is no timeout
   // (an unsigned underflow once read it as one).
+  a.Start(t0 + 8'900'000);
   shared.store(t0 + 9'000'000);
   EXPECT_EQ(a.After(false, false, t0 + 8'999'000), RoundPacer::Step::kContinue);
-  EXPECT_EQ(a.After(false, false, t0 + 10'500'000),
+  EXPECT_EQ(IdleTurns(a, t0 + 8'999'000, t0 + 10'500'000),
             RoundPacer::Step::kTimedOut);
   quit.store(true);
   EXPECT_EQ(a.After(false, false, t0 + 10'500'000), RoundPacer::Step::kQuit);

@@ -46,10 +46,6 @@ namespace {
 using udp::NowNs;
 using udp::ServerLink;
 
-// How long a worker whose wait for a ROUND_BEGIN ran out waits for an
-// ERROR already on its way (AwaitRoundBegin) before naming its own wait.
-constexpr uint32_t kGoneGraceMs = 250;
-
 class JobWorker {
  public:
   JobWorker(const UdpJobWorkerOptions& o, GradientSource& source)
@@ -435,13 +431,6 @@ std::string JobWorker::AwaitRoundBegin(uint32_t round) {
       return "interrupted";
     case PollEnd::kTimedOut:
       break;
-  }
-  // A worker stopped (SIGSTOP, a debugger) past the timeout wakes with its
-  // wait expired and the server's ERROR (it went on without this worker)
-  // still in the control socket: the sidecar's read of it is the cause,
-  // not our own wait.
-  if (udp::WaitFor([&] { return server_gone(); }, kGoneGraceMs)) {
-    return GoneWhy();
   }
   for (const auto& l : links_) {
     if (l->go().have && l->go().round == round) continue;

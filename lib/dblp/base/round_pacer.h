@@ -31,7 +31,10 @@ class RoundPacer {
         quit_(quit),
         shared_(shared_progress) {}
   // A wait begins: the watchdog counts from `now_ns`.
-  void Start(uint64_t now_ns) { Progress(now_ns); }
+  void Start(uint64_t now_ns) {
+    Progress(now_ns);
+    last_turn_ = now_ns;
+  }
   // After one loop turn. `work` (anything received, sent or handled) ends
   // the back-off; `progress` (what moves the round: the sides' progress(),
   // send_side.h and receive_side.h) feeds the watchdog, so a loop that
@@ -43,8 +46,17 @@ class RoundPacer {
   // passes 2: the server may wait one whole timeout for another, silent
   // worker before it goes on without it (--on_worker_loss=continue) or
   // ends the job naming it (abort) — neither is this worker's stall.
+  //
+  // A turn that comes a whole timeout after the one before it means this
+  // process did not run (SIGSTOP, a debugger, a starved host): the silence
+  // it would time out on is its own, and its peers (a server's ERROR in
+  // the control socket) get a timeout from now to be heard.
   Step After(bool work, bool progress, uint64_t now_ns, uint32_t patience = 1) {
     patience_ = patience;
+    if (now_ns > last_turn_ && now_ns - last_turn_ > timeout_ns_) {
+      last_progress_ = now_ns;  // not published: no other lcore moved
+    }
+    last_turn_ = now_ns;
     if (progress) Progress(now_ns);
     if (quit_ != nullptr && quit_->load(std::memory_order_relaxed)) {
       return Step::kQuit;
@@ -87,6 +99,7 @@ class RoundPacer {
   std::atomic<uint64_t>* shared_;  // every lcore of the job: relaxed
   uint64_t last_progress_ = 0;
   uint64_t last_published_ = 0;
+  uint64_t last_turn_ = 0;  // the last After's (or Start's) now_ns
   uint32_t patience_ = 1;
 };
 
