@@ -14,6 +14,11 @@ T95 = {2: 12.71, 3: 4.30, 4: 3.18, 5: 2.78, 6: 2.57, 7: 2.45, 8: 2.36,
 SYSTEM_ORDER = ["gloo", "reliable", "fixed", "dblp", "ltp", "deadline",
                 "combined"]
 ENV_ORDER = ["clean", "gray", "burst", "tail15", "tail3"]
+# The most CPU, as a share of a run's wall time, that processes outside a
+# run may take before its times stop counting. On an idle host the /proc
+# scan finds 0.5-0.7%; runs that met other work took 1.5-44% (one ResNet-18
+# gloo run at 44% trained in 71 s, in 60 s when run again).
+MAX_FOREIGN_SHARE = 0.015
 # The DBLP paper (seeds/000): its microburst and training-time tables, for
 # the side-by-side table. Baseline = fixed (MLT's constant tolerance).
 PAPER = {
@@ -56,6 +61,47 @@ def load(out):
         with open(path) as f:
             runs.append(json.load(f))
     return runs
+
+
+def foreign_share(run):
+    """The share of a run's wall time that other processes took. None for
+    runs recorded before the /proc scan (3f07c14, the runs without
+    kernel_threads_cpu_s): their foreign_cpu_s was /proc/stat's busy time
+    less the run's own, which the kernel's work on the run's frames moved
+    by tens of seconds either way."""
+    f, w = run.get("foreign_cpu_s"), run.get("wall_s")
+    if f is None or not w or "kernel_threads_cpu_s" not in run:
+        return None
+    return f / w
+
+
+def disturbed(runs, limit=MAX_FOREIGN_SHARE):
+    """Runs whose times other work on the host spoiled, worst first."""
+    bad = [r for r in runs if (foreign_share(r) or 0) > limit]
+    return sorted(bad, key=foreign_share, reverse=True)
+
+
+def run_name(run):
+    return f"{run['model']}-{run['system']}-{run['env']}-s{run['seed']}"
+
+
+def foreign_lines(runs):
+    """One bullet: how quiet the host was, and which runs to run again."""
+    shares = [x for x in map(foreign_share, runs) if x is not None]
+    if not shares:
+        return []
+    bad = disturbed(runs)
+    line = (f"- Other processes' CPU (`foreign_cpu_s`): median "
+            f"{100 * median(shares):.2f}% of a run's wall time, at most "
+            f"{100 * max(shares):.2f}% ({len(shares)} of {len(runs)} runs "
+            "measured it); ")
+    if not bad:
+        return [line + f"none over {100 * MAX_FOREIGN_SHARE:.1f}%."]
+    names = ", ".join(f"`{run_name(r)}` {100 * foreign_share(r):.1f}%"
+                      for r in bad)
+    return [line + f"**{len(bad)} over {100 * MAX_FOREIGN_SHARE:.1f}%, "
+            f"their times not to be trusted**: {names}. Delete their "
+            "directories under runs/ and `dblp-eval run` does them again."]
 
 
 def step_ms(run):
@@ -411,6 +457,7 @@ def render(out):
                      f"last digit in {len(same)} of {pairs} paired runs "
                      "(same seed, model and environment): the exact path "
                      "survives the testbed's drops.")
+    lines += foreign_lines(runs)
     t, stats = model_tables(by)
     lines += t + targets(stats) + paper_table(stats, runs)
     made = plots(out, runs, by)
