@@ -81,8 +81,13 @@ def disturbed(runs, limit=MAX_FOREIGN_SHARE):
     return sorted(bad, key=foreign_share, reverse=True)
 
 
+def run_dir_name(model, system, env, seed):
+    """A run's directory under <out>/runs (dblp-eval's resume key)."""
+    return f"{model}-{system}-{env}-s{seed}"
+
+
 def run_name(run):
-    return f"{run['model']}-{run['system']}-{run['env']}-s{run['seed']}"
+    return run_dir_name(run["model"], run["system"], run["env"], run["seed"])
 
 
 def foreign_lines(runs):
