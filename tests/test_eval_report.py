@@ -158,6 +158,22 @@ class RunAgainWhenDisturbed(unittest.TestCase):
         self.assertIn("exit codes", err)
         self.assertEqual(said, "")
 
+    def test_bad_flags_are_refused_before_anything_runs(self):
+        for flags, named in ((["--disturbed_retries", "-1"],
+                              "--disturbed_retries=-1"),
+                             (["--max_foreign", "0"], "--max_foreign=0.0"),
+                             (["--max_foreign", "150"], "--max_foreign=150")):
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err), \
+                    self.assertRaises(SystemExit) as ex:
+                # A cell that matches nothing: were the flag accepted,
+                # `run` would stop at "matches no cell", start nothing,
+                # and return 1 instead of exiting 2.
+                self.E.main(["run", "--only", "none/none/none",
+                             "--prefix", "evtst"] + flags)
+            self.assertEqual(ex.exception.code, 2)
+            self.assertIn(named, err.getvalue())
+
 
 if __name__ == "__main__":
     unittest.main()

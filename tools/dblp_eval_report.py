@@ -75,9 +75,9 @@ def foreign_share(run):
     return f / w
 
 
-def disturbed(runs, limit=MAX_FOREIGN_SHARE):
+def disturbed(runs):
     """Runs whose times other work on the host spoiled, worst first."""
-    bad = [r for r in runs if (foreign_share(r) or 0) > limit]
+    bad = [r for r in runs if (foreign_share(r) or 0) > MAX_FOREIGN_SHARE]
     return sorted(bad, key=foreign_share, reverse=True)
 
 
